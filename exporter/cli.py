@@ -1,0 +1,230 @@
+"""``ccl-exporter``: serve | analyze | probe | preflight.
+
+Flags follow node_exporter (``--web.listen-address``, ``--path.sysfs``,
+``--collector.<name>`` / ``--no-collector.<name>``). Every flag can also be set by an
+environment variable named after it: ``--path.sysfs`` is ``CCL_EXPORTER_PATH_SYSFS``,
+``--collector.rdma`` is ``CCL_EXPORTER_COLLECTOR_RDMA`` (true/false).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from pathlib import Path
+
+from exporter import __version__
+from exporter.collectors import all_collectors
+from exporter.collectors.base import CollectorSpec
+from exporter.config import DEFAULT_PORT, ServeConfig, env_name, parse_listen_address
+
+log = logging.getLogger("exporter")
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _env_bool(environ: Mapping[str, str], flag: str, default: bool) -> bool:
+    raw = environ.get(env_name(flag))
+    if raw is None:
+        return default
+    if raw.strip().lower() in _TRUE:
+        return True
+    if raw.strip().lower() in _FALSE:
+        return False
+    raise SystemExit(f"ccl-exporter: {env_name(flag)}={raw!r} is not true/false")
+
+
+class _EnvHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each flag's environment variable next to its default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = super()._get_help_string(action) or ""
+        long_flags = [o for o in action.option_strings if o.startswith("--") and not o.startswith("--no-")]
+        if long_flags and long_flags[0] not in ("--help", "--version"):
+            text += f" [env {env_name(long_flags[0])}]"
+        return text
+
+
+def _add(group: argparse._ActionGroup, environ: Mapping[str, str], flag: str, default: object, help: str, **kw: object) -> None:
+    value = environ.get(env_name(flag), default)
+    group.add_argument(flag, default=value, help=help, **kw)  # type: ignore[arg-type]
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str], specs: Sequence[CollectorSpec]) -> None:
+    web = parser.add_argument_group("web")
+    _add(web, environ, "--web.listen-address", None,
+         f"address to listen on (default 0.0.0.0:{DEFAULT_PORT}; 127.0.0.1:{DEFAULT_PORT} with --simulate)",
+         dest="listen_address")
+    _add(web, environ, "--web.max-requests", 4, "concurrent /metrics renders allowed", type=int, dest="max_requests")
+    _add(web, environ, "--scrape.timeout", 10.0, "seconds a collector may take before it is reported failed",
+         type=float, dest="scrape_timeout")
+
+    paths = parser.add_argument_group("host paths (read-only, except --path.state)")
+    _add(paths, environ, "--path.sysfs", "/sys", "sysfs mount point", dest="sysfs")
+    _add(paths, environ, "--path.pod-logs", "/var/log/pods", "kubelet pod log folder (CRI format)", dest="pod_logs")
+    _add(paths, environ, "--path.nccl-debug-files", "/var/log/nccl", "folder of NCCL_DEBUG_FILE outputs",
+         dest="nccl_debug_files")
+    _add(paths, environ, "--path.state", "/var/lib/ccl-exporter", "writable folder for tail offsets", dest="state")
+    _add(paths, environ, "--path.pod-resources", "/var/lib/kubelet/pod-resources/kubelet.sock",
+         "kubelet pod-resources socket", dest="pod_resources")
+    _add(paths, environ, "--path.probe-results", "/var/lib/ccl-exporter/probe-results",
+         "folder where probe and preflight result files are written", dest="probe_results")
+
+    kube = parser.add_argument_group("kubernetes")
+    _add(kube, environ, "--kube.node-name", environ.get("NODE_NAME", ""),
+         "this node's name (downward API; also read from NODE_NAME)", dest="node_name")
+
+    collectors = parser.add_argument_group("collectors")
+    collectors.add_argument(
+        "--collector.disable-defaults",
+        action="store_true",
+        default=_env_bool(environ, "--collector.disable-defaults", False),
+        dest="disable_defaults",
+        help="disable every collector not enabled explicitly with --collector.<name>",
+    )
+    for spec in specs:
+        flag = f"--collector.{spec.name}"
+        collectors.add_argument(
+            flag,
+            action=argparse.BooleanOptionalAction,
+            default=None if env_name(flag) not in environ else _env_bool(environ, flag, spec.default_enabled),
+            dest=f"collector_{spec.name}",
+            help=f"{spec.help} (enabled by default: {'yes' if spec.default_enabled else 'no'})",
+        )
+
+    misc = parser.add_argument_group("misc")
+    misc.add_argument("--simulate", action="store_true", default=_env_bool(environ, "--simulate", False),
+                      help="run on a built-in simulated node (no GPU or NIC needed) in a temporary folder")
+    _add(misc, environ, "--log.level", "info", "debug, info, warning or error", dest="log_level",
+         choices=["debug", "info", "warning", "error"])
+
+
+def config_from_args(args: argparse.Namespace, specs: Sequence[CollectorSpec]) -> ServeConfig:
+    enabled = []
+    for spec in specs:
+        explicit = getattr(args, f"collector_{spec.name}")
+        if explicit is None:
+            on = spec.default_enabled and not args.disable_defaults
+        else:
+            on = explicit
+        if on:
+            enabled.append(spec.name)
+    listen = args.listen_address or (f"127.0.0.1:{DEFAULT_PORT}" if args.simulate else f"0.0.0.0:{DEFAULT_PORT}")
+    try:
+        parse_listen_address(listen)
+    except ValueError as exc:
+        raise SystemExit(f"ccl-exporter: --web.listen-address: {exc}") from exc
+    return ServeConfig(
+        listen_address=listen,
+        max_requests=int(args.max_requests),
+        scrape_timeout_seconds=float(args.scrape_timeout),
+        sysfs=Path(args.sysfs),
+        pod_logs=Path(args.pod_logs),
+        nccl_debug_files=Path(args.nccl_debug_files),
+        state=Path(args.state),
+        pod_resources=Path(args.pod_resources),
+        probe_results=Path(args.probe_results),
+        node_name=str(args.node_name),
+        simulate=bool(args.simulate),
+        enabled_collectors=tuple(enabled),
+        log_level=str(args.log_level),
+    )
+
+
+def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    environ = os.environ if environ is None else environ
+    parser = argparse.ArgumentParser(
+        prog="ccl-exporter",
+        description="Prometheus exporter for the health of GPU collective communication "
+        "(NCCL transport, RDMA ports, NVLink, bus bandwidth).",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    serve = sub.add_parser(
+        "serve",
+        help="run the exporter",
+        description="Serve /metrics for this node. Every flag can also be set by its environment variable.",
+        formatter_class=_EnvHelpFormatter,
+    )
+    add_serve_arguments(serve, environ, all_collectors())
+    serve.set_defaults(handler=run_serve)
+    return parser
+
+
+def _simulation_hook(node: "SimulatedNode", tick_seconds: float = 1.0) -> Callable[..., AsyncIterator[None]]:  # noqa: F821
+    async def hook(app: object) -> AsyncIterator[None]:
+        async def ticker() -> None:
+            while True:
+                await asyncio.sleep(tick_seconds)
+                await asyncio.to_thread(node.advance, tick_seconds)
+
+        task = asyncio.create_task(ticker(), name="simulated-node")
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    return hook
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from exporter.server import create_app
+
+    specs = all_collectors()
+    config = config_from_args(args, specs)
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    hooks = []
+    sim_root: Path | None = None
+    if config.simulate:
+        from exporter.sim.node import default_node
+
+        sim_root = Path(tempfile.mkdtemp(prefix="ccl-exporter-sim-"))
+        node = default_node(sim_root)
+        node.setup()
+        node.advance(1.0)
+        config.sysfs = node.sysfs
+        config.pod_logs = sim_root / "pods"
+        config.nccl_debug_files = sim_root / "nccl"
+        config.state = sim_root / "state"
+        config.pod_resources = sim_root / "pod-resources" / "kubelet.sock"
+        config.probe_results = sim_root / "probe-results"
+        config.extra["simulated_node"] = node
+        hooks.append(_simulation_hook(node))
+        log.info("simulated node in %s", sim_root)
+
+    by_name = {spec.name: spec for spec in specs}
+    collectors = [by_name[name].factory(config) for name in config.enabled_collectors]
+    host, port = parse_listen_address(config.listen_address)
+    app = create_app(
+        collectors,
+        max_requests=config.max_requests,
+        scrape_timeout_seconds=config.scrape_timeout_seconds,
+        startup_hooks=hooks,
+    )
+    log.info("ccl-exporter %s listening on http://%s:%d/metrics (collectors: %s)",
+             __version__, host, port, ", ".join(config.enabled_collectors) or "none")
+    try:
+        web.run_app(app, host=host, port=port, print=None, access_log=None, shutdown_timeout=5.0)
+    finally:
+        if sim_root is not None:
+            shutil.rmtree(sim_root, ignore_errors=True)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args.handler(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

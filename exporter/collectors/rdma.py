@@ -1,0 +1,140 @@
+"""RDMA port collector: ``ccl_rdma_port_*`` from ``<sysfs>/class/infiniband``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from exporter.collectors.base import CollectorSpec, CollectorUnavailable, PartialCollection
+from exporter.config import ServeConfig
+from exporter.sources.rdma import RdmaPort, read_rdma
+from exporter.sources.sysfs import AttributeReader, read_attribute
+
+PORT_LABELS = ["device", "port"]
+
+
+class RdmaCollector:
+    name = "rdma"
+
+    def __init__(self, sysfs: Path, reader: AttributeReader = read_attribute) -> None:
+        self._sysfs = sysfs
+        self._reader = reader
+
+    def collect(self) -> Iterable[Metric]:
+        reading = read_rdma(self._sysfs, self._reader)
+        if not reading.class_present:
+            raise CollectorUnavailable(f"no {self._sysfs}/class/infiniband on this node")
+        yield from self.families(reading.devices)
+        if reading.problems:
+            raise PartialCollection("; ".join(reading.problems[:5]))
+
+    @staticmethod
+    def families(devices: Iterable) -> list[Metric]:  # type: ignore[type-arg]
+        info = GaugeMetricFamily(
+            "ccl_rdma_port_info",
+            "RDMA port facts from sysfs; always 1. link_layer InfiniBand or Ethernet (RoCE); "
+            "netdev is the port's network interface (gid_attrs/ndevs or device/net).",
+            labels=PORT_LABELS + ["link_layer", "netdev", "hca_type", "firmware_version", "board_id"],
+        )
+        state = GaugeMetricFamily(
+            "ccl_rdma_port_state_id",
+            "Logical port state from ports/<n>/state: 1 DOWN, 2 INIT, 3 ARMED, 4 ACTIVE, 5 ACTIVE_DEFER.",
+            labels=PORT_LABELS,
+        )
+        phys = GaugeMetricFamily(
+            "ccl_rdma_port_physical_state_id",
+            "Physical port state from ports/<n>/phys_state: 1 Sleep, 2 Polling, 3 Disabled, "
+            "4 PortConfigurationTraining, 5 LinkUp, 6 LinkErrorRecovery, 7 PhyTest.",
+            labels=PORT_LABELS,
+        )
+        rate = GaugeMetricFamily(
+            "ccl_rdma_port_rate_bytes_per_second",
+            "Negotiated port rate from ports/<n>/rate (Gb/s x 125000000).",
+            labels=PORT_LABELS,
+        )
+        tx_bytes = CounterMetricFamily(
+            "ccl_rdma_port_transmit_bytes_total",
+            "Bytes transmitted: counters/port_xmit_data (or counters_ext/port_xmit_data_64) x 4, "
+            "since sysfs counts 4-octet words.",
+            labels=PORT_LABELS,
+        )
+        rx_bytes = CounterMetricFamily(
+            "ccl_rdma_port_receive_bytes_total",
+            "Bytes received: counters/port_rcv_data (or counters_ext/port_rcv_data_64) x 4.",
+            labels=PORT_LABELS,
+        )
+        tx_packets = CounterMetricFamily(
+            "ccl_rdma_port_transmit_packets_total",
+            "Packets transmitted: counters/port_xmit_packets (or counters_ext/..._64).",
+            labels=PORT_LABELS,
+        )
+        rx_packets = CounterMetricFamily(
+            "ccl_rdma_port_receive_packets_total",
+            "Packets received: counters/port_rcv_packets (or counters_ext/..._64).",
+            labels=PORT_LABELS,
+        )
+        cast_packets = CounterMetricFamily(
+            "ccl_rdma_port_cast_packets_total",
+            "Unicast and multicast packets by direction, from counters/{unicast,multicast}_"
+            "{xmit,rcv}_packets (or counters_ext/port_...).",
+            labels=PORT_LABELS + ["cast", "direction"],
+        )
+        errors = CounterMetricFamily(
+            "ccl_rdma_port_errors_total",
+            "Every other counters/ file (symbol_error, link_downed, link_error_recovery, "
+            "port_rcv_errors, port_xmit_discards, port_xmit_wait, ...); counter = file name.",
+            labels=PORT_LABELS + ["counter"],
+        )
+        hw = CounterMetricFamily(
+            "ccl_rdma_port_hw_counter_total",
+            "Driver hw_counters/ files (RoCE np_cnp_sent, rp_cnp_handled, out_of_sequence, "
+            "local_ack_timeout_err, out_of_buffer, ...); counter = file name.",
+            labels=PORT_LABELS + ["counter"],
+        )
+
+        def add(family: GaugeMetricFamily | CounterMetricFamily, labels: list[str], value: int | None) -> None:
+            if value is not None:
+                family.add_metric(labels, float(value))
+
+        for device in devices:
+            for p in device.ports:
+                labels = [p.device, str(p.port)]
+                info.add_metric(
+                    labels
+                    + [
+                        p.link_layer or "",
+                        p.netdev or "",
+                        device.hca_type or "",
+                        device.firmware_version or "",
+                        device.board_id or "",
+                    ],
+                    1.0,
+                )
+                add(state, labels, p.state_id)
+                add(phys, labels, p.physical_state_id)
+                add(rate, labels, p.rate_bytes_per_second)
+                add(tx_bytes, labels, p.transmit_bytes)
+                add(rx_bytes, labels, p.receive_bytes)
+                add(tx_packets, labels, p.transmit_packets)
+                add(rx_packets, labels, p.receive_packets)
+                _add_cast(cast_packets, labels, p)
+                for counter, value in sorted(p.errors.items()):
+                    errors.add_metric(labels + [counter], float(value))
+                for counter, value in sorted(p.hw_counters.items()):
+                    hw.add_metric(labels + [counter], float(value))
+        return [info, state, phys, rate, tx_bytes, rx_bytes, tx_packets, rx_packets, cast_packets, errors, hw]
+
+
+def _add_cast(family: CounterMetricFamily, labels: list[str], port: RdmaPort) -> None:
+    for (cast, direction), value in sorted(port.cast_packets.items()):
+        family.add_metric(labels + [cast, direction], float(value))
+
+
+SPEC = CollectorSpec(
+    name="rdma",
+    help="RDMA (InfiniBand/RoCE) port state, rate and counters from sysfs",
+    default_enabled=True,
+    factory=lambda config: RdmaCollector(config.sysfs),
+)

@@ -1,0 +1,68 @@
+"""A simulated GPU node: a folder tree that the exporter's sources read like the real thing."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class SimClock:
+    """Where the simulation is: seconds since start and how busy the training job is."""
+
+    elapsed_seconds: float
+    step_seconds: float
+    job_activity: float  # 0 idle .. 1 full all-reduce traffic
+
+
+def job_activity(elapsed_seconds: float, period_seconds: float = 120.0) -> float:
+    """The simulated job's communication load: busy phases with short idle gaps (checkpoints)."""
+    phase = (elapsed_seconds % period_seconds) / period_seconds
+    if phase > 0.9:  # checkpoint / eval: the fabric goes quiet for 10% of each period
+        return 0.05
+    return 0.6 + 0.4 * math.sin(2 * math.pi * phase * 3) ** 2
+
+
+class SimPart(Protocol):
+    """One simulated subsystem: lays out its files once, then advances them on each tick."""
+
+    def setup(self, root: Path) -> None: ...
+
+    def advance(self, clock: SimClock) -> None: ...
+
+
+@dataclass
+class SimulatedNode:
+    root: Path
+    parts: list[SimPart] = field(default_factory=list)
+    seed: int = 7
+    elapsed_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+
+    @property
+    def sysfs(self) -> Path:
+        return self.root / "sys"
+
+    def setup(self) -> None:
+        for part in self.parts:
+            part.setup(self.root)
+
+    def advance(self, step_seconds: float) -> None:
+        self.elapsed_seconds += step_seconds
+        clock = SimClock(self.elapsed_seconds, step_seconds, job_activity(self.elapsed_seconds))
+        for part in self.parts:
+            part.advance(clock)
+
+
+def default_node(root: Path, seed: int = 7) -> SimulatedNode:
+    """The node ``serve --simulate`` runs: 8 NDR InfiniBand ports and 2 RoCE ports."""
+    from exporter.sim.rdma import SimRdma
+
+    node = SimulatedNode(root=root, seed=seed)
+    node.parts.append(SimRdma(rng=node.rng))
+    return node

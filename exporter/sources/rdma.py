@@ -1,0 +1,219 @@
+"""RDMA ports from ``<sysfs>/class/infiniband`` (InfiniBand, RoCE, iWARP, EFA-style devices).
+
+Per device: ``fw_ver``, ``board_id``, ``hca_type``; per port ``ports/<n>/``: ``state``,
+``phys_state`` ("<id>: <NAME>"), ``rate`` ("400 Gb/sec (4X NDR)"), ``link_layer``, the RoCE
+netdev (``gid_attrs/ndevs/*`` or the device's ``net/`` folder), ``counters/`` and
+``counters_ext/`` (pre-4.5 kernels' 64-bit files) and ``hw_counters/``.
+
+Unlike procfs, one unreadable value skips that value, one malformed port skips that port's
+broken fields, and one malformed device never hides the others. Each problem is recorded in
+``RdmaReading.problems`` so the collector can report a partial read.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from exporter.sources.sysfs import AttributeReader, list_dir, parse_uint, read_attribute
+
+CLASS_PATH = ("class", "infiniband")
+
+# counters/ files that count 4-octet words, not octets (multiplied by 4 for bytes).
+DATA_WORD_COUNTERS = {"port_xmit_data": "transmit", "port_rcv_data": "receive"}
+PACKET_COUNTERS = {"port_xmit_packets": "transmit", "port_rcv_packets": "receive"}
+# counters_ext/ (kernels before 4.5): the 64-bit versions win over the 32-bit counters/ ones.
+EXT_DATA_WORD_COUNTERS = {"port_xmit_data_64": "transmit", "port_rcv_data_64": "receive"}
+EXT_PACKET_COUNTERS = {"port_xmit_packets_64": "transmit", "port_rcv_packets_64": "receive"}
+# Packet counters by cast type, from counters/ (and their counters_ext/ names).
+CAST_PACKET_COUNTERS = {
+    "unicast_xmit_packets": ("unicast", "transmit"),
+    "unicast_rcv_packets": ("unicast", "receive"),
+    "multicast_xmit_packets": ("multicast", "transmit"),
+    "multicast_rcv_packets": ("multicast", "receive"),
+}
+EXT_CAST_PACKET_COUNTERS = {
+    "port_unicast_xmit_packets": ("unicast", "transmit"),
+    "port_unicast_rcv_packets": ("unicast", "receive"),
+    "port_multicast_xmit_packets": ("multicast", "transmit"),
+    "port_multicast_rcv_packets": ("multicast", "receive"),
+}
+# Everything else in counters/ is an error/health counter (symbol_error, link_downed,
+# port_rcv_errors, port_xmit_discards, port_xmit_wait, VL15_dropped, ...).
+NOT_ERROR_COUNTERS = frozenset(DATA_WORD_COUNTERS) | frozenset(PACKET_COUNTERS) | frozenset(
+    CAST_PACKET_COUNTERS
+)
+
+
+@dataclass(frozen=True)
+class RdmaPort:
+    device: str
+    port: int
+    state_id: int | None = None
+    state: str | None = None
+    physical_state_id: int | None = None
+    physical_state: str | None = None
+    rate_bytes_per_second: int | None = None
+    rate_text: str | None = None
+    link_layer: str | None = None
+    netdev: str | None = None
+    transmit_bytes: int | None = None
+    receive_bytes: int | None = None
+    transmit_packets: int | None = None
+    receive_packets: int | None = None
+    # (cast, direction) -> packets, cast in {unicast, multicast}
+    cast_packets: dict[tuple[str, str], int] = field(default_factory=dict)
+    errors: dict[str, int] = field(default_factory=dict)
+    hw_counters: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RdmaDevice:
+    name: str
+    hca_type: str | None
+    firmware_version: str | None
+    board_id: str | None
+    ports: tuple[RdmaPort, ...]
+
+
+@dataclass
+class RdmaReading:
+    devices: list[RdmaDevice] = field(default_factory=list)
+    class_present: bool = False
+    problems: list[str] = field(default_factory=list)
+
+    def ports(self) -> list[RdmaPort]:
+        return [p for d in self.devices for p in d.ports]
+
+
+def parse_state(text: str | None) -> tuple[int | None, str | None]:
+    """``"4: ACTIVE"`` → (4, "ACTIVE"); anything else → (None, None)."""
+    if text is None:
+        return None, None
+    head, sep, tail = text.partition(":")
+    if not sep or ":" in tail:
+        return None, None
+    ident = parse_uint(head)
+    return ident, (tail.strip() or None) if ident is not None else None
+
+
+def _float32(value: float) -> float:
+    return struct.unpack("f", struct.pack("f", value))[0]
+
+
+def parse_rate(text: str | None) -> int | None:
+    """``"400 Gb/sec (4X NDR)"`` → 50_000_000_000 bytes/s.
+
+    The number is Gb/s; it is rounded to float32 and multiplied by 125,000,000, as procfs
+    does, so our value equals node_exporter's to the byte.
+    """
+    if not text:
+        return None
+    number = text.split(" ", 1)[0].strip()
+    try:
+        gbits = float(number)
+    except ValueError:
+        return None
+    if not 0 <= gbits < 1e6:
+        return None
+    return int(_float32(gbits) * 125_000_000)
+
+
+def _read_counter_dir(
+    folder: Path, reader: AttributeReader
+) -> dict[str, int]:
+    values: dict[str, int] = {}
+    for name in list_dir(folder):
+        value = parse_uint(reader(folder / name))
+        if value is not None:
+            values[name] = value
+    return values
+
+
+def _netdev(device_dir: Path, port_dir: Path, reader: AttributeReader) -> str | None:
+    ndevs = port_dir / "gid_attrs" / "ndevs"
+    for index in sorted(list_dir(ndevs), key=lambda n: (len(n), n)):
+        name = reader(ndevs / index)
+        if name:
+            return name
+    nets = list_dir(device_dir / "device" / "net")
+    return nets[0] if nets else None
+
+
+def read_port(device: str, device_dir: Path, port_name: str, reader: AttributeReader) -> RdmaPort:
+    port_dir = device_dir / "ports" / port_name
+    state_id, state = parse_state(reader(port_dir / "state"))
+    phys_id, phys = parse_state(reader(port_dir / "phys_state"))
+    rate_text = reader(port_dir / "rate")
+    counters = _read_counter_dir(port_dir / "counters", reader)
+    ext = _read_counter_dir(port_dir / "counters_ext", reader)
+
+    def pick(ext_table: dict[str, str], table: dict[str, str], direction: str, scale: int) -> int | None:
+        for source, names in ((ext, ext_table), (counters, table)):
+            for name, d in names.items():
+                if d == direction and name in source:
+                    return source[name] * scale
+        return None
+
+    cast: dict[tuple[str, str], int] = {}
+    for name, key in CAST_PACKET_COUNTERS.items():
+        if name in counters:
+            cast[key] = counters[name]
+    for name, key in EXT_CAST_PACKET_COUNTERS.items():
+        if name in ext:
+            cast[key] = ext[name]
+
+    return RdmaPort(
+        device=device,
+        port=int(port_name),
+        state_id=state_id,
+        state=state,
+        physical_state_id=phys_id,
+        physical_state=phys,
+        rate_bytes_per_second=parse_rate(rate_text),
+        rate_text=rate_text,
+        link_layer=reader(port_dir / "link_layer") or None,
+        netdev=_netdev(device_dir, port_dir, reader),
+        transmit_bytes=pick(EXT_DATA_WORD_COUNTERS, DATA_WORD_COUNTERS, "transmit", 4),
+        receive_bytes=pick(EXT_DATA_WORD_COUNTERS, DATA_WORD_COUNTERS, "receive", 4),
+        transmit_packets=pick(EXT_PACKET_COUNTERS, PACKET_COUNTERS, "transmit", 1),
+        receive_packets=pick(EXT_PACKET_COUNTERS, PACKET_COUNTERS, "receive", 1),
+        cast_packets=cast,
+        errors={k: v for k, v in counters.items() if k not in NOT_ERROR_COUNTERS},
+        hw_counters=_read_counter_dir(port_dir / "hw_counters", reader),
+    )
+
+
+def read_rdma(sysfs: Path, reader: AttributeReader = read_attribute) -> RdmaReading:
+    """Every RDMA device and port under ``<sysfs>/class/infiniband``, sorted by name."""
+    class_dir = sysfs.joinpath(*CLASS_PATH)
+    reading = RdmaReading(class_present=class_dir.is_dir())
+    for device in list_dir(class_dir):
+        device_dir = class_dir / device
+        ports: list[RdmaPort] = []
+        port_names = list_dir(device_dir / "ports")
+        if not port_names:
+            reading.problems.append(f"{device}: no ports/ folder")
+        for port_name in sorted(port_names, key=lambda n: (len(n), n)):
+            if not port_name.isdigit():
+                reading.problems.append(f"{device}: unexpected port entry {port_name!r}")
+                continue
+            try:
+                port = read_port(device, device_dir, port_name, reader)
+            except (OSError, ValueError) as exc:  # a port folder that vanished mid-read
+                reading.problems.append(f"{device}/{port_name}: {exc}")
+                continue
+            if port.state_id is None:
+                reading.problems.append(f"{device}/{port_name}: unreadable or malformed state")
+            ports.append(port)
+        reading.devices.append(
+            RdmaDevice(
+                name=device,
+                hca_type=reader(device_dir / "hca_type"),
+                firmware_version=reader(device_dir / "fw_ver"),
+                board_id=reader(device_dir / "board_id"),
+                ports=tuple(ports),
+            )
+        )
+    return reading

@@ -1,0 +1,132 @@
+"""Shared test helpers: real system tools (skipped locally when absent, required in CI),
+fixture trees stored as text, free ports and exporter subprocesses."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.fixturetree import unpack
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def require_tool(name: str) -> str:
+    """Path of a system tool. Missing: skip with the reason locally, fail in CI (never skip)."""
+    path = shutil.which(name)
+    if path:
+        return path
+    message = f"{name} not installed (Debian package; .ci/run installs it)"
+    if IN_CI:
+        pytest.fail(f"CI must run this test: {message}")
+    pytest.skip(message)
+    raise AssertionError("unreachable")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--update-golden", action="store_true", help="rewrite golden files from current output")
+
+
+@pytest.fixture
+def update_golden(request: pytest.FixtureRequest) -> bool:
+    return bool(request.config.getoption("--update-golden"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def fixture_tree(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """Unpack ``tests/fixtures/<name>.txt`` into a fresh folder and return its root."""
+
+    def make(name: str) -> Path:
+        root = tmp_path / name
+        unpack((FIXTURES / f"{name}.txt").read_text(), root)
+        return root
+
+    return make
+
+
+def http_get(url: str, timeout: float = 10.0, headers: dict[str, str] | None = None) -> tuple[int, str, dict[str, str]]:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read().decode(), dict(response.headers)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(), dict(exc.headers)
+
+
+def wait_http(url: str, timeout: float = 20.0) -> str:
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            status, body, _ = http_get(url, timeout=2.0)
+            if status == 200:
+                return body
+        except OSError as exc:
+            last = exc
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} did not answer 200 within {timeout}s ({last})")
+
+
+class ExporterProcess:
+    """``ccl-exporter serve`` in a subprocess on a free loopback port."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        full_env = {**os.environ, **(env or {})}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "exporter", "serve", "--web.listen-address", f"127.0.0.1:{self.port}", *args],
+            env=full_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            wait_http(self.url + "/healthz")
+        except TimeoutError:
+            self.stop()
+            raise
+
+    def metrics(self) -> str:
+        return http_get(self.url + "/metrics")[1]
+
+    def stop(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        return self.proc.stdout.read() if self.proc.stdout else ""
+
+
+@pytest.fixture
+def exporter_process() -> Iterator[type[ExporterProcess]]:
+    started: list[ExporterProcess] = []
+
+    class Tracked(ExporterProcess):
+        def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+            super().__init__(*args, env=env)
+            started.append(self)
+
+    yield Tracked
+    for process in started:
+        process.stop()
