@@ -155,6 +155,8 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     )
     add_serve_arguments(serve, environ, all_collectors())
     serve.set_defaults(handler=run_serve)
+    # Other commands register themselves here, one line each: module.add_parser(sub, environ),
+    # which sets ``handler`` (args -> exit code) on its subparser.
     return parser
 
 
