@@ -101,7 +101,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, s
 
     misc = parser.add_argument_group("misc")
     misc.add_argument("--simulate", action="store_true", default=_env_bool(environ, "--simulate", False),
-                      help="run on a built-in simulated node (no GPU or NIC needed) in a temporary folder")
+                      help="run on a built-in simulated node (no GPU or NIC needed) in a temporary folder; "
+                      "adds POST /-/sim/<action> (loopback clients only) to drive it, see exporter/sim/control.py")
+    _add(misc, environ, "--simulate.seed", 7, "random seed of the simulated node (vary it across a simulated fleet)",
+         type=int, dest="simulate_seed")
     _add(misc, environ, "--log.level", "info", "debug, info, warning or error", dest="log_level",
          choices=["debug", "info", "warning", "error"])
 
@@ -160,12 +163,12 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     return parser
 
 
-def _simulation_hook(node: "SimulatedNode", tick_seconds: float = 1.0) -> Callable[..., AsyncIterator[None]]:  # noqa: F821
+def _simulation_hook(control: "SimControl", tick_seconds: float = 1.0) -> Callable[..., AsyncIterator[None]]:  # noqa: F821
     async def hook(app: object) -> AsyncIterator[None]:
         async def ticker() -> None:
             while True:
                 await asyncio.sleep(tick_seconds)
-                await asyncio.to_thread(node.advance, tick_seconds)
+                await asyncio.to_thread(control.advance, tick_seconds)
 
         task = asyncio.create_task(ticker(), name="simulated-node")
         yield
@@ -186,11 +189,13 @@ def run_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     hooks = []
     sim_root: Path | None = None
+    control = None
     if config.simulate:
+        from exporter.sim.control import SimControl
         from exporter.sim.node import default_node
 
         sim_root = Path(tempfile.mkdtemp(prefix="ccl-exporter-sim-"))
-        node = default_node(sim_root)
+        node = default_node(sim_root, seed=int(args.simulate_seed))
         node.setup()
         node.advance(1.0)
         config.sysfs = node.sysfs
@@ -200,7 +205,8 @@ def run_serve(args: argparse.Namespace) -> int:
         config.pod_resources = sim_root / "pod-resources" / "kubelet.sock"
         config.probe_results = sim_root / "probe-results"
         config.extra["simulated_node"] = node
-        hooks.append(_simulation_hook(node))
+        control = SimControl(node)
+        hooks.append(_simulation_hook(control))
         log.info("simulated node in %s", sim_root)
 
     by_name = {spec.name: spec for spec in specs}
@@ -212,6 +218,10 @@ def run_serve(args: argparse.Namespace) -> int:
         scrape_timeout_seconds=config.scrape_timeout_seconds,
         startup_hooks=hooks,
     )
+    if control is not None:
+        from exporter.sim.control import add_control_routes
+
+        add_control_routes(app, control)
     log.info("ccl-exporter %s listening on http://%s:%d/metrics (collectors: %s)",
              __version__, host, port, ", ".join(config.enabled_collectors) or "none")
     try:

@@ -70,6 +70,7 @@ class SimRdma:
     ports: list[SimPortSpec] = field(default_factory=default_ports)
     counters: dict[tuple[str, str], int] = field(default_factory=dict)
     root: Path | None = None
+    quiet_devices: set[str] = field(default_factory=set)  # ports with no traffic (down, or job gone)
 
     def _port_dir(self, spec: SimPortSpec) -> Path:
         assert self.root is not None
@@ -106,6 +107,8 @@ class SimRdma:
     def advance(self, clock: SimClock) -> None:
         for spec in self.ports:
             load = clock.job_activity * self.rng.uniform(0.85, 1.0)
+            if spec.device in self.quiet_devices:
+                load = 0.0
             tx = spec.peak_bytes_per_second * load * clock.step_seconds
             rx = tx * self.rng.uniform(0.97, 1.03)
             d = spec.device
@@ -133,7 +136,25 @@ class SimRdma:
             write_attribute(self._port_dir(by_device[device]) / name, value)
 
     def set_port_state(self, device: str, state: str, phys_state: str) -> None:
-        """Take a port down (or up) in the simulated tree, for demos and e2e tests."""
-        spec = next(s for s in self.ports if s.device == device)
+        """Take a port down (or up) in the simulated tree, for demos and e2e tests.
+
+        A port that is not ACTIVE carries no traffic until it is set ACTIVE again."""
+        spec = self.port(device)
+        self.set_traffic(device, state.split(":")[0].strip() == "4")
         write_attribute(self._port_dir(spec) / "state", state)
         write_attribute(self._port_dir(spec) / "phys_state", phys_state)
+
+    def port(self, device: str) -> SimPortSpec:
+        """The port of ``device``; KeyError names the known devices when there is none."""
+        for spec in self.ports:
+            if spec.device == device:
+                return spec
+        raise KeyError(f"no simulated RDMA device {device!r} (have {', '.join(s.device for s in self.ports)})")
+
+    def set_traffic(self, device: str, flowing: bool) -> None:
+        """Stop (or restart) the simulated job's traffic on one port; counters then stay flat."""
+        self.port(device)
+        if flowing:
+            self.quiet_devices.discard(device)
+        else:
+            self.quiet_devices.add(device)

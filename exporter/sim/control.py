@@ -1,0 +1,160 @@
+"""Drive the simulated node from outside: ``POST /-/sim/<action>`` (simulate mode only).
+
+``ccl-exporter serve --simulate`` adds these routes so that ``make demo``, the end-to-end
+tests and the fleet benchmark can change what the simulated node shows while real
+Prometheus and Alertmanager watch it. They exist only with ``--simulate``, only act on the
+simulated folder tree, and answer only requests from loopback addresses.
+
+``GET /-/sim`` lists the actions. Each action takes its parameters from the query string
+(``POST /-/sim/rdma-port-down?device=mlx5_3``) and answers a JSON object with ``action``,
+``at`` (the wall-clock time the change was written, seconds since the epoch) and details.
+
+Actions:
+
+- ``rdma-port-down`` / ``rdma-port-up`` ``[device=mlx5_0]``: port state DOWN/Disabled (no traffic)
+  or ACTIVE/LinkUp again.
+- ``rdma-traffic-stop`` / ``rdma-traffic-start`` ``[device=<one>]``: the job's RDMA traffic stops
+  (counters flat) or resumes, on one port or all of them.
+- ``advance`` ``[seconds=1]``: advance the simulation immediately (besides its 1 s ticker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from exporter.sim.node import SimulatedNode
+
+Params = Mapping[str, str]
+ActionFunc = Callable[[SimulatedNode, Params], dict[str, Any]]
+
+
+class ActionError(ValueError):
+    """A bad or inapplicable action request (answered 400 with the message)."""
+
+
+def _part(node: SimulatedNode, kind: type) -> Any:
+    for part in node.parts:
+        if isinstance(part, kind):
+            return part
+    raise ActionError(f"the simulated node has no {kind.__name__}")
+
+
+def _rdma(node: SimulatedNode) -> Any:
+    from exporter.sim.rdma import SimRdma
+
+    return _part(node, SimRdma)
+
+
+def _rdma_devices(node: SimulatedNode, params: Params, default_all: bool) -> list[str]:
+    rdma = _rdma(node)
+    device = params.get("device")
+    if device is None:
+        return [spec.device for spec in rdma.ports] if default_all else [rdma.ports[0].device]
+    try:
+        rdma.port(device)
+    except KeyError as exc:
+        raise ActionError(str(exc.args[0])) from None
+    return [device]
+
+
+def rdma_port_down(node: SimulatedNode, params: Params) -> dict[str, Any]:
+    devices = _rdma_devices(node, params, default_all=False)
+    for device in devices:
+        _rdma(node).set_port_state(device, "1: DOWN", "3: Disabled")
+    return {"devices": devices, "state": "DOWN"}
+
+
+def rdma_port_up(node: SimulatedNode, params: Params) -> dict[str, Any]:
+    devices = _rdma_devices(node, params, default_all=False)
+    for device in devices:
+        _rdma(node).set_port_state(device, "4: ACTIVE", "5: LinkUp")
+    return {"devices": devices, "state": "ACTIVE"}
+
+
+def rdma_traffic(flowing: bool) -> ActionFunc:
+    def action(node: SimulatedNode, params: Params) -> dict[str, Any]:
+        devices = _rdma_devices(node, params, default_all=True)
+        for device in devices:
+            _rdma(node).set_traffic(device, flowing)
+        return {"devices": devices, "traffic": "flowing" if flowing else "stopped"}
+
+    return action
+
+
+def advance(node: SimulatedNode, params: Params) -> dict[str, Any]:
+    try:
+        seconds = float(params.get("seconds", "1"))
+    except ValueError:
+        raise ActionError("seconds must be a number") from None
+    if not 0 < seconds <= 3600:
+        raise ActionError("seconds must be in (0, 3600]")
+    node.advance(seconds)
+    return {"elapsed_seconds": node.elapsed_seconds}
+
+
+def builtin_actions() -> dict[str, ActionFunc]:
+    return {
+        "rdma-port-down": rdma_port_down,
+        "rdma-port-up": rdma_port_up,
+        "rdma-traffic-stop": rdma_traffic(False),
+        "rdma-traffic-start": rdma_traffic(True),
+        "advance": advance,
+    }
+
+
+@dataclass
+class SimControl:
+    """The simulated node plus a lock: the 1 s ticker and control actions never interleave."""
+
+    node: SimulatedNode
+    actions: dict[str, ActionFunc] = field(default_factory=builtin_actions)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def advance(self, seconds: float) -> None:
+        with self.lock:
+            self.node.advance(seconds)
+
+    def perform(self, name: str, params: Params) -> dict[str, Any]:
+        action = self.actions.get(name)
+        if action is None:
+            raise ActionError(f"unknown action {name!r} (have {', '.join(sorted(self.actions))})")
+        with self.lock:
+            details = action(self.node, params)
+            at = time.time()
+        return {"action": name, "at": at, **details}
+
+
+def _from_loopback(request: web.Request) -> bool:
+    try:
+        return ipaddress.ip_address((request.remote or "").split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def add_control_routes(app: web.Application, control: SimControl) -> None:
+    """``GET /-/sim`` and ``POST /-/sim/{action}``; call before the app starts."""
+
+    async def list_actions(request: web.Request) -> web.Response:
+        if not _from_loopback(request):
+            raise web.HTTPForbidden(text="simulation control answers loopback clients only\n")
+        return web.json_response({"actions": sorted(control.actions)})
+
+    async def perform(request: web.Request) -> web.Response:
+        if not _from_loopback(request):
+            raise web.HTTPForbidden(text="simulation control answers loopback clients only\n")
+        try:
+            result = await asyncio.to_thread(control.perform, request.match_info["action"], dict(request.query))
+        except ActionError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        return web.json_response(result)
+
+    app.router.add_get("/-/sim", list_actions)
+    app.router.add_post("/-/sim/{action}", perform)

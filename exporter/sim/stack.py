@@ -1,0 +1,593 @@
+"""A local monitoring stack on 127.0.0.1: Prometheus, Alertmanager and a webhook receiver.
+
+``make demo``, the end-to-end tests and the fleet benchmark all start the real
+``prometheus`` and ``prometheus-alertmanager`` binaries (Debian packages of those names)
+through this module, with generated configs in a temporary folder, our alert rules loaded,
+and every notification Alertmanager sends recorded with the time it arrived.
+
+Everything listens on loopback only. ``Stack.stop()`` (or leaving the ``with`` block) stops
+each process it started and waits for its PID, so ports and folders can be reused at once.
+
+Pitfalls this module handles (all measured on Prometheus 2.42 / Alertmanager 0.25):
+the first scrape comes ~5 s after start whatever the scrape interval (wait for ``up``, not
+``/-/ready``); Alertmanager's HA gossip must be switched off (``--cluster.listen-address=``)
+or it listens on every interface; both take 1-2 s to exit on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+PROMETHEUS_NAMES = ("prometheus",)
+ALERTMANAGER_NAMES = ("prometheus-alertmanager", "alertmanager")  # Debian name first, upstream second
+SCRAPE_JOB = "ccl-health-exporter"
+RULES_FILE = Path("alerts") / "ccl-health-rules.yaml"
+LOOPBACK = "127.0.0.1"
+
+
+def find_binary(names: Sequence[str]) -> str | None:
+    for name in names:
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def free_loopback_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((LOOPBACK, 0))
+        return int(sock.getsockname()[1])
+
+
+def find_rules_file(start: Path | None = None) -> Path | None:
+    """Our alert rules: ``alerts/ccl-health-rules.yaml`` in the working folder or the source checkout."""
+    candidates = [(start or Path.cwd()) / RULES_FILE, Path(__file__).resolve().parents[2] / RULES_FILE]
+    return next((path for path in candidates if path.is_file()), None)
+
+
+def _duration(seconds: float) -> str:
+    """Prometheus duration syntax: whole milliseconds."""
+    return f"{max(1, round(seconds * 1000))}ms"
+
+
+@dataclass(frozen=True)
+class Intervals:
+    """How fast the stack reacts. Tests use short ones; ``shipped()`` is what users get."""
+
+    scrape_seconds: float = 1.0
+    evaluation_seconds: float = 1.0
+    group_wait_seconds: float = 1.0
+    group_interval_seconds: float = 1.0
+    repeat_interval_seconds: float = 3600.0
+
+    @classmethod
+    def shipped(cls) -> Intervals:
+        """Production settings: 15 s scrape and rule evaluation, Alertmanager group_wait 10 s,
+        group_interval 1 m (the detection-latency promise is measured with these)."""
+        return cls(scrape_seconds=15.0, evaluation_seconds=15.0, group_wait_seconds=10.0,
+                   group_interval_seconds=60.0, repeat_interval_seconds=4 * 3600.0)
+
+
+@dataclass(frozen=True)
+class ScrapeTarget:
+    address: str  # host:port
+    labels: Mapping[str, str] = field(default_factory=dict)  # target labels, e.g. {"node": "gpu-node-01"}
+
+
+def prometheus_config(
+    targets: Sequence[ScrapeTarget],
+    rule_files: Sequence[Path],
+    alertmanager_address: str | None,
+    intervals: Intervals,
+    job_name: str = SCRAPE_JOB,
+) -> dict[str, Any]:
+    """A prometheus.yml (as a dict; JSON is valid YAML) that scrapes ``targets`` like our PodMonitor:
+    ``honor_labels`` so the training pod's namespace/pod labels win, ``node`` as a target label."""
+    scrape_timeout = min(intervals.scrape_seconds, 10.0)
+    config: dict[str, Any] = {
+        "global": {
+            "scrape_interval": _duration(intervals.scrape_seconds),
+            "scrape_timeout": _duration(scrape_timeout),
+            "evaluation_interval": _duration(intervals.evaluation_seconds),
+        },
+        "rule_files": [str(path) for path in rule_files],
+        "scrape_configs": [
+            {
+                "job_name": job_name,
+                "honor_labels": True,
+                "static_configs": [{"targets": [t.address], "labels": dict(t.labels)} for t in targets],
+            }
+        ],
+    }
+    if alertmanager_address:
+        config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager_address]}]}]}
+    return config
+
+
+def alertmanager_config(webhook_url: str, intervals: Intervals) -> dict[str, Any]:
+    return {
+        "route": {
+            "receiver": "webhook",
+            "group_by": ["alertname", "namespace", "job_name", "node"],
+            "group_wait": _duration(intervals.group_wait_seconds),
+            "group_interval": _duration(intervals.group_interval_seconds),
+            "repeat_interval": _duration(intervals.repeat_interval_seconds),
+        },
+        "receivers": [{"name": "webhook", "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}],
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Webhook receiver
+
+
+@dataclass(frozen=True)
+class Notification:
+    received_at: float  # wall clock (time.time()), comparable with Prometheus' activeAt
+    payload: dict[str, Any]
+
+    @property
+    def status(self) -> str:
+        return str(self.payload.get("status", ""))
+
+    @property
+    def alerts(self) -> list[dict[str, Any]]:
+        return list(self.payload.get("alerts", []))
+
+
+def alert_matches(labels: Mapping[str, str], alertname: str, match: Mapping[str, str] | None) -> bool:
+    if labels.get("alertname") != alertname:
+        return False
+    return all(labels.get(key) == value for key, value in (match or {}).items())
+
+
+class WebhookReceiver:
+    """Alertmanager's webhook target: records each POSTed notification (bounded) with its arrival time."""
+
+    def __init__(self, max_notifications: int = 10_000) -> None:
+        self._lock = threading.Lock()
+        self._arrived = threading.Condition(self._lock)
+        self._notifications: list[Notification] = []
+        self._max = max_notifications
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                length = min(int(self.headers.get("Content-Length") or 0), 16 * 1024 * 1024)
+                body = self.rfile.read(length)
+                try:
+                    payload = json.loads(body)
+                    status = 200
+                except ValueError:
+                    payload, status = None, 400
+                if isinstance(payload, dict):
+                    receiver._record(Notification(time.time(), payload))
+                self.send_response(status)
+                self.end_headers()
+
+            def log_message(self, format: str, *args: object) -> None:
+                return
+
+        self._server = ThreadingHTTPServer((LOOPBACK, 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://{LOOPBACK}:{self._server.server_address[1]}/alerts"
+        self._thread = threading.Thread(target=self._server.serve_forever, name="webhook-receiver", daemon=True)
+
+    def _record(self, notification: Notification) -> None:
+        with self._arrived:
+            if len(self._notifications) < self._max:
+                self._notifications.append(notification)
+            self._arrived.notify_all()
+
+    def start(self) -> WebhookReceiver:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)
+
+    @property
+    def notifications(self) -> list[Notification]:
+        with self._lock:
+            return list(self._notifications)
+
+    def wait_for(
+        self, predicate: Callable[[Notification], bool], timeout: float
+    ) -> Notification | None:
+        """The first notification (already here or arriving within ``timeout``) that satisfies ``predicate``."""
+        deadline = time.monotonic() + timeout
+        seen = 0
+        with self._arrived:
+            while True:
+                for notification in self._notifications[seen:]:
+                    if predicate(notification):
+                        return notification
+                seen = len(self._notifications)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._arrived.wait(min(left, 0.5))
+
+    def wait_alert(
+        self, alertname: str, status: str, timeout: float, match: Mapping[str, str] | None = None
+    ) -> tuple[Notification, dict[str, Any]] | None:
+        """The first notification carrying ``alertname`` with ``status`` (firing/resolved) and labels ``match``."""
+        found: dict[str, Any] = {}
+
+        def wanted(notification: Notification) -> bool:
+            for alert in notification.alerts:
+                if alert.get("status") == status and alert_matches(alert.get("labels", {}), alertname, match):
+                    found["alert"] = alert
+                    return True
+            return False
+
+        notification = self.wait_for(wanted, timeout)
+        return None if notification is None else (notification, found["alert"])
+
+    def alertnames(self, status: str = "firing") -> set[str]:
+        return {
+            alert.get("labels", {}).get("alertname", "")
+            for notification in self.notifications
+            for alert in notification.alerts
+            if alert.get("status") == status
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# Server processes
+
+
+def http_json(url: str, data: bytes | None = None, timeout: float = 10.0) -> Any:
+    request = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET")
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read() or b"null")
+
+
+def wait_answering(url: str, proc: subprocess.Popen[bytes], what: str, timeout: float) -> bool:
+    """Poll ``url`` until it answers 200 (True), the process exits (RuntimeError) or ``timeout`` passes (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2.0) as response:
+                if response.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.05)
+    return False
+
+
+def stop_process(proc: subprocess.Popen[bytes] | None, timeout: float = 15.0) -> None:
+    """SIGTERM, wait for the PID; SIGKILL if it does not exit within ``timeout``."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+class ManagedProcess:
+    """A server binary started on loopback with a generated config, logging to a file, stopped by PID."""
+
+    name = "process"
+
+    def __init__(self, binary: str, workdir: Path, config: Mapping[str, Any], port: int | None = None) -> None:
+        self.binary = binary
+        self.workdir = workdir
+        self.port = port or free_loopback_port()
+        self.address = f"{LOOPBACK}:{self.port}"
+        self.url = f"http://{self.address}"
+        self.log_path = workdir / f"{self.name}.log"
+        self.config_path = workdir / f"{self.name}.yml"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.write_config(config)
+
+    def write_config(self, config: Mapping[str, Any]) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(json.dumps(config, indent=2))  # JSON is valid YAML
+
+    def own_flags(self) -> list[str]:
+        return []
+
+    def argv(self) -> list[str]:
+        return [
+            self.binary,
+            f"--config.file={self.config_path}",
+            *self.own_flags(),
+            f"--web.listen-address={self.address}",
+            f"--web.external-url={self.url}/",
+            "--log.level=warn",
+        ]
+
+    def start(self, ready_timeout: float = 30.0) -> None:
+        with open(self.log_path, "ab") as log_file:
+            self.proc = subprocess.Popen(self.argv(), stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            if wait_answering(self.url + "/-/ready", self.proc, self.name, ready_timeout):
+                return
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}: {self.log_tail()}") from None
+        self.stop()
+        raise TimeoutError(f"{self.name} not ready within {ready_timeout}s: {self.log_tail()}")
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    def stop(self, timeout: float = 15.0) -> None:
+        stop_process(self.proc, timeout)
+
+
+class Alertmanager(ManagedProcess):
+    name = "alertmanager"
+
+    def own_flags(self) -> list[str]:
+        # No HA gossip: by default it listens on every interface and advertises a non-loopback address.
+        return [f"--storage.path={self.workdir / 'alertmanager-data'}", "--cluster.listen-address="]
+
+    def alerts(self) -> list[dict[str, Any]]:
+        return list(http_json(self.url + "/api/v2/alerts") or [])
+
+
+class Prometheus(ManagedProcess):
+    name = "prometheus"
+
+    def own_flags(self) -> list[str]:
+        return [f"--storage.tsdb.path={self.workdir / 'tsdb'}", "--web.enable-lifecycle"]
+
+    def reload(self) -> None:
+        http_json(self.url + "/-/reload", data=b"")
+
+    def api(self, path: str, **params: str) -> Any:
+        query = urllib.parse.urlencode(params)
+        body = http_json(f"{self.url}/api/v1/{path}" + (f"?{query}" if query else ""))
+        if body.get("status") != "success":
+            raise RuntimeError(f"Prometheus {path}: {body}")
+        return body["data"]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        """Instant vector query; returns the result list (``[{"metric": {...}, "value": [t, "v"]}, ...]``)."""
+        data = self.api("query", query=expr)
+        result = data["result"]
+        if data["resultType"] == "scalar":
+            return [{"metric": {}, "value": result}]
+        return list(result)
+
+    def values(self, expr: str) -> list[float]:
+        return [float(sample["value"][1]) for sample in self.query(expr)]
+
+    def alerts(self) -> list[dict[str, Any]]:
+        return list(self.api("alerts")["alerts"])
+
+    def rule_groups(self) -> list[dict[str, Any]]:
+        return list(self.api("rules")["groups"])
+
+    def wait_until(self, check: Callable[[], Any], timeout: float, what: str, poll: float = 0.1) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                value = check()
+            except (OSError, RuntimeError, ValueError):
+                value = None
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"Prometheus: {what} not seen within {timeout}s")
+            time.sleep(poll)
+
+    def wait_targets_up(self, count: int, timeout: float = 60.0, job_name: str = SCRAPE_JOB) -> None:
+        self.wait_until(
+            lambda: len([v for v in self.values(f'up{{job="{job_name}"}} == 1')]) >= count,
+            timeout, f"{count} targets up",
+        )
+
+    def wait_alert(
+        self, alertname: str, state: str, timeout: float, match: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
+        """The first alert in /api/v1/alerts named ``alertname`` in ``state`` (pending/firing) with labels ``match``."""
+
+        def find() -> dict[str, Any] | None:
+            for alert in self.alerts():
+                if alert.get("state") == state and alert_matches(alert.get("labels", {}), alertname, match):
+                    return alert
+            return None
+
+        return self.wait_until(find, timeout, f"alert {alertname} {state} {dict(match or {})}")  # type: ignore[no-any-return]
+
+    def firing_alertnames(self) -> set[str]:
+        return {a["labels"]["alertname"] for a in self.alerts() if a.get("state") == "firing"}
+
+
+# --------------------------------------------------------------------------------------------
+# The whole stack
+
+
+class StackUnavailable(RuntimeError):
+    """A binary the stack needs is not installed."""
+
+
+@dataclass
+class Stack:
+    """Prometheus (+ Alertmanager + webhook receiver when ``alerting``) scraping ``targets``."""
+
+    workdir: Path
+    targets: Sequence[ScrapeTarget]
+    rule_files: Sequence[Path] = ()
+    intervals: Intervals = field(default_factory=Intervals)
+    alerting: bool = True
+    prometheus_binary: str | None = None
+    alertmanager_binary: str | None = None
+    receiver: WebhookReceiver | None = None
+    alertmanager: Alertmanager | None = None
+    prometheus: Prometheus | None = None
+
+    def start(self) -> Stack:
+        prometheus_binary = self.prometheus_binary or find_binary(PROMETHEUS_NAMES)
+        if not prometheus_binary:
+            raise StackUnavailable("prometheus is not installed (apt-get install prometheus)")
+        alertmanager_binary = self.alertmanager_binary or find_binary(ALERTMANAGER_NAMES)
+        if self.alerting and not alertmanager_binary:
+            raise StackUnavailable("prometheus-alertmanager is not installed (apt-get install prometheus-alertmanager)")
+        try:
+            alertmanager_address = None
+            if self.alerting:
+                assert alertmanager_binary is not None
+                self.receiver = WebhookReceiver().start()
+                self.alertmanager = Alertmanager(
+                    alertmanager_binary, self.workdir / "alertmanager",
+                    alertmanager_config(self.receiver.url, self.intervals),
+                )
+                self.alertmanager.start()
+                alertmanager_address = self.alertmanager.address
+            self.prometheus = Prometheus(
+                prometheus_binary, self.workdir / "prometheus",
+                prometheus_config(self.targets, self.rule_files, alertmanager_address, self.intervals),
+            )
+            self.prometheus.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for process in (self.prometheus, self.alertmanager):
+            if process is not None:
+                process.stop()
+        if self.receiver is not None:
+            self.receiver.stop()
+            self.receiver = None
+
+    def __enter__(self) -> Stack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def processes(self) -> Iterable[ManagedProcess]:
+        return [p for p in (self.prometheus, self.alertmanager) if p is not None]
+
+
+# --------------------------------------------------------------------------------------------
+# Simulated exporters
+
+
+class SimulatedExporter:
+    """``ccl-exporter serve --simulate`` in a subprocess on a loopback port, driven through ``/-/sim``."""
+
+    def __init__(self, node: str, seed: int = 7, port: int | None = None, extra_args: Sequence[str] = (),
+                 log_path: Path | None = None) -> None:
+        import sys
+
+        self.node = node
+        self.port = port or free_loopback_port()
+        self.address = f"{LOOPBACK}:{self.port}"
+        self.url = f"http://{self.address}"
+        self.argv = [sys.executable, "-m", "exporter", "serve", "--simulate",
+                     f"--web.listen-address={self.address}", f"--simulate.seed={seed}",
+                     "--log.level=warning", *extra_args]
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def target(self) -> ScrapeTarget:
+        return ScrapeTarget(self.address, {"node": self.node})
+
+    def start(self, wait: bool = True) -> SimulatedExporter:
+        log_file = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        try:
+            self.proc = subprocess.Popen(self.argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        finally:
+            if self.log_path:
+                log_file.close()  # type: ignore[union-attr]
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        assert self.proc is not None, "start() first"
+        if wait_answering(self.url + "/healthz", self.proc, f"exporter for {self.node}", timeout):
+            return
+        self.stop()
+        raise TimeoutError(f"exporter for {self.node} not answering within {timeout}s")
+
+    def act(self, action: str, **params: object) -> dict[str, Any]:
+        """Perform a simulation action (see exporter/sim/control.py); returns its JSON answer."""
+        query = urllib.parse.urlencode({key: str(value) for key, value in params.items()})
+        url = f"{self.url}/-/sim/{action}" + (f"?{query}" if query else "")
+        try:
+            return dict(http_json(url, data=b""))
+        except urllib.error.HTTPError as exc:
+            raise RuntimeError(f"{action} on {self.node}: {exc.code} {exc.read().decode(errors='replace')}") from None
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10.0) as response:
+            return response.read().decode()
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    def kill(self) -> None:
+        """Die without a clean shutdown, as an OOM-killed or crashed exporter would."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        stop_process(self.proc, timeout)
+
+
+def start_exporters(count: int, node_prefix: str = "gpu-node-", first_seed: int = 1,
+                    extra_args: Sequence[str] = ()) -> list[SimulatedExporter]:
+    """``count`` simulated nodes (``gpu-node-01`` ...), started together, then waited for."""
+    width = max(2, len(str(count)))
+    exporters = [SimulatedExporter(f"{node_prefix}{i + 1:0{width}d}", seed=first_seed + i, extra_args=extra_args)
+                 for i in range(count)]
+    try:
+        for exporter in exporters:
+            exporter.start(wait=False)
+        for exporter in exporters:
+            exporter.wait_ready(timeout=60.0 + count)
+    except BaseException:
+        stop_all(exporters)
+        raise
+    return exporters
+
+
+def stop_all(exporters: Iterable[SimulatedExporter]) -> None:
+    exporters = list(exporters)
+    for exporter in exporters:
+        if exporter.proc is not None and exporter.proc.poll() is None:
+            exporter.proc.terminate()
+    for exporter in exporters:
+        exporter.stop()

@@ -1,0 +1,104 @@
+"""The simulate-mode control endpoint (``/-/sim``) against a real simulated node tree."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from unittest import mock
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
+
+from exporter.collectors.rdma import RdmaCollector
+from exporter.server import create_app
+from exporter.sim.control import SimControl, add_control_routes
+from exporter.sim.node import default_node
+
+
+def _samples(collector: RdmaCollector, name: str) -> dict[str, float]:
+    return {
+        sample.labels["device"]: sample.value
+        for family in collector.collect()
+        for sample in family.samples
+        if sample.name == name
+    }
+
+
+async def _client(tmp_path: Path, aiohttp_client):  # type: ignore[no-untyped-def]
+    node = default_node(tmp_path)
+    node.setup()
+    node.advance(1.0)
+    control = SimControl(node)
+    collector = RdmaCollector(node.sysfs)
+    app = create_app([collector], process_metrics=False)
+    add_control_routes(app, control)
+    return await aiohttp_client(app), control, collector
+
+
+async def test_port_down_and_up_change_the_tree_the_collector_reads(tmp_path: Path, aiohttp_client) -> None:  # type: ignore[no-untyped-def]
+    client, control, collector = await _client(tmp_path, aiohttp_client)
+    response = await client.post("/-/sim/rdma-port-down", params={"device": "mlx5_3"})
+    assert response.status == 200
+    body = await response.json()
+    assert body["devices"] == ["mlx5_3"] and body["at"] > 0
+    states = _samples(collector, "ccl_rdma_port_state_id")
+    assert states["mlx5_3"] == 1 and states["mlx5_2"] == 4
+
+    before = _samples(collector, "ccl_rdma_port_transmit_bytes_total")
+    control.advance(1.0)
+    after = _samples(collector, "ccl_rdma_port_transmit_bytes_total")
+    assert after["mlx5_3"] == before["mlx5_3"], "a DOWN port carries no traffic"
+    assert after["mlx5_2"] > before["mlx5_2"]
+
+    assert (await client.post("/-/sim/rdma-port-up", params={"device": "mlx5_3"})).status == 200
+    control.advance(1.0)
+    assert _samples(collector, "ccl_rdma_port_state_id")["mlx5_3"] == 4
+    assert _samples(collector, "ccl_rdma_port_transmit_bytes_total")["mlx5_3"] > after["mlx5_3"]
+
+
+async def test_traffic_stop_flattens_every_port(tmp_path: Path, aiohttp_client) -> None:  # type: ignore[no-untyped-def]
+    client, control, collector = await _client(tmp_path, aiohttp_client)
+    assert (await client.post("/-/sim/rdma-traffic-stop")).status == 200
+    before = _samples(collector, "ccl_rdma_port_receive_bytes_total")
+    control.advance(5.0)
+    assert _samples(collector, "ccl_rdma_port_receive_bytes_total") == before
+    assert all(v == 4 for v in _samples(collector, "ccl_rdma_port_state_id").values()), "ports stay ACTIVE"
+    assert (await client.post("/-/sim/rdma-traffic-start")).status == 200
+    control.advance(1.0)
+    assert all(_samples(collector, "ccl_rdma_port_receive_bytes_total")[d] > v for d, v in before.items())
+
+
+async def test_bad_requests_are_refused_with_a_reason(tmp_path: Path, aiohttp_client) -> None:  # type: ignore[no-untyped-def]
+    client, _, _ = await _client(tmp_path, aiohttp_client)
+    unknown = await client.post("/-/sim/reboot")
+    assert unknown.status == 400 and "unknown action" in (await unknown.json())["error"]
+    bad_device = await client.post("/-/sim/rdma-port-down", params={"device": "mlx5_99"})
+    assert bad_device.status == 400 and "mlx5_99" in (await bad_device.json())["error"]
+    bad_seconds = await client.post("/-/sim/advance", params={"seconds": "-1"})
+    assert bad_seconds.status == 400
+    listing = await client.get("/-/sim")
+    assert "rdma-port-down" in (await listing.json())["actions"]
+    assert (await client.get("/-/sim/rdma-port-down")).status == 405, "actions change state: POST only"
+
+
+def test_plain_serve_has_no_control_routes(exporter_process) -> None:  # type: ignore[no-untyped-def]
+    """Outside --simulate there is nothing to drive: /-/sim does not exist."""
+    from tests.conftest import http_get
+
+    exporter = exporter_process("--collector.disable-defaults")
+    assert http_get(exporter.url + "/-/sim")[0] == 404
+
+
+async def test_clients_off_loopback_are_forbidden(tmp_path: Path) -> None:
+    """Binding a non-loopback address is not allowed in tests; a request whose peer is 10.0.0.5 is built instead."""
+    node = default_node(tmp_path)
+    node.setup()
+    app = web.Application()
+    add_control_routes(app, SimControl(node))
+    transport = mock.Mock()
+    transport.get_extra_info.side_effect = lambda name, default=None: ("10.0.0.5", 40000) if name == "peername" else default
+    request = make_mocked_request("POST", "/-/sim/rdma-port-down", app=app, transport=transport)
+    match = await app.router.resolve(request)
+    request._match_info = match  # type: ignore[attr-defined]
+    with pytest.raises(web.HTTPForbidden):
+        await match.handler(request)
