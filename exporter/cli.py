@@ -105,6 +105,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, s
                       "adds POST /-/sim/<action> (loopback clients only) to drive it, see exporter/sim/control.py")
     _add(misc, environ, "--simulate.seed", 7, "random seed of the simulated node (vary it across a simulated fleet)",
          type=int, dest="simulate_seed")
+    _add(misc, environ, "--simulate.tick", 1.0, "seconds between updates of the simulated node",
+         type=float, dest="simulate_tick")
     _add(misc, environ, "--log.level", "info", "debug, info, warning or error", dest="log_level",
          choices=["debug", "info", "warning", "error"])
 
@@ -206,7 +208,7 @@ def run_serve(args: argparse.Namespace) -> int:
         config.probe_results = sim_root / "probe-results"
         config.extra["simulated_node"] = node
         control = SimControl(node)
-        hooks.append(_simulation_hook(control))
+        hooks.append(_simulation_hook(control, max(0.1, float(args.simulate_tick))))
         log.info("simulated node in %s", sim_root)
 
     by_name = {spec.name: spec for spec in specs}
