@@ -13,7 +13,6 @@ Everything listens on 127.0.0.1 and is stopped (PIDs waited for) before it retur
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import tempfile
 import time
@@ -21,22 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.common import BenchResult
-from exporter.sim.stack import Intervals, Stack, find_rules_file, start_exporters, stop_all
-
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def process_cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime
-
-
-def process_rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
+from bench.proc import process_cpu_seconds, process_rss_bytes
+from exporter.sim.stack import SCRAPE_JOB, Intervals, Stack, find_rules_file, start_exporters, stop_all
 
 @dataclass
 class FleetMeasurement:
@@ -77,9 +62,10 @@ def measure(nodes: int = 32, seconds: float = 60.0, scrape_interval: float = 5.0
                     (process_cpu_seconds(e.pid) - exporter_cpu_before[e.node]) / elapsed for e in exporters if e.pid
                 ]
                 exporter_rss = [process_rss_bytes(e.pid) for e in exporters if e.pid]
-                per_node = prometheus.values('count by (node) ({job="ccl-health-exporter"})')
-                samples = prometheus.values('scrape_samples_scraped{job="ccl-health-exporter"}')
-                durations = sorted(prometheus.values('scrape_duration_seconds{job="ccl-health-exporter"}'))
+                job = f'job="{SCRAPE_JOB}"'
+                per_node = prometheus.values(f"count by (node) ({{{job}}})")
+                samples = prometheus.values(f"scrape_samples_scraped{{{job}}}")
+                durations = sorted(prometheus.values(f"scrape_duration_seconds{{{job}}}"))
                 groups = prometheus.rule_groups()
                 recording = prometheus.values('count({__name__=~".+:.+"})') or [0.0]
                 head = _own_metric(prometheus.url, "prometheus_tsdb_head_series")

@@ -33,7 +33,7 @@ from typing import Any
 
 PROMETHEUS_NAMES = ("prometheus",)
 ALERTMANAGER_NAMES = ("prometheus-alertmanager", "alertmanager")  # Debian name first, upstream second
-SCRAPE_JOB = "ccl-health-exporter"
+SCRAPE_JOB = "ccl-exporter"  # the scrape job our rules expect (up{job="ccl-exporter"})
 RULES_FILE = Path("alerts") / "ccl-health-rules.yaml"
 LOOPBACK = "127.0.0.1"
 
@@ -93,10 +93,13 @@ def prometheus_config(
     alertmanager_address: str | None,
     intervals: Intervals,
     job_name: str = SCRAPE_JOB,
+    other_jobs: Mapping[str, Sequence[ScrapeTarget]] | None = None,
 ) -> dict[str, Any]:
     """A prometheus.yml (as a dict; JSON is valid YAML) that scrapes ``targets`` like our PodMonitor:
-    ``honor_labels`` so the training pod's namespace/pod labels win, ``node`` as a target label."""
+    ``honor_labels`` so the training pod's namespace/pod labels win, ``node`` as a target label.
+    ``other_jobs`` adds scrape jobs (e.g. a kube-state-metrics stand-in), also with honor_labels."""
     scrape_timeout = min(intervals.scrape_seconds, 10.0)
+    jobs = {job_name: targets, **(other_jobs or {})}
     config: dict[str, Any] = {
         "global": {
             "scrape_interval": _duration(intervals.scrape_seconds),
@@ -106,10 +109,11 @@ def prometheus_config(
         "rule_files": [str(path) for path in rule_files],
         "scrape_configs": [
             {
-                "job_name": job_name,
+                "job_name": name,
                 "honor_labels": True,
-                "static_configs": [{"targets": [t.address], "labels": dict(t.labels)} for t in targets],
+                "static_configs": [{"targets": [t.address], "labels": dict(t.labels)} for t in job_targets],
             }
+            for name, job_targets in jobs.items()
         ],
     }
     if alertmanager_address:
@@ -246,6 +250,48 @@ class WebhookReceiver:
             for alert in notification.alerts
             if alert.get("status") == status
         }
+
+
+class StaticMetricsServer:
+    """Serves a fixed exposition text on /metrics: a stand-in for a target we do not run here
+    (kube-state-metrics' ``kube_node_status_capacity``, which the exporter-absent alert joins on)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+                body = server.text.encode()
+                self.send_response(200 if self.path.startswith("/metrics") else 404)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                return
+
+        self._server = ThreadingHTTPServer((LOOPBACK, 0), Handler)
+        self._server.daemon_threads = True
+        self.address = f"{LOOPBACK}:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, name="static-metrics", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)
+
+
+def gpu_node_capacity_metrics(nodes: Iterable[str], gpus_per_node: int = 8) -> str:
+    """kube-state-metrics' view of GPU nodes, as the exporter-absent alert expects it."""
+    lines = ["# TYPE kube_node_status_capacity gauge"]
+    lines += [
+        f'kube_node_status_capacity{{node="{node}",resource="nvidia_com_gpu",unit="integer"}} {gpus_per_node}'
+        for node in nodes
+    ]
+    return "\n".join(lines) + "\n"
 
 
 # --------------------------------------------------------------------------------------------
@@ -445,6 +491,7 @@ class Stack:
     rule_files: Sequence[Path] = ()
     intervals: Intervals = field(default_factory=Intervals)
     alerting: bool = True
+    other_jobs: Mapping[str, Sequence[ScrapeTarget]] = field(default_factory=dict)
     prometheus_binary: str | None = None
     alertmanager_binary: str | None = None
     receiver: WebhookReceiver | None = None
@@ -471,7 +518,8 @@ class Stack:
                 alertmanager_address = self.alertmanager.address
             self.prometheus = Prometheus(
                 prometheus_binary, self.workdir / "prometheus",
-                prometheus_config(self.targets, self.rule_files, alertmanager_address, self.intervals),
+                prometheus_config(self.targets, self.rule_files, alertmanager_address, self.intervals,
+                                  other_jobs=self.other_jobs),
             )
             self.prometheus.start()
         except BaseException:

@@ -10,7 +10,7 @@ import os
 import time
 from pathlib import Path
 
-from exporter.sim.stack import Intervals
+from exporter.sim.stack import SCRAPE_JOB, Intervals
 
 PORT_DOWN_RULE = """
 groups:
@@ -38,7 +38,7 @@ def test_alert_reaches_receiver_with_target_labels_and_resolves(start_cluster, t
     assert got is not None, cluster.alertmanager.log_tail()
     notification, alert = got
     assert alert["labels"]["device"] == "mlx5_5"
-    assert alert["labels"]["job"] == "ccl-health-exporter"
+    assert alert["labels"]["job"] == SCRAPE_JOB
     assert alert["annotations"]["summary"] == "mlx5_5 down on gpu-node-02"
     assert notification.received_at - changed < 20
     assert [a["labels"]["node"] for a in cluster.prometheus.alerts()] == ["gpu-node-02"], "the healthy node stays quiet"
