@@ -37,3 +37,16 @@ def stable_lines(text: str) -> str:
 
 def promtool_check_metrics(promtool: str, text: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
+
+
+def scrape_collectors(*collectors: object) -> str:
+    """The exposition of an umbrella over ``collectors`` (no process metrics), as a scrape sees it."""
+    from prometheus_client.exposition import generate_latest
+
+    from exporter.registry import UmbrellaCollector, build_registry
+
+    umbrella = UmbrellaCollector(list(collectors))  # type: ignore[arg-type]
+    try:
+        return generate_latest(build_registry(umbrella, process_metrics=False)).decode()
+    finally:
+        umbrella.close()

@@ -12,12 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client.exposition import generate_latest
-
 from exporter.collectors.rdma import RdmaCollector
-from exporter.registry import UmbrellaCollector, build_registry
 from tests.conftest import free_port, require_tool, wait_http
-from tests.metrics_text import samples
+from tests.metrics_text import samples, scrape_collectors
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -86,11 +83,7 @@ def node_exporter_metrics(binary: str, sysfs: Path) -> str:
 
 
 def our_metrics(sysfs: Path) -> str:
-    umbrella = UmbrellaCollector([RdmaCollector(sysfs)])
-    try:
-        return generate_latest(build_registry(umbrella, process_metrics=False)).decode()
-    finally:
-        umbrella.close()
+    return scrape_collectors(RdmaCollector(sysfs))
 
 
 def with_labels(labels: Labels, extra: dict[str, str]) -> Labels:

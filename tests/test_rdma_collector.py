@@ -4,22 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prometheus_client.exposition import generate_latest
-
 from exporter.collectors.rdma import RdmaCollector
-from exporter.registry import UmbrellaCollector, build_registry
 from tests.conftest import require_tool
-from tests.metrics_text import promtool_check_metrics, stable_lines, value
+from tests.metrics_text import promtool_check_metrics, scrape_collectors, stable_lines, value
 
 GOLDEN = Path(__file__).parent / "golden" / "rdma_metrics.txt"
 
 
 def scrape(sysfs: Path) -> str:
-    umbrella = UmbrellaCollector([RdmaCollector(sysfs)])
-    try:
-        return generate_latest(build_registry(umbrella, process_metrics=False)).decode()
-    finally:
-        umbrella.close()
+    return scrape_collectors(RdmaCollector(sysfs))
 
 
 def test_golden_metrics(fixture_tree, update_golden: bool) -> None:  # type: ignore[no-untyped-def]
