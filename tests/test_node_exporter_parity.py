@@ -150,9 +150,12 @@ def test_parity_on_the_simulated_node(tmp_path: Path) -> None:
     binary = require_tool("prometheus-node-exporter")
     node = default_node(tmp_path)
     node.setup()
-    for _ in range(3):
-        node.advance(1.0)
-    problems = list(compare(node_exporter_metrics(binary, node.sysfs), our_metrics(node.sysfs)))
+    try:
+        for _ in range(3):
+            node.advance(1.0)
+        problems = list(compare(node_exporter_metrics(binary, node.sysfs), our_metrics(node.sysfs)))
+    finally:
+        node.close()
     assert problems == []
 
 
