@@ -24,7 +24,9 @@ def _samples(collector: RdmaCollector, name: str) -> dict[str, float]:
     }
 
 
-async def _client(tmp_path: Path, aiohttp_client):  # type: ignore[no-untyped-def]
+@pytest.fixture
+async def controlled(tmp_path: Path, aiohttp_client):  # type: ignore[no-untyped-def]
+    """(test client of an app with the control routes, the SimControl, an RDMA collector on its tree)."""
     node = default_node(tmp_path)
     node.setup()
     node.advance(1.0)
@@ -32,11 +34,12 @@ async def _client(tmp_path: Path, aiohttp_client):  # type: ignore[no-untyped-de
     collector = RdmaCollector(node.sysfs)
     app = create_app([collector], process_metrics=False)
     add_control_routes(app, control)
-    return await aiohttp_client(app), control, collector
+    yield await aiohttp_client(app), control, collector
+    node.close()
 
 
-async def test_port_down_and_up_change_the_tree_the_collector_reads(tmp_path: Path, aiohttp_client) -> None:  # type: ignore[no-untyped-def]
-    client, control, collector = await _client(tmp_path, aiohttp_client)
+async def test_port_down_and_up_change_the_tree_the_collector_reads(controlled) -> None:  # type: ignore[no-untyped-def]
+    client, control, collector = controlled
     response = await client.post("/-/sim/rdma-port-down", params={"device": "mlx5_3"})
     assert response.status == 200
     body = await response.json()
@@ -56,8 +59,8 @@ async def test_port_down_and_up_change_the_tree_the_collector_reads(tmp_path: Pa
     assert _samples(collector, "ccl_rdma_port_transmit_bytes_total")["mlx5_3"] > after["mlx5_3"]
 
 
-async def test_traffic_stop_flattens_every_port(tmp_path: Path, aiohttp_client) -> None:  # type: ignore[no-untyped-def]
-    client, control, collector = await _client(tmp_path, aiohttp_client)
+async def test_traffic_stop_flattens_every_port(controlled) -> None:  # type: ignore[no-untyped-def]
+    client, control, collector = controlled
     assert (await client.post("/-/sim/rdma-traffic-stop")).status == 200
     before = _samples(collector, "ccl_rdma_port_receive_bytes_total")
     control.advance(5.0)
@@ -68,8 +71,8 @@ async def test_traffic_stop_flattens_every_port(tmp_path: Path, aiohttp_client) 
     assert all(_samples(collector, "ccl_rdma_port_receive_bytes_total")[d] > v for d, v in before.items())
 
 
-async def test_bad_requests_are_refused_with_a_reason(tmp_path: Path, aiohttp_client) -> None:  # type: ignore[no-untyped-def]
-    client, _, _ = await _client(tmp_path, aiohttp_client)
+async def test_bad_requests_are_refused_with_a_reason(controlled) -> None:  # type: ignore[no-untyped-def]
+    client, _, _ = controlled
     unknown = await client.post("/-/sim/reboot")
     assert unknown.status == 400 and "unknown action" in (await unknown.json())["error"]
     bad_device = await client.post("/-/sim/rdma-port-down", params={"device": "mlx5_99"})
@@ -100,5 +103,25 @@ async def test_clients_off_loopback_are_forbidden(tmp_path: Path) -> None:
     request = make_mocked_request("POST", "/-/sim/rdma-port-down", app=app, transport=transport)
     match = await app.router.resolve(request)
     request._match_info = match  # type: ignore[attr-defined]
-    with pytest.raises(web.HTTPForbidden):
-        await match.handler(request)
+    try:
+        with pytest.raises(web.HTTPForbidden):
+            await match.handler(request)
+    finally:
+        node.close()
+
+
+async def test_nvml_actions_reach_the_simulated_gpus(controlled) -> None:  # type: ignore[no-untyped-def]
+    client, control, _ = controlled
+    nvml = control.node.nvml  # type: ignore[attr-defined]
+    assert nvml.assignments()
+    assert (await client.post("/-/sim/gpu-release")).status == 200
+    assert nvml.assignments() == []
+    response = await client.post("/-/sim/gpu-assign", params={"namespace": "ns", "pod": "p-0"})
+    assert response.status == 200
+    assert {(a.namespace, a.pod) for a in nvml.assignments()} == {("ns", "p-0")}
+    assert (await client.post("/-/sim/nvlink-down", params={"gpu": "2", "link": "5"})).status == 200
+    assert nvml._links[(2, 5)].active is False
+    missing = await client.post("/-/sim/nvlink-down", params={"gpu": "2"})
+    assert missing.status == 400 and "link= is required" in (await missing.json())["error"]
+    nowhere = await client.post("/-/sim/nvlink-down", params={"gpu": "99", "link": "0"})
+    assert nowhere.status == 400

@@ -15,6 +15,9 @@ Actions:
   or ACTIVE/LinkUp again.
 - ``rdma-traffic-stop`` / ``rdma-traffic-start`` ``[device=<one>]``: the job's RDMA traffic stops
   (counters flat) or resumes, on one port or all of them.
+- ``gpu-release`` / ``gpu-assign`` ``[namespace= pod= container=]``: the simulated GPUs are freed
+  (no pod holds them, no traffic) or handed to a pod (default: the simulated training pod).
+- ``nvlink-down`` / ``nvlink-up`` ``gpu=<index> link=<index>``: one NVLink goes inactive or back.
 - ``advance`` ``[seconds=1]``: advance the simulation immediately (besides its 1 s ticker).
 """
 
@@ -89,6 +92,49 @@ def rdma_traffic(flowing: bool) -> ActionFunc:
     return action
 
 
+def _nvml(node: SimulatedNode) -> Any:
+    nvml = getattr(node, "nvml", None)
+    if nvml is None:
+        raise ActionError("the simulated node has no simulated NVML")
+    return nvml
+
+
+def _int_param(params: Params, name: str) -> int:
+    try:
+        return int(params[name])
+    except KeyError:
+        raise ActionError(f"{name}= is required") from None
+    except ValueError:
+        raise ActionError(f"{name} must be an integer") from None
+
+
+def gpu_release(node: SimulatedNode, params: Params) -> dict[str, Any]:
+    _nvml(node).release()
+    return {"gpus": "released"}
+
+
+def gpu_assign(node: SimulatedNode, params: Params) -> dict[str, Any]:
+    from exporter.sim.nvml import TRAINING_CONTAINER, TRAINING_NAMESPACE, TRAINING_POD
+
+    namespace = params.get("namespace", TRAINING_NAMESPACE)
+    pod = params.get("pod", TRAINING_POD)
+    container = params.get("container", TRAINING_CONTAINER)
+    _nvml(node).assign(namespace, pod, container)
+    return {"gpus": "assigned", "namespace": namespace, "pod": pod, "container": container}
+
+
+def nvlink_state(active: bool) -> ActionFunc:
+    def action(node: SimulatedNode, params: Params) -> dict[str, Any]:
+        gpu, link = _int_param(params, "gpu"), _int_param(params, "link")
+        try:
+            _nvml(node).set_link_active(gpu, link, active)
+        except KeyError:
+            raise ActionError(f"no simulated NVLink {link} on GPU {gpu}") from None
+        return {"gpu": gpu, "link": link, "active": active}
+
+    return action
+
+
 def advance(node: SimulatedNode, params: Params) -> dict[str, Any]:
     try:
         seconds = float(params.get("seconds", "1"))
@@ -106,6 +152,10 @@ def builtin_actions() -> dict[str, ActionFunc]:
         "rdma-port-up": rdma_port_up,
         "rdma-traffic-stop": rdma_traffic(False),
         "rdma-traffic-start": rdma_traffic(True),
+        "gpu-release": gpu_release,
+        "gpu-assign": gpu_assign,
+        "nvlink-down": nvlink_state(False),
+        "nvlink-up": nvlink_state(True),
         "advance": advance,
     }
 

@@ -9,6 +9,8 @@ reads), and kube-state-metrics (a static stand-in serves ``kube_node_status_capa
 
 from __future__ import annotations
 
+import time
+
 from exporter.sim.stack import Intervals
 
 
@@ -25,3 +27,59 @@ def test_exporter_killed_raises_absent_and_names_the_node(start_cluster) -> None
         a["labels"].get("node") == "gpu-node-01" for a in cluster.prometheus.alerts()
         if a["labels"]["alertname"] == "CclExporterAbsent"
     ), "the node whose exporter runs is not reported absent"
+
+
+def _alerts_named(cluster, alertname: str) -> list[dict]:  # type: ignore[no-untyped-def, type-arg]
+    return [a for a in cluster.prometheus.alerts() if a["labels"]["alertname"] == alertname]
+
+
+def test_rdma_port_down_fires_for_that_port_and_resolves_when_it_is_back(start_cluster) -> None:  # type: ignore[no-untyped-def]
+    cluster = start_cluster(nodes=2, intervals=Intervals())
+    # The rule only pages for ports seen ACTIVE before (a 7-day look-back, 10-minute steps: 168 min
+    # and 10 s here): let one look-back step pass with every port up.
+    cluster.prometheus.wait_until(
+        lambda: cluster.prometheus.values(
+            'max_over_time(node_device_port:ccl_rdma_port_active:bool{node="gpu-node-01",device="mlx5_2"}[168m:10s])'
+        ) == [1.0],
+        timeout=30, what="a look-back step with the port ACTIVE",
+    )
+    node = cluster.node("gpu-node-01")
+    node.act("rdma-port-down", device="mlx5_2")
+    got = cluster.receiver.wait_alert("CclRdmaPortDown", "firing", timeout=60, match={"node": "gpu-node-01"})
+    assert got is not None, cluster.prometheus.alerts()
+    _, alert = got
+    assert (alert["labels"]["device"], alert["labels"]["port"]) == ("mlx5_2", "1")
+    assert alert["labels"]["severity"] == "critical"
+    assert "state 1" in " ".join(alert["annotations"]["description"].split()), alert["annotations"]["description"]
+    assert [a["labels"]["node"] for a in _alerts_named(cluster, "CclRdmaPortDown")] == ["gpu-node-01"]
+
+    node.act("rdma-port-up", device="mlx5_2")
+    assert cluster.receiver.wait_alert("CclRdmaPortDown", "resolved", timeout=60, match={"device": "mlx5_2"})
+
+
+def test_counters_only_suspected_fallback(start_cluster) -> None:  # type: ignore[no-untyped-def]
+    """A job whose pods log no NCCL INFO, on two nodes, NVLink busy and RDMA idle: inferred from counters."""
+    cluster = start_cluster(
+        nodes=2, intervals=Intervals(),
+        before_scrape=lambda exporters: [e.act("rdma-traffic-stop") for e in exporters],
+    )
+    got = cluster.receiver.wait_alert("CclSuspectedTcpFallback", "firing", timeout=60, match={"node": "gpu-node-02"})
+    assert got is not None, cluster.prometheus.alerts()
+    _, alert = got
+    assert alert["labels"]["namespace"] == "ml-training"
+    assert alert["labels"]["pod"] == "llama-70b-worker-0"
+    assert alert["labels"]["job_name"] == "llama-70b", "job inferred from the pod name across both nodes"
+    assert not _alerts_named(cluster, "CclNcclTcpFallback"), "no NCCL log says so: only the suspicion"
+
+
+def test_healthy_multi_node_job_fires_nothing(start_cluster) -> None:  # type: ignore[no-untyped-def]
+    """Two nodes of one job on RDMA with NVLink busy: after longer than the longest compressed
+    ``for:`` of the fabric alerts (15 s), nothing is firing and nothing was delivered."""
+    cluster = start_cluster(nodes=2, intervals=Intervals())
+    time.sleep(20)
+    firing = {a["labels"]["alertname"] for a in cluster.prometheus.alerts() if a["state"] == "firing"}
+    assert firing == set(), cluster.prometheus.alerts()
+    assert cluster.receiver.alertnames("firing") == set()
+    # The rules did evaluate the healthy fleet (not vacuously quiet): the job and its traffic are visible.
+    assert cluster.prometheus.values('namespace_job_name:ccl_gpu_pod_nodes:count{job_name="llama-70b"}') == [2.0]
+    assert all(v > 1e9 for v in cluster.prometheus.values("node:ccl_rdma_transmit_bytes:rate5m"))
