@@ -60,9 +60,12 @@ class SimulatedNode:
 
 
 def default_node(root: Path, seed: int = 7) -> SimulatedNode:
-    """The node ``serve --simulate`` runs: 8 NDR InfiniBand ports and 2 RoCE ports."""
+    """The node ``serve --simulate`` runs: 8 NDR InfiniBand ports and 2 RoCE ports, and
+    training pods whose logs carry NCCL output (one of them fell back to TCP)."""
+    from exporter.sim.podlogs import SimPodLogs
     from exporter.sim.rdma import SimRdma
 
     node = SimulatedNode(root=root, seed=seed)
     node.parts.append(SimRdma(rng=node.rng))
+    node.parts.append(SimPodLogs(rng=node.rng))
     return node

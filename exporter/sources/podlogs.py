@@ -72,8 +72,8 @@ class TailLimits:
     file_chunk_bytes: int = 1024 * 1024  # per file and turn
     start_bytes: int = 4 * 1024 * 1024  # head of a stream read (or replayed) when first seen
     max_line_bytes: int = 64 * 1024  # a longer line (or joined P message) is cut to this
-    max_streams_per_pod: int = 64
-    max_streams: int = 2048
+    max_streams_per_pod: int = 32
+    max_streams: int = 512
     max_entries_per_folder: int = 1024  # directory entries examined per folder and scan
     relist_recent_seconds: float = 2.0  # folders modified this recently are listed every poll
 
