@@ -74,14 +74,14 @@ def test_simulated_node_shows_the_fallback_pod_and_healthy_pods(tmp_path: Path) 
     found = samples(collector)
     assert value(found, "ccl_nccl_tcp_fallback", pod="bert-finetune-worker-0", namespace="research",
                  job_name="bert-finetune", job_kind="PyTorchJob") == 1
-    assert value(found, "ccl_nccl_tcp_fallback", pod="llama-pretrain-worker-0", job_name="llama-pretrain") == 0
+    assert value(found, "ccl_nccl_tcp_fallback", pod="llama-70b-worker-0", job_name="llama-70b") == 0
     assert value(found, "ccl_nccl_tcp_fallback", pod="resnet-eval-0", job_name="resnet-eval", job_kind="Job") == 0
     assert value(found, "ccl_nccl_communicator_info", pod="bert-finetune-worker-0", network="Socket", nnodes="2",
                  nranks="16", nccl_version="2.21.5") == 1
-    assert value(found, "ccl_nccl_connections", pod="llama-pretrain-worker-0", transport="net_ib",
+    assert value(found, "ccl_nccl_connections", pod="llama-70b-worker-0", transport="net_ib",
                  scope="inter_node", gdr="true") == 4
     assert value(found, "ccl_nccl_connections", pod="resnet-eval-0", transport="net_ib") is None
-    assert value(found, "ccl_nccl_gdr_disabled", pod="llama-pretrain-worker-0") == 0
+    assert value(found, "ccl_nccl_gdr_disabled", pod="llama-70b-worker-0") == 0
     assert value(found, "ccl_nccl_warnings_total", pod="bert-finetune-worker-0", category="ib_no_device") == 8
     assert value(found, "ccl_nccl_node_rdma_active") == 1
     assert value(found, "ccl_nccl_pod_metadata_available") == 1
@@ -92,13 +92,13 @@ def test_a_job_that_falls_back_later_is_flagged_at_the_next_tick(tmp_path: Path)
     node, sim = sim_node(tmp_path)
     collector = make_collector(node, sim)
     collector.step()
-    assert value(samples(collector), "ccl_nccl_tcp_fallback", pod="llama-pretrain-worker-0") == 0
-    sim.restart_job("training", "llama-pretrain-worker-0", network="Socket", gdr=False)
+    assert value(samples(collector), "ccl_nccl_tcp_fallback", pod="llama-70b-worker-0") == 0
+    sim.restart_job("ml-training", "llama-70b-worker-0", network="Socket", gdr=False)
     collector.step()
     found = samples(collector)
-    assert value(found, "ccl_nccl_tcp_fallback", pod="llama-pretrain-worker-0", job_name="llama-pretrain") == 1
+    assert value(found, "ccl_nccl_tcp_fallback", pod="llama-70b-worker-0", job_name="llama-70b") == 1
     # The earlier container run (on IB) is superseded by the new one.
-    assert value(found, "ccl_nccl_communicator_info", pod="llama-pretrain-worker-0", network="IB") is None
+    assert value(found, "ccl_nccl_communicator_info", pod="llama-70b-worker-0", network="IB") is None
     # A new pod that starts on GDR-less RDMA is flagged for GDR, not for TCP.
     sim.start_job(SimJob("ml", "gpt-worker-1", pytorchjob_labels("gpt"), network="IB", gdr=False, node_index=1))
     collector.step()
@@ -131,7 +131,7 @@ def test_pods_gone_disappear_after_the_grace_period(tmp_path: Path) -> None:
     collector.step()
     assert value(samples(collector), "ccl_nccl_tcp_fallback", pod="bert-finetune-worker-0") is None
     assert value(samples(collector), "ccl_nccl_warnings_total", pod="bert-finetune-worker-0") is None
-    assert value(samples(collector), "ccl_nccl_tcp_fallback", pod="llama-pretrain-worker-0") == 0
+    assert value(samples(collector), "ccl_nccl_tcp_fallback", pod="llama-70b-worker-0") == 0
 
 
 def warnings_of(collector: NcclCollector, pod: str) -> float | None:
@@ -223,3 +223,27 @@ def test_hostile_pod_keeps_memory_and_series_bounded(tmp_path: Path) -> None:
     assert value(found, "ccl_nccl_log_skipped_bytes_total", reason="long_line") > 99 << 20
     assert growth < 2 << 20, f"memory grew {growth} bytes between waves"
     assert peak - first < 40 << 20, f"peak {peak - first} bytes above the first wave"
+
+
+def test_serve_simulate_shows_the_fallback(exporter_process) -> None:  # type: ignore[no-untyped-def]
+    """``ccl-exporter serve --simulate`` end to end: the simulated pods' logs are tailed by the
+    background task and the fallback pod is flagged, with its training job named."""
+    import time
+
+    exporter = exporter_process("--simulate", "--no-collector.rdma")
+    deadline = time.monotonic() + 20
+    found: dict = {}
+    while time.monotonic() < deadline:
+        found = {}
+        for family in text_string_to_metric_families(exporter.metrics()):
+            for sample in family.samples:
+                found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+        if value(found, "ccl_nccl_tcp_fallback", pod="bert-finetune-worker-0") is not None:
+            break
+        time.sleep(0.2)
+    assert value(found, "ccl_nccl_tcp_fallback", namespace="research", pod="bert-finetune-worker-0",
+                 job_name="bert-finetune", job_kind="PyTorchJob") == 1
+    assert value(found, "ccl_nccl_tcp_fallback", namespace="ml-training", pod="llama-70b-worker-0",
+                 job_name="llama-70b") == 0
+    assert value(found, "ccl_nccl_tcp_fallback", pod="resnet-eval-0") == 0
+    assert value(found, "ccl_exporter_collector_success", collector="nccl") == 1

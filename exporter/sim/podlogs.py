@@ -3,7 +3,8 @@
 ``SimPodLogs`` lays out ``<root>/pods/<namespace>_<pod>_<uid>/<container>/<n>.log`` as the
 kubelet does, with three pods:
 
-* ``training/llama-pretrain-worker-0`` (PyTorchJob ``llama-pretrain``): 2 nodes x 8 GPUs on
+* ``ml-training/llama-70b-worker-0`` (PyTorchJob ``llama-70b``, the pod that holds the
+  simulated GPUs): 2 nodes x 8 GPUs on
   InfiniBand with GPUDirect RDMA — healthy;
 * ``research/bert-finetune-worker-0`` (PyTorchJob ``bert-finetune``): 2 nodes whose NCCL found
   no IB device and fell back to ``Socket`` — the silent TCP fallback;
@@ -27,6 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from exporter.sim.node import SimClock
+from exporter.sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
 from exporter.sources.kube import PodMetadata, attribute_job
 
 NCCL_VERSION = "2.21.5"
@@ -152,7 +154,7 @@ def nccl_init_lines(job: SimJob) -> list[str]:
 
 def default_jobs() -> list[SimJob]:
     return [
-        SimJob("training", "llama-pretrain-worker-0", pytorchjob_labels("llama-pretrain"), network="IB", nnodes=2),
+        SimJob(TRAINING_NAMESPACE, TRAINING_POD, pytorchjob_labels("llama-70b"), network="IB", nnodes=2),
         SimJob("research", "bert-finetune-worker-0", pytorchjob_labels("bert-finetune"), network="Socket",
                nnodes=2, gdr=False),
         SimJob("vision", "resnet-eval-0", batch_job_labels("resnet-eval"), network="IB", nnodes=1, nvls=True),
