@@ -125,3 +125,28 @@ async def test_nvml_actions_reach_the_simulated_gpus(controlled) -> None:  # typ
     assert missing.status == 400 and "link= is required" in (await missing.json())["error"]
     nowhere = await client.post("/-/sim/nvlink-down", params={"gpu": "99", "link": "0"})
     assert nowhere.status == 400
+
+
+async def test_nccl_job_actions_write_and_remove_pod_logs(controlled) -> None:  # type: ignore[no-untyped-def]
+    client, control, _ = controlled
+    pods = control.node.root / "pods"
+    started = await client.post("/-/sim/nccl-job-start",
+                                params={"namespace": "ns", "pod": "gpt-worker-0", "job_name": "gpt"})
+    assert started.status == 200
+    folder = next(pods.glob("ns_gpt-worker-0_*"))
+    assert "Using network IB" in (folder / "pytorch" / "0.log").read_text()
+
+    restarted = await client.post("/-/sim/nccl-job-restart", params={"namespace": "ns", "pod": "gpt-worker-0"})
+    assert (await restarted.json())["network"] == "Socket"
+    new_log = (folder / "pytorch" / "1.log").read_text()
+    assert "Using network Socket" in new_log and "NET/Socket" in new_log
+
+    assert (await client.post("/-/sim/nccl-job-stop", params={"namespace": "ns", "pod": "gpt-worker-0"})).status == 200
+    assert not folder.exists()
+    gone = await client.post("/-/sim/nccl-job-restart", params={"namespace": "ns", "pod": "gpt-worker-0"})
+    assert gone.status == 400 and "no running simulated pod" in (await gone.json())["error"]
+    incomplete = await client.post("/-/sim/nccl-job-start", params={"namespace": "ns"})
+    assert incomplete.status == 400 and "pod=, job_name= required" in (await incomplete.json())["error"]
+    wrong = await client.post("/-/sim/nccl-job-start", params={"namespace": "n", "pod": "p", "job_name": "j",
+                                                                "network": "Ethernet"})
+    assert wrong.status == 400

@@ -7,7 +7,7 @@ simulated folder tree, and answer only requests from loopback addresses.
 
 ``GET /-/sim`` lists the actions. Each action takes its parameters from the query string
 (``POST /-/sim/rdma-port-down?device=mlx5_3``) and answers a JSON object with ``action``,
-``at`` (the wall-clock time the change was written, seconds since the epoch) and details.
+``at`` (the wall-clock time just before the change was written, seconds since the epoch) and details.
 
 Actions:
 
@@ -18,6 +18,11 @@ Actions:
 - ``gpu-release`` / ``gpu-assign`` ``[namespace= pod= container=]``: the simulated GPUs are freed
   (no pod holds them, no traffic) or handed to a pod (default: the simulated training pod).
 - ``nvlink-down`` / ``nvlink-up`` ``gpu=<index> link=<index>``: one NVLink goes inactive or back.
+- ``nccl-job-start`` ``namespace= pod= job_name= [network=IB|Socket] [nnodes=2] [gdr=true]``: a
+  training pod (PyTorchJob labels) starts and NCCL's init lines land in its log.
+- ``nccl-job-restart`` ``namespace= pod= [network=Socket] [gdr=false]``: the pod's container
+  restarts and NCCL comes back on ``network`` -- by default the silent fallback to TCP sockets.
+- ``nccl-job-stop`` ``namespace= pod=``: the pod is deleted (its log folder goes away).
 - ``advance`` ``[seconds=1]``: advance the simulation immediately (besides its 1 s ticker).
 """
 
@@ -135,6 +140,65 @@ def nvlink_state(active: bool) -> ActionFunc:
     return action
 
 
+def _pod_logs(node: SimulatedNode) -> Any:
+    from exporter.sim.podlogs import SimPodLogs
+
+    return _part(node, SimPodLogs)
+
+
+def _required(params: Params, *names: str) -> list[str]:
+    missing = [name for name in names if not params.get(name)]
+    if missing:
+        raise ActionError(", ".join(f"{name}=" for name in missing) + " required")
+    return [params[name] for name in names]
+
+
+def _network(params: Params, default: str) -> str:
+    network = params.get("network", default)
+    if network not in ("IB", "Socket"):
+        raise ActionError("network must be IB or Socket")
+    return network
+
+
+def _flag(params: Params, name: str, default: bool) -> bool:
+    raw = params.get(name)
+    if raw is None:
+        return default
+    if raw.lower() not in ("true", "false", "1", "0"):
+        raise ActionError(f"{name} must be true or false")
+    return raw.lower() in ("true", "1")
+
+
+def nccl_job_start(node: SimulatedNode, params: Params) -> dict[str, Any]:
+    from exporter.sim.podlogs import SimJob, pytorchjob_labels
+
+    namespace, pod, job_name = _required(params, "namespace", "pod", "job_name")
+    try:
+        nnodes = int(params.get("nnodes", "2"))
+    except ValueError:
+        raise ActionError("nnodes must be an integer") from None
+    job = SimJob(namespace, pod, pytorchjob_labels(job_name), network=_network(params, "IB"),
+                 nnodes=max(1, nnodes), gdr=_flag(params, "gdr", True))
+    _pod_logs(node).start_job(job)
+    return {"namespace": namespace, "pod": pod, "job_name": job_name, "network": job.network}
+
+
+def nccl_job_restart(node: SimulatedNode, params: Params) -> dict[str, Any]:
+    namespace, pod = _required(params, "namespace", "pod")
+    network = _network(params, "Socket")
+    try:
+        job = _pod_logs(node).restart_job(namespace, pod, network=network, gdr=_flag(params, "gdr", network == "IB"))
+    except KeyError:
+        raise ActionError(f"no running simulated pod {namespace}/{pod}") from None
+    return {"namespace": namespace, "pod": pod, "network": job.network, "restarts": job.restarts}
+
+
+def nccl_job_stop(node: SimulatedNode, params: Params) -> dict[str, Any]:
+    namespace, pod = _required(params, "namespace", "pod")
+    _pod_logs(node).stop_job(namespace, pod)
+    return {"namespace": namespace, "pod": pod, "stopped": True}
+
+
 def advance(node: SimulatedNode, params: Params) -> dict[str, Any]:
     try:
         seconds = float(params.get("seconds", "1"))
@@ -156,6 +220,9 @@ def builtin_actions() -> dict[str, ActionFunc]:
         "gpu-assign": gpu_assign,
         "nvlink-down": nvlink_state(False),
         "nvlink-up": nvlink_state(True),
+        "nccl-job-start": nccl_job_start,
+        "nccl-job-restart": nccl_job_restart,
+        "nccl-job-stop": nccl_job_stop,
         "advance": advance,
     }
 
@@ -177,8 +244,8 @@ class SimControl:
         if action is None:
             raise ActionError(f"unknown action {name!r} (have {', '.join(sorted(self.actions))})")
         with self.lock:
+            at = time.time()  # before the change: latencies measured from ``at`` never come out short
             details = action(self.node, params)
-            at = time.time()
         return {"action": name, "at": at, **details}
 
 

@@ -32,6 +32,8 @@ from exporter.sim.stack import (
 from tests.conftest import REPO, require_tool
 
 RULES = REPO / "alerts" / "ccl-health-rules.yaml"
+# Series of a pod whose logs are gone stay 300 s by default; tests want resolution in seconds.
+EXPORTER_ARGS = ("--collector.nccl.grace-period=2",)
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
 _DURATION = r"(?:\d+(?:ms|[smhdwy]))+"
 
@@ -78,6 +80,20 @@ def compressed_rules(workdir: Path, factor: float = 60.0) -> Path:
     return out
 
 
+def fallen_back_default_pods() -> list[tuple[str, str]]:
+    """(namespace, pod) of the simulated node's pods that start on TCP (the built-in fallback example)."""
+    from exporter.sim.podlogs import default_jobs
+
+    return [(job.namespace, job.pod) for job in default_jobs() if job.network == "Socket" and job.nnodes > 1]
+
+
+def make_healthy(exporters: Sequence[SimulatedExporter]) -> None:
+    """Remove the built-in fallback example from every node: what is left is a healthy fleet."""
+    for exporter in exporters:
+        for namespace, pod in fallen_back_default_pods():
+            exporter.act("nccl-job-stop", namespace=namespace, pod=pod)
+
+
 def require_stack() -> tuple[str, str]:
     return require_tool("prometheus"), require_tool("prometheus-alertmanager")
 
@@ -116,11 +132,12 @@ def cluster(
     nodes: int = 2,
     intervals: Intervals | None = None,
     rule_files: Sequence[Path] | None = None,
-    exporter_args: Sequence[str] = (),
-    before_scrape: Callable[[list[SimulatedExporter]], None] | None = None,
+    exporter_args: Sequence[str] = EXPORTER_ARGS,
+    before_scrape: Callable[[list[SimulatedExporter]], None] | None = make_healthy,
 ) -> Iterator[Cluster]:
     """``rule_files`` None: our shipped rules, time-compressed 60x (``compress_time``).
-    ``before_scrape`` runs on the started exporters before Prometheus starts (set the scene)."""
+    ``before_scrape`` runs on the started exporters before Prometheus starts (sets the scene;
+    by default removes the simulator's built-in TCP-fallback pod so the fleet starts healthy)."""
     prometheus_binary, alertmanager_binary = require_stack()
     if rule_files is None:
         rule_files = [compressed_rules(workdir)]

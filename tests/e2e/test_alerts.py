@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import time
 
-from exporter.sim.stack import Intervals
+from exporter.sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
+from exporter.sim.stack import Intervals, SimulatedExporter
+from tests.e2e.harness import make_healthy
 
 
 def test_exporter_killed_raises_absent_and_names_the_node(start_cluster) -> None:  # type: ignore[no-untyped-def]
@@ -59,15 +61,19 @@ def test_rdma_port_down_fires_for_that_port_and_resolves_when_it_is_back(start_c
 
 def test_counters_only_suspected_fallback(start_cluster) -> None:  # type: ignore[no-untyped-def]
     """A job whose pods log no NCCL INFO, on two nodes, NVLink busy and RDMA idle: inferred from counters."""
-    cluster = start_cluster(
-        nodes=2, intervals=Intervals(),
-        before_scrape=lambda exporters: [e.act("rdma-traffic-stop") for e in exporters],
-    )
+    def scene(exporters: list[SimulatedExporter]) -> None:
+        make_healthy(exporters)
+        for exporter in exporters:
+            exporter.act("rdma-traffic-stop")
+            # The pod keeps its GPUs but logs no NCCL INFO (NCCL_DEBUG unset): no log to read.
+            exporter.act("nccl-job-stop", namespace=TRAINING_NAMESPACE, pod=TRAINING_POD)
+
+    cluster = start_cluster(nodes=2, intervals=Intervals(), before_scrape=scene)
     got = cluster.receiver.wait_alert("CclSuspectedTcpFallback", "firing", timeout=60, match={"node": "gpu-node-02"})
     assert got is not None, cluster.prometheus.alerts()
     _, alert = got
-    assert alert["labels"]["namespace"] == "ml-training"
-    assert alert["labels"]["pod"] == "llama-70b-worker-0"
+    assert alert["labels"]["namespace"] == TRAINING_NAMESPACE
+    assert alert["labels"]["pod"] == TRAINING_POD
     assert alert["labels"]["job_name"] == "llama-70b", "job inferred from the pod name across both nodes"
     assert not _alerts_named(cluster, "CclNcclTcpFallback"), "no NCCL log says so: only the suspicion"
 
@@ -83,3 +89,19 @@ def test_healthy_multi_node_job_fires_nothing(start_cluster) -> None:  # type: i
     # The rules did evaluate the healthy fleet (not vacuously quiet): the job and its traffic are visible.
     assert cluster.prometheus.values('namespace_job_name:ccl_gpu_pod_nodes:count{job_name="llama-70b"}') == [2.0]
     assert all(v > 1e9 for v in cluster.prometheus.values("node:ccl_rdma_transmit_bytes:rate5m"))
+
+
+def test_tcp_fallback_fires_with_the_job_named_and_resolves_when_the_job_is_gone(start_cluster) -> None:  # type: ignore[no-untyped-def]
+    cluster = start_cluster(nodes=2, intervals=Intervals())
+    node = cluster.node("gpu-node-01")
+    written = node.act("nccl-job-restart", namespace=TRAINING_NAMESPACE, pod=TRAINING_POD, network="Socket")["at"]
+    want = {"namespace": TRAINING_NAMESPACE, "pod": TRAINING_POD, "job_name": "llama-70b", "node": "gpu-node-01"}
+    got = cluster.receiver.wait_alert("CclNcclTcpFallback", "firing", timeout=60, match=want)
+    assert got is not None, cluster.prometheus.alerts()
+    notification, alert = got
+    assert alert["labels"]["severity"] == "critical" and alert["labels"]["job_kind"] == "PyTorchJob"
+    assert notification.received_at - written < 30, "1 s intervals, for: 1 s (compressed)"
+    assert [a["labels"]["node"] for a in _alerts_named(cluster, "CclNcclTcpFallback")] == ["gpu-node-01"]
+
+    node.act("nccl-job-stop", namespace=TRAINING_NAMESPACE, pod=TRAINING_POD)
+    assert cluster.receiver.wait_alert("CclNcclTcpFallback", "resolved", timeout=60, match=want)
