@@ -1,24 +1,188 @@
-"""``make demo``: the exporter on the built-in simulated node, and where to look."""
+"""``make demo``: a simulated GPU node, and -- when Prometheus and Alertmanager are installed --
+the whole alerting chain watching one training job fall back from InfiniBand to TCP.
+
+1. ``ccl-exporter serve --simulate`` on 127.0.0.1:9400 (8 GPUs, 8 IB + 2 RoCE ports, training
+   pods with NCCL logs). The simulator's built-in TCP-fallback pod is removed first, so the
+   node starts healthy.
+2. With ``prometheus`` and ``prometheus-alertmanager`` on the PATH (Debian/Ubuntu:
+   ``apt-get install prometheus prometheus-alertmanager``): both start on 127.0.0.1 with our
+   rules (``alerts/ccl-health-rules.yaml``, unchanged), scraping every 2 s, and a webhook
+   receiver in this process records what Alertmanager sends.
+3. The training pod ``ml-training/llama-70b-worker-0`` restarts and NCCL comes back on
+   ``Socket``: the timeline shows the NCCL lines written, the metric on /metrics, the alert
+   pending and firing in Prometheus (after the rule's ``for:``) and the notification
+   received, with namespace, pod, job_name and node.
+
+Without the two binaries it still serves the simulated node and says what it skipped.
+Ctrl-C stops everything it started.
+"""
 
 from __future__ import annotations
 
+import argparse
+import signal
 import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from types import FrameType
 
-from exporter.cli import main as cli_main
+from exporter.sim.stack import (
+    ALERTMANAGER_NAMES,
+    PROMETHEUS_NAMES,
+    Intervals,
+    ScrapeTarget,
+    SimulatedExporter,
+    Stack,
+    StaticMetricsServer,
+    find_binary,
+    find_rules_file,
+    gpu_node_capacity_metrics,
+    port_if_free,
+)
+from exporter.sim.timeline import Timeline, Watch, follow
+
+NODE = "demo-node"
+FALLBACK_NAMESPACE = "ml-training"
+FALLBACK_POD = "llama-70b-worker-0"
+FALLBACK_JOB = "llama-70b"
+# Faster than production (15-30 s) so the demo moves; the rules and their for: are the shipped ones.
+DEMO_INTERVALS = Intervals(scrape_seconds=2.0, evaluation_seconds=2.0, group_wait_seconds=1.0,
+                           group_interval_seconds=10.0, repeat_interval_seconds=3600.0)
+EVENT_TEXT = {
+    "metric": "ccl_nccl_tcp_fallback = 1 on the exporter's /metrics",
+    "pending": "alert CclNcclTcpFallback pending in Prometheus (the rule matched; its for: starts)",
+    "firing": "alert CclNcclTcpFallback firing in Prometheus",
+    "notified": "notification received by the webhook receiver",
+}
+
+
+def say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+def _stop_on_sigterm() -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _wait_forever() -> None:
+    while True:
+        time.sleep(3600)
+
+
+def missing_parts() -> list[str]:
+    missing = []
+    if find_binary(PROMETHEUS_NAMES) is None:
+        missing.append("prometheus")
+    if find_binary(ALERTMANAGER_NAMES) is None:
+        missing.append("prometheus-alertmanager")
+    return missing
+
+
+def run_chain(exporter: SimulatedExporter, workdir: Path, timeout: float, stops: ExitStack) -> Timeline:
+    """Start the stack (its stops registered on ``stops``), make the job fall back, print the timeline."""
+    rules = find_rules_file()
+    assert rules is not None
+    kube_state_metrics = StaticMetricsServer(gpu_node_capacity_metrics([NODE]))
+    stops.callback(kube_state_metrics.stop)
+    stack = Stack(
+        workdir, [exporter.target], rule_files=[rules], intervals=DEMO_INTERVALS,
+        other_jobs={"kube-state-metrics": [ScrapeTarget(kube_state_metrics.address)]},
+        prometheus_port=port_if_free(9090), alertmanager_port=port_if_free(9093),
+    )
+    stops.callback(stack.stop)
+    stack.start()
+    assert stack.prometheus is not None and stack.alertmanager is not None
+    say(f"Prometheus:   {stack.prometheus.url}/alerts  (rules: {rules})")
+    say(f"Alertmanager: {stack.alertmanager.url}/#/alerts")
+    say(f"Webhook:      {stack.receiver.url if stack.receiver else ''}")
+    say("Waiting for the first scrape (Prometheus takes ~5 s to discover its targets) ...")
+    stack.prometheus.wait_targets_up(1, timeout=60)
+    time.sleep(2 * DEMO_INTERVALS.scrape_seconds)  # a healthy sample or two first
+    say()
+    say(f"Restarting {FALLBACK_NAMESPACE}/{FALLBACK_POD}; NCCL comes back on NET/Socket (no IB device found).")
+    written = exporter.act("nccl-job-restart", namespace=FALLBACK_NAMESPACE, pod=FALLBACK_POD,
+                           network="Socket")["at"]
+    say("  +   0.0 s  NCCL init lines written to the pod's log (\"NET/IB : No device found\", \"Using network Socket\")")
+
+    def on_event(name: str, timeline: Timeline) -> None:
+        at = {"metric": timeline.metric_at, "pending": timeline.pending_at,
+              "firing": timeline.firing_at, "notified": timeline.notified_at}[name]
+        say(f"  +{(at or written) - written:6.1f} s  {EVENT_TEXT[name]}")
+
+    watch = Watch(
+        metric="ccl_nccl_tcp_fallback", metric_labels={"namespace": FALLBACK_NAMESPACE, "pod": FALLBACK_POD},
+        metric_value=1.0, alertname="CclNcclTcpFallback",
+        alert_labels={"namespace": FALLBACK_NAMESPACE, "pod": FALLBACK_POD, "node": NODE},
+    )
+    timeline = follow(written, watch, exporter, stack.prometheus, stack.receiver, timeout, on_event=on_event)
+    hold = next((rule.get("duration", 0) for group in stack.prometheus.rule_groups() for rule in group["rules"]
+                 if rule.get("name") == watch.alertname), 0)
+    say()
+    if timeline.complete:
+        labels = timeline.notification_labels
+        say("Notification: " + ", ".join(
+            f"{key}={labels.get(key, '?')}" for key in ("alertname", "namespace", "pod", "job_name", "job_kind", "node", "severity")
+        ))
+        say(f"Detection: {timeline.seconds(timeline.notified_at):.1f} s from the NCCL lines to the receiver "
+            f"(the rule's for: holds it {hold:g} s; scrape and evaluation every {DEMO_INTERVALS.scrape_seconds:g} s "
+            "here, 15-30 s in production).")
+    else:
+        say(f"The chain did not complete within {timeout:.0f} s:")
+        say(timeline.render("NCCL lines written"))
+        say(stack.prometheus.log_tail())
+    return timeline
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    print(
-        "ccl-health-exporter demo: serving a simulated GPU node (8 x NDR InfiniBand, 2 x RoCE).\n"
-        "  metrics:      http://127.0.0.1:9400/metrics\n"
-        "  landing page: http://127.0.0.1:9400/\n"
-        "  try:          curl -s 127.0.0.1:9400/metrics | grep ^ccl_rdma_port_transmit_bytes_total\n"
-        "Ctrl-C stops it.",
-        flush=True,
-    )
-    return cli_main(["serve", "--simulate", *args])
+    parser = argparse.ArgumentParser(prog="python -m exporter.demo", description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=9400, help="exporter port on 127.0.0.1 (another if taken)")
+    parser.add_argument("--no-monitoring", action="store_true", help="only the simulated node, no Prometheus")
+    parser.add_argument("--exit-after-timeline", action="store_true", help="stop once the timeline is printed")
+    parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the notification")
+    args = parser.parse_args(argv)
+    _stop_on_sigterm()
+    exporter = SimulatedExporter(NODE, port=port_if_free(args.port),
+                                 extra_args=["--collector.nccl.grace-period=30"])
+    stops = ExitStack()
+    try:
+        stops.callback(exporter.stop)
+        exporter.start()
+        say("ccl-health-exporter demo: a simulated GPU node (8 x H200, 8 x NDR InfiniBand, 2 x RoCE, training pods).")
+        say(f"Exporter:     {exporter.url}/metrics   (landing page {exporter.url}/)")
+        # The simulator ships one pod already on TCP; remove it so the fallback below is the only one.
+        exporter.act("nccl-job-stop", namespace="research", pod="bert-finetune-worker-0")
+        missing = [] if not args.no_monitoring else ["--no-monitoring given"]
+        missing += missing_parts() if not args.no_monitoring else []
+        if not missing and find_rules_file() is None:
+            missing.append("alerts/ccl-health-rules.yaml (run from a source checkout)")
+        if missing:
+            say(f"Skipped Prometheus, Alertmanager and the alert timeline: {', '.join(missing)} not available.")
+            if not args.no_monitoring:
+                say("  To see the whole chain: apt-get install prometheus prometheus-alertmanager, then make demo again.")
+            say(f"  Try: curl -s {exporter.url}/metrics | grep ^ccl_nccl_tcp_fallback")
+            say(f"       curl -s -X POST '{exporter.url}/-/sim/nccl-job-restart?namespace={FALLBACK_NAMESPACE}&pod={FALLBACK_POD}'")
+            if args.exit_after_timeline:
+                return 0
+            say("Ctrl-C stops it.")
+            _wait_forever()
+        workdir = Path(stops.enter_context(tempfile.TemporaryDirectory(prefix="ccl-demo-")))
+        timeline = run_chain(exporter, workdir, args.timeout, stops)
+        if args.exit_after_timeline:
+            return 0 if timeline.complete else 1
+        say()
+        say("Everything keeps running: look around in Prometheus and Alertmanager. Ctrl-C stops it all.")
+        _wait_forever()
+    except KeyboardInterrupt:
+        say("\nStopping ...")
+    finally:
+        stops.close()
+    return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

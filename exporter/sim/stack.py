@@ -52,6 +52,16 @@ def free_loopback_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def port_if_free(port: int) -> int:
+    """``port`` when nothing listens on it on loopback, else some free port."""
+    with socket.socket() as sock:
+        try:
+            sock.bind((LOOPBACK, port))
+        except OSError:
+            return free_loopback_port()
+    return port
+
+
 def find_rules_file(start: Path | None = None) -> Path | None:
     """Our alert rules: ``alerts/ccl-health-rules.yaml`` in the working folder or the source checkout."""
     candidates = [(start or Path.cwd()) / RULES_FILE, Path(__file__).resolve().parents[2] / RULES_FILE]
@@ -492,6 +502,8 @@ class Stack:
     intervals: Intervals = field(default_factory=Intervals)
     alerting: bool = True
     other_jobs: Mapping[str, Sequence[ScrapeTarget]] = field(default_factory=dict)
+    prometheus_port: int | None = None  # None: any free loopback port
+    alertmanager_port: int | None = None
     prometheus_binary: str | None = None
     alertmanager_binary: str | None = None
     receiver: WebhookReceiver | None = None
@@ -512,7 +524,7 @@ class Stack:
                 self.receiver = WebhookReceiver().start()
                 self.alertmanager = Alertmanager(
                     alertmanager_binary, self.workdir / "alertmanager",
-                    alertmanager_config(self.receiver.url, self.intervals),
+                    alertmanager_config(self.receiver.url, self.intervals), port=self.alertmanager_port,
                 )
                 self.alertmanager.start()
                 alertmanager_address = self.alertmanager.address
@@ -520,6 +532,7 @@ class Stack:
                 prometheus_binary, self.workdir / "prometheus",
                 prometheus_config(self.targets, self.rule_files, alertmanager_address, self.intervals,
                                   other_jobs=self.other_jobs),
+                port=self.prometheus_port,
             )
             self.prometheus.start()
         except BaseException:
