@@ -39,9 +39,10 @@ from exporter.sim.stack import (
     find_binary,
     find_rules_file,
     gpu_node_capacity_metrics,
+    make_healthy,
     port_if_free,
 )
-from exporter.sim.timeline import Timeline, Watch, follow
+from exporter.sim.timeline import Timeline, follow, tcp_fallback_watch
 
 NODE = "demo-node"
 FALLBACK_NAMESPACE = "ml-training"
@@ -114,11 +115,7 @@ def run_chain(exporter: SimulatedExporter, workdir: Path, timeout: float, stops:
               "firing": timeline.firing_at, "notified": timeline.notified_at}[name]
         say(f"  +{(at or written) - written:6.1f} s  {EVENT_TEXT[name]}")
 
-    watch = Watch(
-        metric="ccl_nccl_tcp_fallback", metric_labels={"namespace": FALLBACK_NAMESPACE, "pod": FALLBACK_POD},
-        metric_value=1.0, alertname="CclNcclTcpFallback",
-        alert_labels={"namespace": FALLBACK_NAMESPACE, "pod": FALLBACK_POD, "node": NODE},
-    )
+    watch = tcp_fallback_watch(FALLBACK_NAMESPACE, FALLBACK_POD, NODE)
     timeline = follow(written, watch, exporter, stack.prometheus, stack.receiver, timeout, on_event=on_event)
     hold = next((rule.get("duration", 0) for group in stack.prometheus.rule_groups() for rule in group["rules"]
                  if rule.get("name") == watch.alertname), 0)
@@ -155,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         say("ccl-health-exporter demo: a simulated GPU node (8 x H200, 8 x NDR InfiniBand, 2 x RoCE, training pods).")
         say(f"Exporter:     {exporter.url}/metrics   (landing page {exporter.url}/)")
         # The simulator ships one pod already on TCP; remove it so the fallback below is the only one.
-        exporter.act("nccl-job-stop", namespace="research", pod="bert-finetune-worker-0")
+        make_healthy([exporter])
         missing = [] if not args.no_monitoring else ["--no-monitoring given"]
         missing += missing_parts() if not args.no_monitoring else []
         if not missing and find_rules_file() is None:

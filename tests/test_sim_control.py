@@ -150,3 +150,36 @@ async def test_nccl_job_actions_write_and_remove_pod_logs(controlled) -> None:  
     wrong = await client.post("/-/sim/nccl-job-start", params={"namespace": "n", "pod": "p", "job_name": "j",
                                                                 "network": "Ethernet"})
     assert wrong.status == 400
+
+
+async def test_rdma_errors_bump_one_counter(controlled) -> None:  # type: ignore[no-untyped-def]
+    client, control, collector = controlled
+
+    def symbol_errors() -> dict[str, float]:
+        return {
+            s.labels["device"]: s.value
+            for family in collector.collect() for s in family.samples
+            if s.name == "ccl_rdma_port_errors_total" and s.labels["counter"] == "symbol_error"
+        }
+
+    before = symbol_errors()
+    response = await client.post("/-/sim/rdma-errors", params={"device": "mlx5_4", "count": "25"})
+    assert response.status == 200
+    control.advance(1.0)
+    after = symbol_errors()
+    assert after["mlx5_4"] - before["mlx5_4"] >= 25
+    bad = await client.post("/-/sim/rdma-errors", params={"counter": "port_xmit_data"})
+    assert bad.status == 400
+
+
+async def test_hw_counter_errors_and_garbage_attributes(controlled) -> None:  # type: ignore[no-untyped-def]
+    from exporter.collectors.base import PartialCollection
+
+    client, control, collector = controlled
+    response = await client.post("/-/sim/rdma-errors", params={"device": "mlx5_2", "counter": "out_of_sequence",
+                                                                "count": "7"})
+    assert response.status == 200 and (await response.json())["value"] >= 7
+    assert (await client.post("/-/sim/rdma-garbage", params={"device": "mlx5_5"})).status == 200
+    with pytest.raises(PartialCollection):
+        list(collector.collect())
+    assert (await client.post("/-/sim/rdma-garbage", params={"attribute": "board_id"})).status == 400

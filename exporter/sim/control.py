@@ -15,6 +15,10 @@ Actions:
   or ACTIVE/LinkUp again.
 - ``rdma-traffic-stop`` / ``rdma-traffic-start`` ``[device=<one>]``: the job's RDMA traffic stops
   (counters flat) or resumes, on one port or all of them.
+- ``rdma-errors`` ``[device=mlx5_0] [counter=symbol_error] [count=10]``: an error counter of a port
+  (a ``counters/`` or ``hw_counters/`` file) jumps by ``count`` (a flapping cable, retransmits).
+- ``rdma-garbage`` ``[device=mlx5_0] [attribute=state]``: a port attribute becomes unparsable (a driver
+  bug); the RDMA collector then reports a partial read (``ccl_exporter_collector_success`` 0).
 - ``gpu-release`` / ``gpu-assign`` ``[namespace= pod= container=]``: the simulated GPUs are freed
   (no pod holds them, no traffic) or handed to a pod (default: the simulated training pod).
 - ``nvlink-down`` / ``nvlink-up`` ``gpu=<index> link=<index>``: one NVLink goes inactive or back.
@@ -199,6 +203,34 @@ def nccl_job_stop(node: SimulatedNode, params: Params) -> dict[str, Any]:
     return {"namespace": namespace, "pod": pod, "stopped": True}
 
 
+def rdma_errors(node: SimulatedNode, params: Params) -> dict[str, Any]:
+    device = _rdma_devices(node, params, default_all=False)[0]
+    counter = params.get("counter", "symbol_error")
+    rdma = _rdma(node)
+    files = [name for (dev, name) in rdma.counters if dev == device and not name.endswith(("_data", "_packets"))]
+    file = next((name for name in files if name.split("/", 1)[1] == counter), None)
+    if file is None:
+        raise ActionError(f"counter must be an error counter file of {device}, e.g. symbol_error (got {counter!r})")
+    try:
+        count = int(params.get("count", "10"))
+    except ValueError:
+        raise ActionError("count must be an integer") from None
+    if not 0 < count <= 1_000_000:
+        raise ActionError("count must be in 1..1000000")
+    key = (device, file)
+    rdma.counters[key] += count
+    return {"device": device, "counter": counter, "value": rdma.counters[key]}
+
+
+def rdma_garbage(node: SimulatedNode, params: Params) -> dict[str, Any]:
+    device = _rdma_devices(node, params, default_all=False)[0]
+    attribute = params.get("attribute", "state")
+    if attribute not in ("rate", "state", "phys_state"):
+        raise ActionError("attribute must be rate, state or phys_state")
+    _rdma(node).write_port_attribute(device, attribute, "\x00garbage\x7f")
+    return {"device": device, "attribute": attribute}
+
+
 def advance(node: SimulatedNode, params: Params) -> dict[str, Any]:
     try:
         seconds = float(params.get("seconds", "1"))
@@ -216,6 +248,8 @@ def builtin_actions() -> dict[str, ActionFunc]:
         "rdma-port-up": rdma_port_up,
         "rdma-traffic-stop": rdma_traffic(False),
         "rdma-traffic-start": rdma_traffic(True),
+        "rdma-errors": rdma_errors,
+        "rdma-garbage": rdma_garbage,
         "gpu-release": gpu_release,
         "gpu-assign": gpu_assign,
         "nvlink-down": nvlink_state(False),

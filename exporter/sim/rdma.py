@@ -158,3 +158,7 @@ class SimRdma:
             self.quiet_devices.discard(device)
         else:
             self.quiet_devices.add(device)
+
+    def write_port_attribute(self, device: str, name: str, value: str) -> None:
+        """Overwrite one attribute file of a port (e.g. garbage, as a buggy driver might expose)."""
+        write_attribute(self._port_dir(self.port(device)) / name, value)

@@ -17,6 +17,7 @@ or it listens on every interface; both take 1-2 s to exit on SIGTERM.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -68,6 +69,18 @@ def find_rules_file(start: Path | None = None) -> Path | None:
     return next((path for path in candidates if path.is_file()), None)
 
 
+OPERATOR_DEFAULT_INTERVAL_SECONDS = 30.0  # Prometheus Operator's scrapeInterval/evaluationInterval default
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+
+
+def duration_seconds(text: str) -> float:
+    """A Prometheus duration (``1h30m``, ``5m``, ``250ms``) in seconds."""
+    parts = re.findall(r"(\d+)(ms|[smhdwy])", text)
+    if not parts or "".join(a + b for a, b in parts) != text:
+        raise ValueError(f"not a Prometheus duration: {text!r}")
+    return float(sum(int(amount) * _UNIT_SECONDS[unit] for amount, unit in parts))
+
+
 def _duration(seconds: float) -> str:
     """Prometheus duration syntax: whole milliseconds."""
     return f"{max(1, round(seconds * 1000))}ms"
@@ -84,11 +97,20 @@ class Intervals:
     repeat_interval_seconds: float = 3600.0
 
     @classmethod
-    def shipped(cls) -> Intervals:
-        """Production settings: 15 s scrape and rule evaluation, Alertmanager group_wait 10 s,
-        group_interval 1 m (the detection-latency promise is measured with these)."""
-        return cls(scrape_seconds=15.0, evaluation_seconds=15.0, group_wait_seconds=10.0,
-                   group_interval_seconds=60.0, repeat_interval_seconds=4 * 3600.0)
+    def shipped(cls, checkout: Path | None = None) -> Intervals:
+        """What a user of our manifests gets: the PodMonitor's scrape ``interval`` (read from
+        ``manifests/base/podmonitor.yaml`` when the checkout has it), rule evaluation at the
+        Prometheus Operator's default ``evaluationInterval`` (30 s; our PrometheusRule sets no
+        group interval), and Alertmanager's default route timing (group_wait 30 s,
+        group_interval 5 m, repeat_interval 4 h)."""
+        scrape = OPERATOR_DEFAULT_INTERVAL_SECONDS
+        podmonitor = (checkout or Path(__file__).resolve().parents[2]) / "manifests" / "base" / "podmonitor.yaml"
+        if podmonitor.is_file():
+            found = re.search(r"(?m)^\s+interval:\s*([0-9a-z]+)\s*$", podmonitor.read_text())
+            if found:
+                scrape = duration_seconds(found.group(1))
+        return cls(scrape_seconds=scrape, evaluation_seconds=OPERATOR_DEFAULT_INTERVAL_SECONDS,
+                   group_wait_seconds=30.0, group_interval_seconds=300.0, repeat_interval_seconds=4 * 3600.0)
 
 
 @dataclass(frozen=True)
@@ -643,6 +665,20 @@ def start_exporters(count: int, node_prefix: str = "gpu-node-", first_seed: int 
         stop_all(exporters)
         raise
     return exporters
+
+
+def builtin_fallback_pods() -> list[tuple[str, str]]:
+    """(namespace, pod) of the simulated node's pods that start on TCP (its built-in fallback example)."""
+    from exporter.sim.podlogs import default_jobs
+
+    return [(job.namespace, job.pod) for job in default_jobs() if job.network == "Socket" and job.nnodes > 1]
+
+
+def make_healthy(exporters: Iterable[SimulatedExporter]) -> None:
+    """Remove the built-in fallback example from every node: what is left is a healthy fleet."""
+    for exporter in exporters:
+        for namespace, pod in builtin_fallback_pods():
+            exporter.act("nccl-job-stop", namespace=namespace, pod=pod)
 
 
 def stop_all(exporters: Iterable[SimulatedExporter]) -> None:

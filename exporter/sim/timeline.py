@@ -31,6 +31,14 @@ class Watch:
     alert_labels: Mapping[str, str]  # labels the alert (and notification) must carry
 
 
+def tcp_fallback_watch(namespace: str, pod: str, node: str) -> Watch:
+    """The headline chain: a pod's NCCL falls back to TCP → ``ccl_nccl_tcp_fallback`` 1 → CclNcclTcpFallback."""
+    return Watch(
+        metric="ccl_nccl_tcp_fallback", metric_labels={"namespace": namespace, "pod": pod}, metric_value=1.0,
+        alertname="CclNcclTcpFallback", alert_labels={"namespace": namespace, "pod": pod, "node": node},
+    )
+
+
 @dataclass
 class Timeline:
     written_at: float

@@ -24,8 +24,10 @@ from exporter.sim.stack import (
     Stack,
     StaticMetricsServer,
     WebhookReceiver,
+    duration_seconds,
     find_rules_file,
     gpu_node_capacity_metrics,
+    make_healthy,
     start_exporters,
     stop_all,
 )
@@ -34,16 +36,7 @@ from tests.conftest import REPO, require_tool
 RULES = REPO / "alerts" / "ccl-health-rules.yaml"
 # Series of a pod whose logs are gone stay 300 s by default; tests want resolution in seconds.
 EXPORTER_ARGS = ("--collector.nccl.grace-period=2",)
-_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
 _DURATION = r"(?:\d+(?:ms|[smhdwy]))+"
-
-
-def duration_seconds(text: str) -> float:
-    """A Prometheus duration (``1h30m``, ``5m``, ``250ms``) in seconds."""
-    parts = re.findall(r"(\d+)(ms|[smhdwy])", text)
-    if not parts or "".join(a + b for a, b in parts) != text:
-        raise ValueError(f"not a Prometheus duration: {text!r}")
-    return sum(int(amount) * _UNIT_SECONDS[unit] for amount, unit in parts)
 
 
 def _format(seconds: float) -> str:
@@ -78,20 +71,6 @@ def compressed_rules(workdir: Path, factor: float = 60.0) -> Path:
     workdir.mkdir(parents=True, exist_ok=True)
     out.write_text(compress_time(rules.read_text(), factor))
     return out
-
-
-def fallen_back_default_pods() -> list[tuple[str, str]]:
-    """(namespace, pod) of the simulated node's pods that start on TCP (the built-in fallback example)."""
-    from exporter.sim.podlogs import default_jobs
-
-    return [(job.namespace, job.pod) for job in default_jobs() if job.network == "Socket" and job.nnodes > 1]
-
-
-def make_healthy(exporters: Sequence[SimulatedExporter]) -> None:
-    """Remove the built-in fallback example from every node: what is left is a healthy fleet."""
-    for exporter in exporters:
-        for namespace, pod in fallen_back_default_pods():
-            exporter.act("nccl-job-stop", namespace=namespace, pod=pod)
 
 
 def require_stack() -> tuple[str, str]:

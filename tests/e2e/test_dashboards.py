@@ -1,0 +1,126 @@
+"""Every panel query of every dashboard returns data from a live Prometheus watching a small
+simulated fleet that has run a while, with the dashboard's variables substituted as Grafana
+would (``label_values`` answered by Prometheus, first value taken).
+
+The fleet shows one of each problem the "problem list" panels exist for (a job on TCP, a job
+without GPUDirect, a port down, an NVLink down, RDMA errors rising), so no panel is
+legitimately empty. Rules are the shipped ones, unchanged (not time-compressed): panels read
+their recording rules. No Grafana server runs here (none is installable); the queries are
+the ones the JSON would send.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exporter.sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
+from exporter.sim.stack import Intervals, Prometheus, SimulatedExporter, find_rules_file
+from tests.conftest import REPO
+
+DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
+# Grafana's $__rate_interval is max(4 x scrape interval, $__interval + scrape interval); with 1 s
+# scrapes and a short dashboard range that is a few seconds. 30s keeps several samples in every window.
+BUILTINS = {"__rate_interval": "30s", "__interval": "5s", "__range": "5m"}
+
+
+def panels(items: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    for panel in items:
+        yield panel
+        yield from panels(panel.get("panels", []))
+
+
+def panel_queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(panel.get("title", ""), target["expr"])
+            for panel in panels(dashboard.get("panels", [])) for target in panel.get("targets", []) if target.get("expr")]
+
+
+def substitute(expr: str, values: dict[str, str]) -> str:
+    def one(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        if name not in values:
+            raise KeyError(f"no value for ${name} in {expr!r}")
+        return values[name]
+
+    return re.sub(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)", one, expr)
+
+
+def resolve_variables(dashboard: dict[str, Any], prometheus: Prometheus) -> dict[str, str]:
+    """Template variables in order (later ones may use earlier ones), as Grafana would resolve them."""
+    values = dict(BUILTINS)
+    for variable in dashboard.get("templating", {}).get("list", []):
+        if variable.get("type") != "query":
+            continue
+        query = variable["query"] if isinstance(variable["query"], str) else variable["query"].get("query", "")
+        match = re.fullmatch(r"\s*label_values\((.+),\s*(\w+)\)\s*", substitute(query, values))
+        assert match, f"variable {variable['name']}: unsupported query {query!r}"
+        selector, label = match.groups()
+        params = urllib.parse.urlencode({"match[]": selector})
+        found = sorted(prometheus.api(f"label/{label}/values?{params}"))
+        assert found, f"variable {variable['name']}: {query!r} has no values"
+        # Grafana's default: "All" (every value, as a regex alternation) where offered, else the first.
+        values[variable["name"]] = "|".join(found) if variable.get("includeAll") else found[0]
+    return values
+
+
+def set_the_scene(node: SimulatedExporter) -> None:
+    """One of each problem, on the first node (single-node dashboards show the first node, and the
+    training-job dashboard the first namespace, ml-training). The built-in pods stay, including
+    research/bert-finetune-worker-0 on TCP."""
+    node.act("rdma-port-down", device="mlx5_1")
+    node.act("rdma-errors", device="mlx5_6", counter="symbol_error", count=40)
+    node.act("rdma-errors", device="mlx5_6", counter="out_of_sequence", count=40)
+    node.act("rdma-garbage", device="mlx5_7", attribute="state")
+    node.act("nvlink-down", gpu=3, link=7)
+    node.act("nccl-job-start", namespace="research", pod="gpt-neo-worker-1", job_name="gpt-neo", network="IB",
+             gdr="false")
+    # The job the training-job dashboard shows restarts onto TCP: NCCL warnings, fallback, all at once.
+    node.act("nccl-job-restart", namespace=TRAINING_NAMESPACE, pod=TRAINING_POD, network="Socket")
+
+
+# Panels known to be empty for a reason outside this repository's dashboards, each with that reason.
+# Remove an entry when its cause is fixed: the test then requires that panel to have data.
+KNOWN_GAPS = {
+    "Congestion: CNPs, ECN marks, transmit wait": "the RDMA collector serves ccl_rdma_port_hw_counters_total; "
+    "rules, dashboards and the design contract say ccl_rdma_port_hw_counter_total",
+    "RDMA transport errors (hw counters)": "same hw counter metric name mismatch",
+    "Probe bus bandwidth (best size per run)": "no simulated probe results yet",
+    "Probe success": "no simulated probe results yet",
+    "Probe bus bandwidth, 7-day median": "needs 24 hourly points of probe history",
+}
+
+
+def test_every_panel_query_returns_data(start_cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    assert DASHBOARDS, "no dashboards/*.json"
+    rules = find_rules_file(REPO)
+    assert rules is not None
+    cluster = start_cluster(nodes=3, intervals=Intervals(), rule_files=[rules], before_scrape=None)
+    # Port down and errors need a "before" sample to be a change: let the fleet run, then act.
+    time.sleep(3)
+    set_the_scene(cluster.exporters[0])
+    prometheus = cluster.prometheus
+    prometheus.wait_until(lambda: prometheus.values("node:ccl_rdma_transmit_bytes:rate5m"), 60, "recording rules")
+    time.sleep(10)
+
+    empty = []
+    checked = 0
+    for path in DASHBOARDS:
+        dashboard = json.loads(path.read_text())
+        values = resolve_variables(dashboard, prometheus)
+        for title, expr in panel_queries(dashboard):
+            checked += 1
+            query = substitute(expr, values)
+            if not prometheus.query(query):
+                empty.append((title, f"{path.name}: {title}: {query}"))
+    assert checked >= 20
+    unexplained = [line for title, line in empty if title not in KNOWN_GAPS]
+    assert not unexplained, "panels without data:\n" + "\n".join(unexplained)
+    if empty:
+        pytest.xfail("known gaps: " + "; ".join(f"{title}: {KNOWN_GAPS[title]}" for title, _ in empty))
