@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 
-from exporter import __version__
+from exporter import __version__, analyze
 from exporter.collectors import all_collectors
 from exporter.collectors.base import CollectorSpec
 from exporter.config import DEFAULT_PORT, ServeConfig, env_name, parse_listen_address
@@ -99,6 +99,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, s
             help=f"{spec.help} (enabled by default: {'yes' if spec.default_enabled else 'no'})",
         )
 
+    nccl = parser.add_argument_group("collector nccl")
+    _add(nccl, environ, "--collector.nccl.grace-period", 300.0,
+         "seconds the series of a pod whose logs are gone (or that left the node) stay exposed",
+         type=float, dest="nccl_grace_period")
+
     misc = parser.add_argument_group("misc")
     misc.add_argument("--simulate", action="store_true", default=_env_bool(environ, "--simulate", False),
                       help="run on a built-in simulated node (no GPU or NIC needed) in a temporary folder")
@@ -135,6 +140,7 @@ def config_from_args(args: argparse.Namespace, specs: Sequence[CollectorSpec]) -
         simulate=bool(args.simulate),
         enabled_collectors=tuple(enabled),
         log_level=str(args.log_level),
+        nccl_grace_period_seconds=float(args.nccl_grace_period),
     )
 
 
@@ -157,6 +163,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     serve.set_defaults(handler=run_serve)
     # Other commands register themselves here, one line each: module.add_parser(sub, environ),
     # which sets ``handler`` (args -> exit code) on its subparser.
+    analyze.add_parser(sub, environ)
     return parser
 
 

@@ -42,4 +42,5 @@ class ServeConfig:
     simulate: bool = False
     enabled_collectors: tuple[str, ...] = ()
     log_level: str = "info"
+    nccl_grace_period_seconds: float = 300.0
     extra: dict[str, object] = field(default_factory=dict)

@@ -72,8 +72,10 @@ class SimulatedNode:
 
 def default_node(root: Path, seed: int = 7) -> SimulatedNode:
     """The node ``serve --simulate`` runs: 8 NDR InfiniBand ports and 2 RoCE ports, 8 GPUs
-    with 18 NVLinks each, held by one training pod that the pod-resources socket reports."""
+    with 18 NVLinks each, held by one training pod that the pod-resources socket reports, and
+    training pods whose logs carry NCCL output (one of them fell back to TCP)."""
     from exporter.sim.nvml import SimNvml, SimPodResources
+    from exporter.sim.podlogs import SimPodLogs
     from exporter.sim.rdma import SimRdma
 
     node = SimulatedNode(root=root, seed=seed)
@@ -81,4 +83,5 @@ def default_node(root: Path, seed: int = 7) -> SimulatedNode:
     node.nvml = SimNvml(rng=node.rng)
     node.parts.append(node.nvml)
     node.parts.append(SimPodResources(node.nvml))
+    node.parts.append(SimPodLogs(rng=node.rng))
     return node
