@@ -14,14 +14,13 @@ Format strings are those of NVIDIA NCCL 2.3 to 2.30 (``src/debug.cc``, ``src/ini
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 # ---------------------------------------------------------------------------------------------
 # Records: prefix + level + message
 
 
-@dataclass(frozen=True)
-class Prefix:
+class Prefix(NamedTuple):
     """``hostname:pid:tid [cudaDev]`` of an NCCL record (cudaDev is not the rank)."""
 
     host: str
@@ -31,8 +30,7 @@ class Prefix:
     location: str | None  # ``file:line`` of a WARN/TRACE call site
 
 
-@dataclass(frozen=True)
-class Record:
+class Record(NamedTuple):
     prefix: Prefix | None  # None: a bare message body (prefix stripped by whoever shipped the log)
     level: str | None  # "INFO", "WARN", "TRACE"; None for bare bodies and the bare version line
     message: str
@@ -41,7 +39,7 @@ class Record:
 _LEVEL_RE = re.compile(r"NCCL (INFO|WARN|TRACE)(?: |$)")
 # Matched against the text just before a level marker; anchored at its end.
 _PREFIX_RE = re.compile(
-    r"(?P<host>[^\s:|\[\]]+):(?P<pid>\d{1,10}):(?P<tid>\d{1,10}) \[(?P<dev>-?\d{1,6})\] "
+    r"(?P<host>[^\s:|/\[\]]+):(?P<pid>\d{1,10}):(?P<tid>\d{1,10}) \[(?P<dev>-?\d{1,6})\] "
     r"(?:\[Rank \d+\] )?(?:\d+\.\d+ )?(?:(?P<loc>\S+:\d+)(?: \([^)]{0,200}\))? )?$"
 )
 _ISO_TIME_RE = re.compile(
@@ -56,7 +54,7 @@ _WRAPPER_RE = re.compile(
     r"|[A-Za-z0-9][\w.-]{0,253}: (?=\S)"
 )
 _PREFIX_WINDOW = 512
-_TRAILER_RE = re.compile(r"[\s|]+$")
+_TRAILER = " \t\r\n|"
 
 
 def strip_wrappers(text: str) -> str:
@@ -80,35 +78,35 @@ def _match_prefix(window: str) -> re.Match[str] | None:
     return m
 
 
+def _prefix_before(line: str, start: int, floor: int) -> tuple[Prefix | None, int]:
+    """The prefix ending at ``start`` (searched no further back than ``floor`` or the window)."""
+    window_start = max(floor, start - _PREFIX_WINDOW)
+    m = _match_prefix(line[window_start:start])
+    if m is None:
+        return None, start
+    host, pid, tid, dev, loc = m.group("host", "pid", "tid", "dev", "loc")
+    return Prefix(host, int(pid), int(tid), int(dev), loc), window_start + m.start()
+
+
 def split_records(line: str) -> list[Record]:
     """Every NCCL record on one physical line (already cut to the caller's length cap)."""
-    markers = list(_LEVEL_RE.finditer(line))
-    if not markers:
-        body = _TRAILER_RE.sub("", strip_wrappers(line))
+    first = _LEVEL_RE.search(line)
+    if first is None:
+        body = strip_wrappers(line).rstrip(_TRAILER)
         return [Record(None, None, body)] if body else []
+    if _LEVEL_RE.search(line, first.end()) is None:  # the common case: one record
+        prefix, _ = _prefix_before(line, first.start(), 0)
+        return [Record(prefix, first.group(1), line[first.end():].rstrip(_TRAILER))]
     found: list[tuple[int, int, Prefix | None, str]] = []  # (record start, message start, prefix, level)
     previous_end = 0
-    for marker in markers:
-        window_start = max(previous_end, marker.start() - _PREFIX_WINDOW)
-        m = _match_prefix(line[window_start:marker.start()])
-        prefix = None
-        start = marker.start()
-        if m is not None:
-            prefix = Prefix(
-                host=m.group("host"),
-                pid=int(m.group("pid")),
-                tid=int(m.group("tid")),
-                cuda_dev=int(m.group("dev")),
-                location=m.group("loc"),
-            )
-            start = window_start + m.start()
+    for marker in _LEVEL_RE.finditer(line):
+        prefix, start = _prefix_before(line, marker.start(), previous_end)
         found.append((start, marker.end(), prefix, marker.group(1)))
         previous_end = marker.end()
     records = []
     for i, (_, msg_start, prefix, level) in enumerate(found):
         msg_end = found[i + 1][0] if i + 1 < len(found) else len(line)
-        message = _TRAILER_RE.sub("", line[msg_start:msg_end])
-        records.append(Record(prefix, level, message))
+        records.append(Record(prefix, level, line[msg_start:msg_end].rstrip(_TRAILER)))
     return records
 
 
@@ -116,49 +114,41 @@ def split_records(line: str) -> list[Record]:
 # Events
 
 
-@dataclass(frozen=True)
-class VersionEvent:
+class VersionEvent(NamedTuple):
     version: str  # "2.18.3" (+ suffix such as "a0" kept)
 
 
-@dataclass(frozen=True)
-class NetworkEvent:
+class NetworkEvent(NamedTuple):
     name: str  # as NCCL printed it: "IB", "Socket", "IBext_v8", "AWS Libfabric", ...
 
 
-@dataclass(frozen=True)
-class IbDevice:
+class IbDevice(NamedTuple):
     index: int
     device: str
     port: int
     link: str  # "IB", "RoCE", "IB/SHARP", ...
 
 
-@dataclass(frozen=True)
-class IbDevicesEvent:
+class IbDevicesEvent(NamedTuple):
     devices: tuple[IbDevice, ...]
     oob_interface: str | None
     oob_address: str | None
 
 
-@dataclass(frozen=True)
-class IbNoDeviceEvent:
-    pass
+class IbNoDeviceEvent(NamedTuple):
+    """``NET/IB : No device found.``"""
 
 
-@dataclass(frozen=True)
-class SocketDevicesEvent:
+class SocketDevicesEvent(NamedTuple):
     interfaces: tuple[tuple[str, str], ...]  # (ifname, address)
 
 
-@dataclass(frozen=True)
-class BootstrapEvent:
+class BootstrapEvent(NamedTuple):
     interface: str
     address: str
 
 
-@dataclass(frozen=True)
-class ConnectionEvent:
+class ConnectionEvent(NamedTuple):
     """A ``Ring/Channel … via …`` (or ``CollNet … via COLLNET``) line.
 
     ``kind``: net, p2p, shm or collnet. For NET, ``[send]`` is logged by ``src`` and
@@ -186,8 +176,7 @@ class ConnectionEvent:
         return self.dst if self.direction == "receive" else self.src
 
 
-@dataclass(frozen=True)
-class CommInitEvent:
+class CommInitEvent(NamedTuple):
     pointer: str
     rank: int
     nranks: int
@@ -195,8 +184,7 @@ class CommInitEvent:
     phase: str | None  # "START", "COMPLETE" or None (2.3's bare "comm %p rank %d nranks %d")
 
 
-@dataclass(frozen=True)
-class CommNodesEvent:
+class CommNodesEvent(NamedTuple):
     pointer: str
     rank: int
     nranks: int
@@ -206,22 +194,19 @@ class CommNodesEvent:
     mnnvl: bool
 
 
-@dataclass(frozen=True)
-class ChannelSummaryEvent:
+class ChannelSummaryEvent(NamedTuple):
     coll_channels: int
     collnet_channels: int
     nvls_channels: int
 
 
-@dataclass(frozen=True)
-class GdrEvent:
+class GdrEvent(NamedTuple):
     enabled: bool
     network: str | None  # "NET/<net> : GPU Direct RDMA …" names the net; paths.cc lines do not
     subject: str
 
 
-@dataclass(frozen=True)
-class EnvEvent:
+class EnvEvent(NamedTuple):
     variable: str
     value: str
 

@@ -181,6 +181,12 @@ class LogAnalyzer:
     def _process(self, prefix: g.Prefix | None) -> Process:
         key = (prefix.host, prefix.pid) if prefix else None
         process = self.processes.get(key)
+        if process is None and prefix is not None:
+            # A record glued to the end of another ("...via NET/Socn1:11:11 [0] NCCL INFO ...")
+            # carries the other's tail in its hostname: match a known process by pid and suffix.
+            for known in self.processes.values():
+                if known.key and known.key[1] == prefix.pid and prefix.host.endswith(known.key[0]):
+                    return known
         if process is None:
             if len(self.processes) >= self.limits.max_processes:
                 oldest = next(iter(self.processes))
@@ -193,7 +199,8 @@ class LogAnalyzer:
         text = record.message
         if record.prefix is not None:
             p = record.prefix
-            text = f"{p.host}:{p.pid}:{p.tid} [{p.cuda_dev}] NCCL {record.level} {text}"
+            location = f"{p.location} " if p.location else ""
+            text = f"{p.host}:{p.pid}:{p.tid} [{p.cuda_dev}] {location}NCCL {record.level} {text}"
         cap = self.limits.max_cited_chars
         return text if len(text) <= cap else text[: cap - 3] + "..."
 
@@ -282,7 +289,9 @@ class LogAnalyzer:
 
     def _evict_oldest_communicator(self) -> None:
         oldest_key = next(iter(self.communicators))
-        for summary, reasons in summarize_communicators(self, only=oldest_key):
+        oldest = self.communicators[oldest_key]
+        decisive = oldest.connections or oldest.nnodes is not None or oldest.network is not None
+        for summary, reasons in summarize_communicators(self, only=oldest_key) if decisive else ():
             if summary.inter_node_tcp is True:
                 self.retired.inter_node_tcp = True
                 if len(self.retired.reasons) < 4:
@@ -308,6 +317,10 @@ class LogAnalyzer:
     def _on_CommInitEvent(self, process: Process, thread: Thread, event: g.CommInitEvent, record: g.Record) -> None:
         key = event.comm_id or f"nranks:{event.nranks}"
         comm = self._communicator(key, event.comm_id)
+        placeholder = process.pointers.get(event.pointer)
+        if (event.comm_id and placeholder and placeholder != key and placeholder.startswith("nranks:")
+                and placeholder in self.communicators):
+            self._merge(self.communicators[placeholder], comm)
         comm.nranks = event.nranks
         if record.prefix is not None:
             self._add_rank(comm, event.rank, process)
@@ -326,6 +339,32 @@ class LogAnalyzer:
         # With START lines (2.18.3+), connections printed after COMPLETE are runtime connects
         # (2.22+) of this communicator; without them, the next lines belong to a new init.
         thread.context = key if (process.saw_start or event.phase is None) else None
+
+    def _merge(self, old: Communicator, new: Communicator) -> None:
+        """Fold a communicator known only by size (an ``nNodes`` line seen before the line naming its
+        commId) into the one with the commId."""
+        if new.nnodes is None or (old.nnodes or 0) > new.nnodes:
+            new.nnodes, new.nnodes_line = old.nnodes, old.nnodes_line
+        new.mnnvl |= old.mnnvl
+        new.network, new.network_line = new.network or old.network, new.network_line or old.network_line
+        for rank, process in old.rank_process.items():
+            if len(new.rank_process) < self.limits.max_ranks:
+                new.rank_process.setdefault(rank, process)
+        for rank, channels in old.nvls_channels.items():
+            new.nvls_channels.setdefault(rank, channels)
+        for conn_key in old.connections:
+            connection = self.connections.get(conn_key)
+            if connection is not None:
+                connection.comm = new.key
+                new.connections.add(conn_key)
+        del self.communicators[old.key]
+        for process in self.processes.values():
+            for pointer, key in process.pointers.items():
+                if key == old.key:
+                    process.pointers[pointer] = new.key
+            for thread in process.threads.values():
+                if thread.context == old.key:
+                    thread.context = new.key
 
     def _release_pending(self, thread: Thread, key: str) -> None:
         if not thread.pending:

@@ -319,15 +319,15 @@ def _analyze(analyzer: LogAnalyzer, key: str, comm: Communicator | None, conns: 
         why = f"\"{evidence}\"" if evidence else "ranks logged from different nodes"
         reasons.append(f"communicator {label} spans {exact_nodes or 'several'} nodes ({why}) and uses "
                        f"TCP-class network {network}" + (f": \"{network_line}\"" if network_line else ""))
-    elif cls == RDMA:
-        inter_node_tcp = False
-        reasons.append(f"communicator {label} uses RDMA network {network}"
-                       + (f": \"{network_line}\"" if network_line else ""))
     elif single:
         inter_node_tcp = False
         reasons.append(f"communicator {label} is on a single node"
                        + (f": \"{comm.nnodes_line}\"" if comm is not None and comm.nnodes_line else
                           " (every rank logged from one node)"))
+    elif cls == RDMA:
+        inter_node_tcp = False
+        reasons.append(f"communicator {label} uses RDMA network {network}"
+                       + (f": \"{network_line}\"" if network_line else ""))
     else:
         inter_node_tcp = None
         if network is not None and cls is None:
@@ -367,15 +367,27 @@ def _all_processes(analyzer: LogAnalyzer) -> list[Process]:
     return list(seen.values())
 
 
+def _only_communicator(analyzer: LogAnalyzer, process: Process) -> str:
+    """Where a connection line logged outside any init context goes: the process's communicator
+    when it only ever initialised one (the line may come from another thread than the init
+    line), else the unattributed bucket."""
+    keys = {k for k in process.pointers.values() if k in analyzer.communicators}
+    return keys.pop() if len(keys) == 1 else UNATTRIBUTED
+
+
 def _facts(analyzer: LogAnalyzer, only: str | None = None) -> list[_CommFacts]:
     buckets: dict[str, list[Connection]] = {}
-    for c in analyzer.connections.values():
-        buckets.setdefault(c.comm or UNATTRIBUTED, []).append(c)
+    if only is not None:
+        comm = analyzer.communicators.get(only)
+        found = (analyzer.connections.get(k) for k in (comm.connections if comm is not None else ()))
+        buckets[only] = [c for c in found if c is not None]
+        keys = [only]
+    else:
+        for c in analyzer.connections.values():
+            buckets.setdefault(c.comm or _only_communicator(analyzer, c.process), []).append(c)
+        keys = list(analyzer.communicators) + [k for k in buckets if k not in analyzer.communicators]
     version = analyzer.versions.most_common(1)[0][0] if analyzer.versions else None
     nodes_of = node_keys(_all_processes(analyzer))
-    keys = list(analyzer.communicators) + [k for k in buckets if k not in analyzer.communicators]
-    if only is not None:
-        keys = [k for k in keys if k == only]
     return [_analyze(analyzer, k, analyzer.communicators.get(k), buckets.get(k, []), nodes_of, version)
             for k in keys]
 
