@@ -85,7 +85,13 @@ def _prefix_before(line: str, start: int, floor: int) -> tuple[Prefix | None, in
     if m is None:
         return None, start
     host, pid, tid, dev, loc = m.group("host", "pid", "tid", "dev", "loc")
-    return Prefix(host, int(pid), int(tid), int(dev), loc), window_start + m.start()
+    begin = window_start + m.start()
+    if host[0] == "N" and line[max(0, begin - 2):begin] == "] ":
+        # Two writers interleaved inside "NCCL INFO": "…[1] NCCg183:161260:…" is host g183.
+        cut = next((n for n in (4, 3, 2, 1) if host.startswith("NCCL"[:n])), 0)
+        if 0 < cut < len(host):
+            host = host[cut:]
+    return Prefix(host, int(pid), int(tid), int(dev), loc), begin
 
 
 def split_records(line: str) -> list[Record]:

@@ -184,6 +184,19 @@ class _CommFacts:
 def node_keys(processes: Iterable[Process]) -> dict[int, object]:
     """id(process) -> node key. A hostname seen with several addresses is several nodes."""
     processes = list(processes)
+    # Interleaved writers glue the tail of one record to the next one's hostname
+    # ("[1] NCCg183:161260:..."): a host that ends with the host of another process with the
+    # same pid is that process's host.
+    by_pid: dict[int, set[str]] = {}
+    for p in processes:
+        if p.key is not None:
+            by_pid.setdefault(p.key[1], set()).add(p.key[0])
+    canonical: dict[int, str] = {}
+    for p in processes:
+        if p.key is not None and len(by_pid[p.key[1]]) > 1:
+            shorter = [h for h in by_pid[p.key[1]] if h != p.key[0] and p.key[0].endswith(h)]
+            if shorter:
+                canonical[id(p)] = min(shorter, key=len)
     addresses: dict[str, set[str]] = {}
     for p in processes:
         if p.host is not None and p.address:
@@ -192,14 +205,15 @@ def node_keys(processes: Iterable[Process]) -> dict[int, object]:
     for p in processes:
         if p.host is None:
             continue
+        host = canonical.get(id(p), p.host)
         if p.address:
-            keys[id(p)] = (p.host, p.address)
+            keys[id(p)] = (host, p.address)
             continue
-        known = addresses.get(p.host, set())
+        known = addresses.get(host, set())
         if len(known) == 1:
-            keys[id(p)] = (p.host, next(iter(known)))
+            keys[id(p)] = (host, next(iter(known)))
         elif not known:
-            keys[id(p)] = (p.host, "")
+            keys[id(p)] = (host, "")
     return keys
 
 
