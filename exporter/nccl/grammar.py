@@ -217,9 +217,17 @@ class EnvEvent(NamedTuple):
     value: str
 
 
+class TestRankEvent(NamedTuple):
+    """nccl-tests' device table: ``#  Rank  8 Group  0 Pid  4567 on node-2 device  0 [0x1b] …``."""
+
+    rank: int
+    pid: int
+    host: str  # cut at the first "." like NCCL's own prefix
+
+
 Event = (
     VersionEvent | NetworkEvent | IbDevicesEvent | IbNoDeviceEvent | SocketDevicesEvent | BootstrapEvent
-    | ConnectionEvent | CommInitEvent | CommNodesEvent | ChannelSummaryEvent | GdrEvent | EnvEvent
+    | ConnectionEvent | CommInitEvent | CommNodesEvent | ChannelSummaryEvent | GdrEvent | EnvEvent | TestRankEvent
 )
 
 VERSION_RE = re.compile(r"NCCL version (?P<v>\d{1,3}\.\d{1,3}\.\d{1,4})(?P<suffix>[^\s+]{0,16})")
@@ -254,6 +262,9 @@ _CHANNELS_RE = re.compile(
     r"(?:(?P<nvls>\d{1,5}) nvls channels, )?\d{1,5} p2p channels"
 )
 _GDR_RE = re.compile(r"(?:NET/(?P<net>[^:]+?) ?: )?GPU Direct RDMA (?P<state>Enabled|Disabled) for (?P<subject>.*)$")
+_TEST_RANK_RE = re.compile(
+    r"#\s*Rank\s+(?P<rank>\d{1,7})\s+Group\s+\d+\s+Pid\s+(?P<pid>\d{1,10})\s+on\s+(?P<host>\S+)\s+device\s+\d+"
+)
 _ENV_RE = re.compile(r"(?P<var>NCCL_[A-Z0-9_]{1,64}) set by environment to (?P<val>.*?)\.?$")
 
 
@@ -361,6 +372,11 @@ def parse_message(message: str) -> Event | None:
         m = _GDR_RE.search(message)
         if m is not None:
             return GdrEvent(m.group("state") == "Enabled", m.group("net"), m.group("subject"))
+        return None
+    if message.startswith("#") and " Pid " in message:
+        m = _TEST_RANK_RE.match(message)
+        if m is not None:
+            return TestRankEvent(int(m.group("rank")), int(m.group("pid")), m.group("host").split(".", 1)[0])
         return None
     if " coll channels, " in message:
         m = _CHANNELS_RE.search(message)

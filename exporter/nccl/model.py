@@ -40,7 +40,8 @@ class Process:
     """One NCCL process, identified by ``(hostname, pid)`` from the line prefix."""
 
     __slots__ = ("key", "host", "address", "network", "network_line", "ib_devices", "ib_failed",
-                 "socket_seen", "threads", "saw_start", "pointers", "env", "version", "gdr_hca")
+                 "socket_seen", "threads", "saw_start", "pointers", "env", "version", "gdr_hca",
+                 "ib_datapath_line")
 
     def __init__(self, key: tuple[str, int] | None) -> None:
         self.key = key
@@ -57,6 +58,7 @@ class Process:
         self.env: dict[str, str] = {}
         self.version: str | None = None
         self.gdr_hca: dict[bool, str] = {}  # GDR enabled/disabled per HCA on an RDMA net -> cited line
+        self.ib_datapath_line: str | None = None  # a NET/IB completion/async WARN: IB carries traffic
 
     def label(self) -> str:
         return f"{self.key[0]}:{self.key[1]}" if self.key else "(no prefix)"
@@ -75,6 +77,8 @@ class Process:
         ib_disabled = self.env.get("NCCL_IB_DISABLE", "0").strip() not in ("0", "")
         if self.socket_seen and (self.ib_failed or ib_disabled):
             return "Socket", self.socket_seen
+        if self.ib_datapath_line:
+            return "IB", self.ib_datapath_line
         return None, None
 
 
@@ -143,6 +147,7 @@ class LogAnalyzer:
         self.communicators: dict[str, Communicator] = {}
         self.connections: dict[tuple, Connection] = {}
         self.versions: Counter[str] = Counter()
+        self.test_ranks: dict[int, tuple[str, int]] = {}  # nccl-tests device table: rank -> (host, pid)
         self.warnings: list[NcclWarning] = []
         self.retired = Retired()
         self.lines = 0
@@ -169,7 +174,8 @@ class LogAnalyzer:
         if len(line) > limit:
             self._count("long_lines")
             line = line[:limit]
-        if "NCCL" not in line and " via " not in line and "Using" not in line and "comm " not in line:
+        if ("NCCL" not in line and " via " not in line and "Using" not in line and "comm " not in line
+                and " Pid " not in line):
             return
         records = g.split_records(line.rstrip("\r\n"))
         if len(records) > self.limits.max_records_per_line:
@@ -207,6 +213,10 @@ class LogAnalyzer:
     def _record(self, record: g.Record) -> None:
         category = g.warning_category(record)
         if category is not None:
+            if category in ("ib_completion_error", "ib_async_event") and record.message.startswith("NET/IB"):
+                # The IB transport is carrying traffic (it reports completions from a peer).
+                process = self._process(record.prefix)
+                process.ib_datapath_line = process.ib_datapath_line or self._cite(record)
             self.warnings_by_category[category] = self.warnings_by_category.get(category, 0) + 1
             if len(self.warnings) < self.limits.max_warnings:
                 self.warnings.append(NcclWarning(category, self._cite(record)))
@@ -221,6 +231,12 @@ class LogAnalyzer:
         if record.prefix is None and isinstance(event, (g.EnvEvent, g.GdrEvent, g.BootstrapEvent)):
             return  # a bare body of these says nothing about whose it is
         self._cached = None
+        if isinstance(event, g.TestRankEvent):
+            if event.rank in self.test_ranks or len(self.test_ranks) < self.limits.max_ranks:
+                self.test_ranks[event.rank] = (event.host, event.pid)
+            else:
+                self._count("ranks")
+            return
         process = self._process(record.prefix)
         thread = self._thread(process, record.prefix.tid if record.prefix else 0)
         handler = getattr(self, "_on_" + type(event).__name__)

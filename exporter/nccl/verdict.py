@@ -217,6 +217,14 @@ def node_keys(processes: Iterable[Process]) -> dict[int, object]:
     return keys
 
 
+def host_node_key(host: str, processes: Iterable[Process]) -> object | None:
+    """The node key ``node_keys`` gives processes of ``host``; None when that host name is ambiguous."""
+    addresses = {p.address for p in processes if p.host == host and p.address}
+    if len(addresses) > 1:
+        return None
+    return (host, next(iter(addresses))) if addresses else (host, "")
+
+
 def _comm_network(comm: Communicator | None, conns: list[Connection], processes: list[Process]) -> tuple[str | None, str | None]:
     names = Counter(c.event.network for c in conns if c.event.kind == "net" and c.event.network)
     if names:
@@ -241,6 +249,13 @@ def _analyze(analyzer: LogAnalyzer, key: str, comm: Communicator | None, conns: 
         if c.process.key is not None and c.event.kind != "collnet":
             rank_process.setdefault(c.event.logging_rank, c.process)
     host_links = [(r, nodes_of[id(p)]) for r, p in rank_process.items() if id(p) in nodes_of]
+    table = analyzer.test_ranks
+    if table and (key == UNATTRIBUTED or (comm is not None and comm.nranks == len(table))):
+        all_processes = _all_processes(analyzer)
+        for rank, (host, _) in table.items():
+            node = host_node_key(host, all_processes)
+            if node is not None:
+                host_links.append((rank, node))
     same_links = [(c.event.src, c.event.dst) for c in conns
                   if (c.event.kind == "shm" or (c.event.kind == "p2p" and not c.event.mnnvl))]
     rank_ids: dict[int, str] = {}
@@ -432,8 +447,10 @@ def decide(analyzer: LogAnalyzer) -> Verdict:
         nodes_of = node_keys(processes)
         tcp_selected = [(n, line) for n, line in selected if network_class(n) == TCP]
         distinct_hosts = {nodes_of[id(p)] for p in processes if id(p) in nodes_of}
+        table_nodes = {host_node_key(h, processes) for h, _ in analyzer.test_ranks.values()}
+        distinct_hosts |= {n for n in table_nodes if n is not None}
         undecided = all(v is None for v in values)
-        if undecided and tcp_selected and len({h for h, _ in distinct_hosts}) > 1:
+        if undecided and tcp_selected and len(distinct_hosts) > 1:
             inter_node_tcp = True
             hosts = ", ".join(sorted({str(h) for h, _ in distinct_hosts})[:4])
             reasons.append(f"processes on several nodes ({hosts}) use TCP-class network {tcp_selected[0][0]}: "

@@ -46,7 +46,7 @@ def test_reasons_quote_lines_of_the_log(log: Path) -> None:
 FALLBACKS = {
     "v2_4_ib_disabled_socket_two_nodes", "v2_7_mpi_socket_fallback", "v2_19_pod_log_socket_fallback_nnodes",
     "v2_26_timestamps_socket_over_ipoib", "gcp_gpudirecttcpx_two_nodes", "gcp_fastsocket_two_nodes",
-    "interleaved_records_socket", "same_hostname_two_nodes_socket",
+    "interleaved_records_socket", "same_hostname_two_nodes_socket", "nccl_tests_table_socket_excerpt",
 }
 NOT_FALLBACKS = {
     "v2_4_socket_line_on_every_rank_ib": "rdma",  # NET/Socket : Using printed on every rank in 2.4
@@ -58,6 +58,7 @@ NOT_FALLBACKS = {
     "truncated_before_network": "unknown",
     "single_process_socket_scope_unknown": "unknown",
     "unknown_plugin_name": "unknown",
+    "ib_completion_error_only": "rdma",  # socket WARNs are not a network choice; IB completions are IB traffic
 }
 
 

@@ -89,6 +89,7 @@ EVENT_CASES = [
     ("GPU Direct RDMA Enabled for GPU 1b000 / HCA 0 (distance 4 <= 5), read 1",
      g.GdrEvent(True, None, "GPU 1b000 / HCA 0 (distance 4 <= 5), read 1")),
     ("NCCL_IB_DISABLE set by environment to 1.", g.EnvEvent("NCCL_IB_DISABLE", "1")),
+    ("#  Rank  8 Group  0 Pid   4567 on node-2.cluster.local device  0 [0x1b] NVIDIA H100", g.TestRankEvent(8, 4567, "node-2")),
     ("Channel 00 :    0   1   2   3", None),  # ring listing, not a connection
     ("Ring 00 : 0 -> 1 -> 0", None),
     ("Trees [0] 1/-1/-1->0->-1 [1] -1/-1/-1->0->1", None),
