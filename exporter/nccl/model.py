@@ -96,7 +96,7 @@ class Thread:
 
 class Communicator:
     __slots__ = ("key", "comm_id", "nranks", "nnodes", "nnodes_line", "mnnvl", "network", "network_line",
-                 "rank_process", "nvls_channels", "connections", "order")
+                 "rank_process", "nvls_channels", "connections", "order", "mixed")
 
     def __init__(self, key: str, comm_id: str | None, order: int) -> None:
         self.key = key
@@ -111,6 +111,9 @@ class Communicator:
         self.nvls_channels: dict[int, int] = {}  # rank -> NVLS channels
         self.connections: set[tuple] = set()
         self.order = order
+        # Several communicators under one key (before commIds, same-size communicators share
+        # "nranks:N"): rank numbers then name different GPUs, so ranks are not placed on nodes.
+        self.mixed = False
 
 
 class Connection:
@@ -325,7 +328,10 @@ class LogAnalyzer:
         self._count("communicators")
 
     def _add_rank(self, comm: Communicator, rank: int, process: Process) -> None:
-        if rank in comm.rank_process or len(comm.rank_process) < self.limits.max_ranks:
+        known = comm.rank_process.get(rank)
+        if known is not None and known.key != process.key:
+            comm.mixed = True  # one rank, two processes: several communicators share this key
+        if known is not None or len(comm.rank_process) < self.limits.max_ranks:
             comm.rank_process[rank] = process
         else:
             self._count("ranks")
@@ -362,6 +368,7 @@ class LogAnalyzer:
         if new.nnodes is None or (old.nnodes or 0) > new.nnodes:
             new.nnodes, new.nnodes_line = old.nnodes, old.nnodes_line
         new.mnnvl |= old.mnnvl
+        new.mixed |= old.mixed
         new.network, new.network_line = new.network or old.network, new.network_line or old.network_line
         for rank, process in old.rank_process.items():
             if len(new.rank_process) < self.limits.max_ranks:

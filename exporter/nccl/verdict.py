@@ -17,10 +17,11 @@ are ignored. Whatever cannot be decided stays ``unknown``/None.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from exporter.nccl.grammar import ConnectionEvent
 from exporter.nccl.networks import RDMA, TCP, network_class, transport_of_network
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -232,22 +233,26 @@ def _comm_network(comm: Communicator | None, conns: list[Connection], processes:
         name = tcp[0] if tcp else names.most_common(1)[0][0]
         cited = next(c.cited for c in conns if c.event.kind == "net" and c.event.network == name)
         return name, cited
+    selected = [(n, line) for n, line in (p.selected_network() for p in processes) if n]
     if comm is not None and comm.network:
-        return comm.network, comm.network_line
-    selected = [p.selected_network() for p in processes]
-    selected = [(n, line) for n, line in selected if n]
+        selected.insert(0, (comm.network, comm.network_line))
     if not selected:
         return None, None
+    # Ranks that disagree (one node on IB, another on Socket) are judged by the TCP one.
     tcp = [(n, line) for n, line in selected if network_class(n) == TCP]
-    return tcp[0] if tcp else Counter(selected).most_common(1)[0][0]
+    return tcp[0] if tcp else selected[0]
 
 
 def _analyze(analyzer: LogAnalyzer, key: str, comm: Communicator | None, conns: list[Connection],
              nodes_of: dict[int, object], version: str | None) -> _CommFacts:
     rank_process: dict[int, Process] = dict(comm.rank_process) if comm is not None else {}
+    mixed = comm.mixed if comm is not None else False
     for c in conns:
         if c.process.key is not None and c.event.kind != "collnet":
-            rank_process.setdefault(c.event.logging_rank, c.process)
+            known = rank_process.setdefault(c.event.logging_rank, c.process)
+            mixed |= known.key != c.process.key
+    if mixed:
+        return _analyze_mixed(analyzer, key, comm, conns, rank_process, nodes_of, version)
     host_links = [(r, nodes_of[id(p)]) for r, p in rank_process.items() if id(p) in nodes_of]
     table = analyzer.test_ranks
     if table and (key == UNATTRIBUTED or (comm is not None and comm.nranks == len(table))):
@@ -306,6 +311,16 @@ def _analyze(analyzer: LogAnalyzer, key: str, comm: Communicator | None, conns: 
             return INTER
         return INTRA if single else UNKNOWN
 
+    processes = list({id(p): p for p in list(rank_process.values()) + [c.process for c in conns]}.values())
+    return _summarize(analyzer, key, comm, conns, processes, lambda e: scope(e.src, e.dst), multi, single,
+                      exact_nodes, "ranks logged from different nodes", version)
+
+
+def _summarize(analyzer: LogAnalyzer, key: str, comm: Communicator | None, conns: list[Connection],
+               processes: list[Process], scope: Callable[[ConnectionEvent], str], multi: bool | None,
+               single: bool, exact_nodes: int | None, multi_why: str | None, version: str | None) -> _CommFacts:
+    """Count transports by scope and decide one communicator's network, GDR and inter-node TCP."""
+    nranks = comm.nranks if comm is not None else None
     transports: Counter[tuple[str, str, str]] = Counter()
     reasons: list[str] = []
     tcp_inter: Connection | None = None
@@ -313,7 +328,7 @@ def _analyze(analyzer: LogAnalyzer, key: str, comm: Communicator | None, conns: 
     for c in conns:
         e = c.event
         if e.kind == "net":
-            s = scope(e.src, e.dst)
+            s = scope(e)
             transports[(transport_of_network(e.network or ""), s, "1" if e.gdr else "0")] += 1
             cls = network_class(e.network)
             if cls == TCP and s == INTER and tcp_inter is None:
@@ -332,7 +347,6 @@ def _analyze(analyzer: LogAnalyzer, key: str, comm: Communicator | None, conns: 
     if tcp_inter is not None:
         multi = True
 
-    processes = list({id(p): p for p in list(rank_process.values()) + [c.process for c in conns]}.values())
     network, network_line = _comm_network(comm, conns, processes)
     cls = network_class(network)
     label = key if key != UNATTRIBUTED else "(communicator not named in the log)"
@@ -345,7 +359,7 @@ def _analyze(analyzer: LogAnalyzer, key: str, comm: Communicator | None, conns: 
     elif multi and cls == TCP and not (comm is not None and comm.mnnvl):
         inter_node_tcp = True
         evidence = comm.nnodes_line if comm is not None and comm.nnodes_line else None
-        why = f"\"{evidence}\"" if evidence else "ranks logged from different nodes"
+        why = f"\"{evidence}\"" if evidence else (multi_why or "several nodes")
         reasons.append(f"communicator {label} spans {exact_nodes or 'several'} nodes ({why}) and uses "
                        f"TCP-class network {network}" + (f": \"{network_line}\"" if network_line else ""))
     elif single:
@@ -387,6 +401,28 @@ def _analyze(analyzer: LogAnalyzer, key: str, comm: Communicator | None, conns: 
         inter_node_tcp=inter_node_tcp,
     )
     return _CommFacts(summary, reasons, multi)
+
+
+
+def _analyze_mixed(analyzer: LogAnalyzer, key: str, comm: Communicator | None, conns: list[Connection],
+                   rank_process: dict[int, Process], nodes_of: dict[int, object], version: str | None) -> _CommFacts:
+    """Connection lines of several communicators under one key: rank numbers do not name one GPU,
+    so only evidence inside each line counts (two ranks on the same GPU id are on two nodes; P2P and
+    SHM stay in one node), plus whether the processes logging them sit on several nodes."""
+    nnodes = comm.nnodes if comm is not None else None
+    single = nnodes == 1 or (comm is not None and comm.nranks == 1)
+
+    def scope(e: ConnectionEvent) -> str:
+        if e.src != e.dst and e.ids_are_devices and e.src_id is not None and e.src_id == e.dst_id:
+            return INTER
+        return INTRA if single else UNKNOWN
+
+    processes = list({id(p): p for p in list(rank_process.values()) + [c.process for c in conns]}.values())
+    hosts = {nodes_of[id(p)] for p in processes if id(p) in nodes_of}
+    has_net = any(c.event.kind == "net" for c in conns)
+    multi: bool | None = True if ((nnodes or 0) > 1 or (len(hosts) > 1 and has_net)) else (False if single else None)
+    return _summarize(analyzer, key, comm, conns, processes, scope, multi, single, nnodes,
+                      "ranks logged from several nodes" if len(hosts) > 1 else None, version)
 
 
 def _all_processes(analyzer: LogAnalyzer) -> list[Process]:
@@ -453,7 +489,7 @@ def decide(analyzer: LogAnalyzer) -> Verdict:
         if undecided and tcp_selected and len(distinct_hosts) > 1:
             inter_node_tcp = True
             hosts = ", ".join(sorted({str(h) for h, _ in distinct_hosts})[:4])
-            reasons.append(f"processes on several nodes ({hosts}) use TCP-class network {tcp_selected[0][0]}: "
+            reasons.append(f"the job spans several nodes ({hosts}) and selected TCP-class network {tcp_selected[0][0]}: "
                            f"\"{tcp_selected[0][1]}\"")
         elif not facts or undecided:
             classes = {network_class(n) for n, _ in selected}
