@@ -188,6 +188,7 @@ class CommInitEvent(NamedTuple):
     nranks: int
     comm_id: str | None  # "0x…" (2.16.2+)
     phase: str | None  # "START", "COMPLETE" or None (2.3's bare "comm %p rank %d nranks %d")
+    gpu_id: str | None = None  # the GPU as channel lines of the same version name it (see below)
 
 
 class CommNodesEvent(NamedTuple):
@@ -252,6 +253,8 @@ _COMM_RE = re.compile(
     r"(?:\[Rank \d+\] )?(?:nccl\w+ )?comm (?P<ptr>\S+) rank (?P<rank>\d{1,7}) nranks (?P<nranks>\d{1,7})(?P<rest>.*)$"
 )
 _COMM_ID_RE = re.compile(r"commId (?P<id>0x[0-9a-fA-F]{1,16})")
+_NVML_RE = re.compile(r"nvmlDev (\d{1,4})")
+_BUSID_RE = re.compile(r"busId ([0-9a-fA-F]{1,16})")
 _PHASE_RE = re.compile(r"- (?P<what>Init|Destroy|Abort) (?P<phase>START|COMPLETE)")
 _NNODES_RE = re.compile(
     r"comm (?P<ptr>\S+) rank (?P<rank>\d{1,7}) nRanks (?P<nranks>\d{1,7}) nNodes (?P<nnodes>\d{1,7})"
@@ -324,10 +327,15 @@ def parse_message(message: str) -> Event | None:
             if phase is not None and phase.group("what") != "Init":
                 return None  # Destroy / Abort COMPLETE
             cid = _COMM_ID_RE.search(rest)
+            nvml, bus = _NVML_RE.search(rest), _BUSID_RE.search(rest)
+            # Channel lines name GPUs by NVML index from 2.18.3 (whose init lines print nvmlDev and
+            # busId) and by busId in 2.5-2.18.1 (busId only); 2.4 (nvmlDev only) names none.
+            gpu_id = nvml.group(1) if (nvml and bus) else (bus.group(1).lower() if bus else None)
             return CommInitEvent(
                 pointer=m.group("ptr"), rank=int(m.group("rank")), nranks=int(m.group("nranks")),
                 comm_id=cid.group("id").lower() if cid else None,
                 phase=phase.group("phase") if phase else None,
+                gpu_id=gpu_id,
             )
         n = _NNODES_RE.search(message)
         if n is not None:

@@ -96,7 +96,7 @@ class Thread:
 
 class Communicator:
     __slots__ = ("key", "comm_id", "nranks", "nnodes", "nnodes_line", "mnnvl", "network", "network_line",
-                 "rank_process", "nvls_channels", "connections", "order", "mixed")
+                 "rank_process", "rank_gpu", "nvls_channels", "connections", "order", "mixed")
 
     def __init__(self, key: str, comm_id: str | None, order: int) -> None:
         self.key = key
@@ -108,6 +108,7 @@ class Communicator:
         self.network: str | None = None  # from "Using network" in this communicator's init
         self.network_line: str | None = None
         self.rank_process: dict[int, Process] = {}
+        self.rank_gpu: dict[int, str] = {}  # from init lines, in the channel lines' GPU naming
         self.nvls_channels: dict[int, int] = {}  # rank -> NVLS channels
         self.connections: set[tuple] = set()
         self.order = order
@@ -346,6 +347,9 @@ class LogAnalyzer:
         comm.nranks = event.nranks
         if record.prefix is not None:
             self._add_rank(comm, event.rank, process)
+        if event.gpu_id is not None and (event.rank in comm.rank_gpu or len(comm.rank_gpu) < self.limits.max_ranks):
+            if comm.rank_gpu.setdefault(event.rank, event.gpu_id) != event.gpu_id:
+                comm.mixed = True
         if event.pointer in process.pointers or len(process.pointers) < self.limits.max_pointers:
             process.pointers[event.pointer] = key
         if thread.pending_network and comm.network is None:
@@ -375,6 +379,8 @@ class LogAnalyzer:
                 new.rank_process.setdefault(rank, process)
         for rank, channels in old.nvls_channels.items():
             new.nvls_channels.setdefault(rank, channels)
+        for rank, gpu in old.rank_gpu.items():
+            new.rank_gpu.setdefault(rank, gpu)
         for conn_key in old.connections:
             connection = self.connections.get(conn_key)
             if connection is not None:

@@ -263,7 +263,7 @@ def _analyze(analyzer: LogAnalyzer, key: str, comm: Communicator | None, conns: 
                 host_links.append((rank, node))
     same_links = [(c.event.src, c.event.dst) for c in conns
                   if (c.event.kind == "shm" or (c.event.kind == "p2p" and not c.event.mnnvl))]
-    rank_ids: dict[int, str] = {}
+    rank_ids: dict[int, str] = dict(comm.rank_gpu) if comm is not None else {}
     ids_usable = True
     for c in conns:
         e = c.event

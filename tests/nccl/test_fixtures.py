@@ -48,6 +48,7 @@ FALLBACKS = {
     "v2_26_timestamps_socket_over_ipoib", "gcp_gpudirecttcpx_two_nodes", "gcp_fastsocket_two_nodes",
     "interleaved_records_socket", "same_hostname_two_nodes_socket", "nccl_tests_table_socket_excerpt",
     "v2_10_same_size_communicators_socket",  # several communicators under one key ("nranks:2")
+    "v2_10_one_node_of_two_socket",  # peer on the GPU a local rank's init line names
 }
 NOT_FALLBACKS = {
     "v2_4_socket_line_on_every_rank_ib": "rdma",  # NET/Socket : Using printed on every rank in 2.4

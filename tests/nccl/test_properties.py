@@ -66,3 +66,21 @@ def test_pathological_prefix_text_is_fast_enough_to_finish() -> None:
     analyzer.feed(("1:" * 30000) + " NCCL INFO x")
     analyzer.feed(("a" * 60000) + ":1:1 [0] NCCL INFO Using network IB")
     assert analyzer.result() is not None
+
+
+TINY = Limits(max_processes=2, max_threads=1, max_communicators=2, max_connections=5, max_ranks=3, max_pointers=2,
+              max_env=1, max_warnings=1, max_versions=1, max_records_per_line=2)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.sampled_from(REAL_LINES), max_size=80))
+def test_eviction_paths_never_raise(batch: list[str]) -> None:
+    """Real lines through tiny caps: every eviction, merge and forget path runs."""
+    analyzer = LogAnalyzer(TINY)
+    for i, line in enumerate(batch):
+        analyzer.feed(line)
+        if i % 7 == 0:
+            analyzer.result()
+    json.dumps(analyzer.result().to_json())
+    assert "internal_errors" not in analyzer.overflow
+    assert len(analyzer.communicators) <= 2 and len(analyzer.connections) <= 5 and len(analyzer.processes) <= 2
