@@ -39,14 +39,15 @@ class Limits:
 class Process:
     """One NCCL process, identified by ``(hostname, pid)`` from the line prefix."""
 
-    __slots__ = ("key", "host", "address", "network", "network_line", "ib_devices", "ib_failed",
+    __slots__ = ("key", "host", "address", "oob_address", "network", "network_line", "ib_devices", "ib_failed",
                  "socket_seen", "threads", "saw_start", "pointers", "env", "version", "gdr_hca",
                  "ib_datapath_line")
 
     def __init__(self, key: tuple[str, int] | None) -> None:
         self.key = key
         self.host = key[0] if key else None
-        self.address: str | None = None  # bootstrap / OOB address: tells apart nodes sharing a hostname
+        self.address: str | None = None  # bootstrap address: tells apart nodes sharing a hostname
+        self.oob_address: str | None = None  # NET/IB's OOB address, used where no bootstrap line shows
         self.network: str | None = None  # last "Using network"
         self.network_line: str | None = None
         self.ib_devices: tuple[g.IbDevice, ...] | None = None
@@ -85,12 +86,13 @@ class Process:
 class Thread:
     """What one logging thread is initialising: connection lines carry no communicator."""
 
-    __slots__ = ("context", "pending", "pending_network")
+    __slots__ = ("context", "pending", "pending_network", "inits")
 
     def __init__(self) -> None:
         self.context: str | None = None  # communicator whose init (or runtime connect) this thread logs
         self.pending: list[tuple] = []  # connection keys logged before their communicator is known
         self.pending_network: str | None = None  # "Using network" not yet tied to a communicator
+        self.inits = 0  # init lines seen: tells apart identical lines of successive inits
         # (2.19+ prints it just before Init START; 2.13–2.18.1 before Init COMPLETE)
 
 
@@ -276,7 +278,7 @@ class LogAnalyzer:
     def _on_IbDevicesEvent(self, process: Process, thread: Thread, event: g.IbDevicesEvent, record: g.Record) -> None:
         process.ib_devices = event.devices or process.ib_devices or ()
         if event.oob_address and not event.oob_address.startswith("127."):
-            process.address = process.address or event.oob_address
+            process.oob_address = event.oob_address
 
     def _on_IbNoDeviceEvent(self, process: Process, thread: Thread, event: g.IbNoDeviceEvent, record: g.Record) -> None:
         process.ib_failed = True
@@ -362,6 +364,7 @@ class LogAnalyzer:
             return
         # COMPLETE (or 2.3's bare line): connections logged since the last init belong here.
         self._release_pending(thread, key)
+        thread.inits += 1
         # With START lines (2.18.3+), connections printed after COMPLETE are runtime connects
         # (2.22+) of this communicator; without them, the next lines belong to a new init.
         thread.context = key if (process.saw_start or event.phase is None) else None
@@ -433,8 +436,8 @@ class LogAnalyzer:
     def _on_ConnectionEvent(self, process: Process, thread: Thread, event: g.ConnectionEvent,
                             record: g.Record) -> None:
         context = thread.context if thread.context in self.communicators else None
-        key = (process.key, context, event.kind, event.channel, event.conn_index, event.src, event.dst,
-               event.direction, event.via)
+        key = (process.key, context or thread.inits, event.kind, event.channel, event.conn_index, event.src,
+               event.dst, event.src_id, event.dst_id, event.direction, event.via)
         if key in self.connections:
             return
         if len(self.connections) >= self.limits.max_connections:

@@ -182,6 +182,13 @@ class _CommFacts:
     multi_node: bool | None = None
 
 
+def _addresses(processes: list[Process]) -> dict[int, str | None]:
+    """id(process) -> the address that identifies its node: the bootstrap address, or NET/IB's OOB
+    address on hosts where no process printed a bootstrap line (never a mix of both)."""
+    with_bootstrap = {p.host for p in processes if p.address}
+    return {id(p): (p.address if p.host in with_bootstrap else p.oob_address) for p in processes}
+
+
 def node_keys(processes: Iterable[Process]) -> dict[int, object]:
     """id(process) -> node key. A hostname seen with several addresses is several nodes."""
     processes = list(processes)
@@ -198,17 +205,18 @@ def node_keys(processes: Iterable[Process]) -> dict[int, object]:
             shorter = [h for h in by_pid[p.key[1]] if h != p.key[0] and p.key[0].endswith(h)]
             if shorter:
                 canonical[id(p)] = min(shorter, key=len)
+    address = _addresses(processes)
     addresses: dict[str, set[str]] = {}
     for p in processes:
-        if p.host is not None and p.address:
-            addresses.setdefault(p.host, set()).add(p.address)
+        if p.host is not None and address[id(p)]:
+            addresses.setdefault(p.host, set()).add(address[id(p)])  # type: ignore[arg-type]
     keys: dict[int, object] = {}
     for p in processes:
         if p.host is None:
             continue
         host = canonical.get(id(p), p.host)
-        if p.address:
-            keys[id(p)] = (host, p.address)
+        if address[id(p)]:
+            keys[id(p)] = (host, address[id(p)])
             continue
         known = addresses.get(host, set())
         if len(known) == 1:
@@ -220,7 +228,9 @@ def node_keys(processes: Iterable[Process]) -> dict[int, object]:
 
 def host_node_key(host: str, processes: Iterable[Process]) -> object | None:
     """The node key ``node_keys`` gives processes of ``host``; None when that host name is ambiguous."""
-    addresses = {p.address for p in processes if p.host == host and p.address}
+    processes = list(processes)
+    address = _addresses(processes)
+    addresses = {address[id(p)] for p in processes if p.host == host and address[id(p)]}
     if len(addresses) > 1:
         return None
     return (host, next(iter(addresses))) if addresses else (host, "")
