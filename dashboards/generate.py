@@ -228,13 +228,13 @@ def node_fabric() -> Dashboard:
                                 (f"sum by (device, port, counter) (rate(ccl_rdma_port_errors_total{{{node}, counter!=\"port_xmit_wait\"}}[$__rate_interval])) > 0",
                                  "{{device}}/{{port}} {{counter}}")))
         .with_panel(_timeseries("Congestion: CNPs, ECN marks, transmit wait", "short",
-                                (f"sum by (device, port, counter) (rate(ccl_rdma_port_hw_counter_total{{{node}, "
+                                (f"sum by (device, port, counter) (rate(ccl_rdma_port_hw_counters_total{{{node}, "
                                  f"counter=~\"np_cnp_sent|rp_cnp_handled|np_ecn_marked_roce_packets\"}}[$__rate_interval]))",
                                  "{{device}}/{{port}} {{counter}}"),
                                 (f"sum by (device, port) (rate(ccl_rdma_port_errors_total{{{node}, counter=\"port_xmit_wait\"}}[$__rate_interval]))",
                                  "{{device}}/{{port}} port_xmit_wait")))
         .with_panel(_timeseries("RDMA transport errors (hw counters)", "short",
-                                (f"sum by (device, port, counter) (rate(ccl_rdma_port_hw_counter_total{{{node}, "
+                                (f"sum by (device, port, counter) (rate(ccl_rdma_port_hw_counters_total{{{node}, "
                                  f"counter=~\"out_of_sequence|local_ack_timeout_err|out_of_buffer|packet_seq_err|rnr_nak_retry_err\"}}[$__rate_interval]))",
                                  "{{device}}/{{port}} {{counter}}")))
         .with_row(Row("NVLink"))

@@ -51,7 +51,7 @@ def _kubectl() -> str:
 def _checkov() -> str:
     """checkov lives in its own venv (.venv-scan): its pins clash with the project's."""
     return _first_tool([REPO / ".venv-scan" / "bin" / "checkov", shutil.which("checkov")],
-                       "checkov not installed (.ci/run: python3 -m venv .venv-scan && "
+                       "checkov not installed (make test installs it: python3 -m venv .venv-scan && "
                        ".venv-scan/bin/pip install checkov==3.3.30)")
 
 

@@ -543,11 +543,9 @@ def build_collector(config: ServeConfig) -> NcclCollector:
     """The collector ``serve`` runs: tailer on the configured paths; pod metadata from the
     simulated node's own pods in simulate mode, else from the Kubernetes API (started with
     the collector's background task)."""
-    from exporter.sources.kube import KubePodCache
+    from exporter.sources.kube import shared_pod_metadata
 
-    simulated = config.extra.get("simulated_node")
-    sim_sources = [p for p in getattr(simulated, "parts", ()) if isinstance(p, PodMetadataSource)]
-    metadata: PodMetadataSource = sim_sources[0] if sim_sources else KubePodCache(config.node_name)
+    metadata = shared_pod_metadata(config.node_name, config.extra)
     tailer = PodLogTailer(config.pod_logs, config.nccl_debug_files, config.state, TailLimits())
     return NcclCollector(tailer, config.sysfs, metadata, grace_seconds=config.nccl_grace_period_seconds)
 

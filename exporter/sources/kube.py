@@ -269,3 +269,20 @@ class KubePodCache:
                 self._stop.wait(backoff)
                 continue
             self._stop.wait(max(0.0, self._min_cycle - (time.monotonic() - started)))
+
+
+def shared_pod_metadata(node_name: str, extra: dict[str, object]) -> PodMetadataSource:
+    """One pod-metadata source per exporter process, shared by the collectors that label
+    series with jobs (one list/watch against the API server, not one per collector).
+
+    The simulated node's own pods when it is running; the Kubernetes API otherwise. Kept in
+    ``ServeConfig.extra`` under ``"pod_metadata"``; ``start()`` is idempotent.
+    """
+    existing = extra.get("pod_metadata")
+    if isinstance(existing, PodMetadataSource):
+        return existing
+    simulated = extra.get("simulated_node")
+    sim_sources = [p for p in getattr(simulated, "parts", ()) if isinstance(p, PodMetadataSource)]
+    source: PodMetadataSource = sim_sources[0] if sim_sources else KubePodCache(node_name)
+    extra["pod_metadata"] = source
+    return source

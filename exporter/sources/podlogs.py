@@ -60,8 +60,8 @@ STATE_FILE_NAME = "podlogs-state.json"
 STATE_VERSION = 1
 HEAD_BYTES = 256  # checksum of a file's first bytes: tells a replaced file from the one we read
 NEEDLE = b"NCCL"
-_PARTIAL_MARKERS = (b" stdout P ", b" stderr P ")
 _CRI_STREAMS = (b"stdout", b"stderr")
+_PARTIAL_TAG = b" P "
 
 
 @dataclass(frozen=True)
@@ -194,18 +194,18 @@ def _cut(data: bytes, limit: int, stats: TailStats) -> bytes:
     return data
 
 
-def _lines_with_needle(block: bytes) -> Iterable[bytes]:
-    """Every newline-terminated line of ``block`` that contains ``NCCL``."""
+def _lines_with_needle(block: bytes, stop: int) -> Iterable[bytes]:
+    """Every line of ``block[:stop]`` that contains ``NCCL`` (``stop`` ends on a line end)."""
     pos = 0
     find, rfind = block.find, block.rfind
     while True:
-        hit = find(NEEDLE, pos)
+        hit = find(NEEDLE, pos, stop)
         if hit < 0:
             return
         start = rfind(b"\n", 0, hit) + 1
-        end = find(b"\n", hit)
+        end = find(b"\n", hit, stop)
         if end < 0:
-            end = len(block)
+            end = stop
         yield block[start:end]
         pos = end + 1
 
@@ -232,28 +232,53 @@ def extract_lines(
     partials: dict[str, _Partial],
     limits: TailLimits,
     stats: TailStats,
+    stop: int | None = None,
 ) -> list[str]:
-    """NCCL-bearing messages of ``block`` (complete lines only), decoded.
+    """NCCL-bearing messages of ``block[:stop]`` (complete lines only), decoded.
 
     ``partials`` carries unfinished CRI ``P`` messages from one call to the next.
+
+    The fast path touches only lines that contain ``NCCL`` (C-level ``find`` over the whole
+    chunk). It gives way to the line-by-line path when a CRI message may be in pieces: a
+    ``P`` piece is pending from the last chunk, or `` P `` occurs in the chunk at all (one
+    C-level scan; a false hit in message text only costs the slower path). Runtimes split
+    a line anywhere (CRI-O at its read-buffer boundaries), even inside ``NCCL``.
     """
+    stop = len(block) if stop is None else stop
+    pieces_possible = cri and (
+        any(p.data or p.cut for p in partials.values()) or block.find(_PARTIAL_TAG, 0, stop) >= 0
+    )
+    if not pieces_possible:
+        return _extract_whole_lines(block, stop, cri, limits, stats)
+    return _extract_joining_partials(block, stop, partials, limits, stats)
+
+
+def _extract_whole_lines(block: bytes, stop: int, cri: bool, limits: TailLimits, stats: TailStats) -> list[str]:
+    """The fast path of ``extract_lines``: every line is a whole message."""
     out: list[str] = []
     max_line = limits.max_line_bytes
-    slow = cri and (any(p.data for p in partials.values()) or any(m in block for m in _PARTIAL_MARKERS))
-    if not slow:
-        for line in _lines_with_needle(block):
-            if cri:
-                parsed = _cri_message(line)
-                if parsed is None:
-                    stats.event("malformed_cri")
-                    message = line
-                else:
-                    message = parsed[2]
+    malformed = 0
+    for line in _lines_with_needle(block, stop):
+        message = line
+        if cri:
+            parsed = _cri_message(line)
+            if parsed is None:
+                malformed += 1
             else:
-                message = line
-            out.append(_cut(message, max_line, stats).decode("utf-8", "replace").rstrip("\r"))
-        return out
-    for line in block.split(b"\n"):
+                message = parsed[2]
+        out.append(_cut(message, max_line, stats).decode("utf-8", "replace").rstrip("\r"))
+    if malformed:
+        stats.event("malformed_cri", malformed)
+    return out
+
+
+def _extract_joining_partials(
+    block: bytes, stop: int, partials: dict[str, _Partial], limits: TailLimits, stats: TailStats
+) -> list[str]:
+    """Line by line, joining CRI ``P`` pieces with their ``F`` end."""
+    out: list[str] = []
+    max_line = limits.max_line_bytes
+    for line in block[:stop].split(b"\n"):
         if not line:
             continue
         parsed = _cri_message(line)
@@ -794,8 +819,9 @@ class PodLogTailer:
             else:
                 tracked.offset += start
             return len(data)
-        block = data[start : end + 1]
-        self._deliver(stream, extract_lines(block, stream.cri, stream.partials, self.limits, self.stats), batch)
+        lines = extract_lines(data if start == 0 else data[start:], stream.cri, stream.partials, self.limits,
+                              self.stats, stop=end + 1 - start)
+        self._deliver(stream, lines, batch)
         tracked.offset += end + 1
         return len(data)
 
