@@ -88,9 +88,6 @@ def set_the_scene(node: SimulatedExporter) -> None:
 # Panels known to be empty for a reason outside this repository's dashboards, each with that reason.
 # Remove an entry when its cause is fixed: the test then requires that panel to have data.
 KNOWN_GAPS = {
-    "Congestion: CNPs, ECN marks, transmit wait": "the RDMA collector serves ccl_rdma_port_hw_counters_total; "
-    "rules, dashboards and the design contract say ccl_rdma_port_hw_counter_total",
-    "RDMA transport errors (hw counters)": "same hw counter metric name mismatch",
     "Probe bus bandwidth (best size per run)": "no simulated probe results yet",
     "Probe success": "no simulated probe results yet",
     "Probe bus bandwidth, 7-day median": "needs 24 hourly points of probe history",
@@ -122,5 +119,7 @@ def test_every_panel_query_returns_data(start_cluster, tmp_path: Path) -> None: 
     assert checked >= 20
     unexplained = [line for title, line in empty if title not in KNOWN_GAPS]
     assert not unexplained, "panels without data:\n" + "\n".join(unexplained)
+    fixed = set(KNOWN_GAPS) - {title for title, _ in empty}
+    assert not fixed, f"these panels have data now; remove them from KNOWN_GAPS: {sorted(fixed)}"
     if empty:
         pytest.xfail("known gaps: " + "; ".join(f"{title}: {KNOWN_GAPS[title]}" for title, _ in empty))
