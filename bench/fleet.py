@@ -34,6 +34,8 @@ class FleetMeasurement:
     scrape_duration_p50: float
     scrape_duration_max: float
     rule_groups: dict[str, float]  # group -> last evaluation duration (s)
+    slowest_rules: list[tuple[str, float]]  # (rule name, last evaluation duration (s)), slowest first
+    biggest_families: list[tuple[str, float]]  # (metric name, series on one node), biggest first
     rule_count: int
     recording_series: float
     prometheus_rss: int
@@ -67,6 +69,7 @@ def measure(nodes: int = 32, seconds: float = 60.0, scrape_interval: float = 5.0
                 samples = prometheus.values(f"scrape_samples_scraped{{{job}}}")
                 durations = sorted(prometheus.values(f"scrape_duration_seconds{{{job}}}"))
                 groups = prometheus.rule_groups()
+                families = prometheus.query(f'topk(8, count by (__name__) ({{{job}, node="{exporters[0].node}"}}))')
                 recording = prometheus.values('count({__name__=~".+:.+"})') or [0.0]
                 head = _own_metric(prometheus.url, "prometheus_tsdb_head_series")
                 return FleetMeasurement(
@@ -79,6 +82,12 @@ def measure(nodes: int = 32, seconds: float = 60.0, scrape_interval: float = 5.0
                     scrape_duration_p50=statistics.median(durations),
                     scrape_duration_max=durations[-1],
                     rule_groups={g["name"]: float(g.get("evaluationTime", 0.0)) for g in groups},
+                    slowest_rules=sorted(
+                        ((r["name"], float(r.get("evaluationTime", 0.0))) for g in groups for r in g.get("rules", [])),
+                        key=lambda item: -item[1],
+                    )[:8],
+                    biggest_families=sorted(((f["metric"]["__name__"], float(f["value"][1])) for f in families),
+                                            key=lambda item: -item[1]),
                     rule_count=sum(len(g.get("rules", [])) for g in groups),
                     recording_series=recording[0],
                     prometheus_rss=process_rss_bytes(prometheus.pid),
@@ -105,7 +114,9 @@ def run(nodes: int = 32, seconds: float = 60.0) -> BenchResult:
     m = measure(nodes, seconds)
     rule_ms = sum(m.rule_groups.values()) * 1000
     bytes_per_series = m.prometheus_rss / max(m.head_series, 1)
-    groups = "\n".join(f"| `{name}` | {value * 1000:.2f} |" for name, value in sorted(m.rule_groups.items()))
+    groups = "\n".join(f"| group `{name}` | {value * 1000:.2f} |" for name, value in sorted(m.rule_groups.items()))
+    families = "\n".join(f"| `{name}` | {count:.0f} |" for name, count in m.biggest_families)
+    groups += "\n" + "\n".join(f"| rule `{name}` | {value * 1000:.2f} |" for name, value in m.slowest_rules)
     markdown = f"""
 {m.nodes} simulated nodes (one `ccl-exporter serve --simulate` process each, 8 IB + 2 RoCE ports and
 whatever simulated parts the build has; simulator ticking every scrape interval) on 127.0.0.1, scraped every {m.scrape_interval:g} s by one
@@ -125,7 +136,11 @@ Prometheus {'with our rules' if m.rule_count else '(no rule file found)'}, measu
 | exporter RSS (mean) | {m.exporter_rss_mean / 2**20:.1f} MiB |
 | exporter CPU (mean, simulator included) | {m.exporter_cpu_share * 100:.1f} % of a core |
 
-| rule group | last evaluation (ms) |
+| metric (series on one node, largest first) | series |
+|---|---|
+{families}
+
+| rule group, and the slowest rules | last evaluation (ms) |
 |---|---|
 {groups or '| (none) | |'}
 """
