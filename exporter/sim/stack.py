@@ -443,6 +443,21 @@ class Prometheus(ManagedProcess):
     def own_flags(self) -> list[str]:
         return [f"--storage.tsdb.path={self.workdir / 'tsdb'}", "--web.enable-lifecycle"]
 
+    def backfill(self, openmetrics: str, promtool: str | None = None) -> None:
+        """Write history into the TSDB before ``start()``: ``promtool tsdb create-blocks-from
+        openmetrics`` (the text must end with ``# EOF``; timestamps in seconds)."""
+        if self.alive:
+            raise RuntimeError("backfill before start(): Prometheus loads blocks when it opens the TSDB")
+        promtool = promtool or find_binary(("promtool",))
+        if promtool is None:
+            raise StackUnavailable("promtool is not installed (it comes with the prometheus package)")
+        source = self.workdir / "backfill.om"
+        source.write_text(openmetrics)
+        done = subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(source),
+                               str(self.workdir / "tsdb")], capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(f"promtool backfill failed: {done.stderr.strip() or done.stdout.strip()}")
+
     def reload(self) -> None:
         http_json(self.url + "/-/reload", data=b"")
 
@@ -524,6 +539,7 @@ class Stack:
     intervals: Intervals = field(default_factory=Intervals)
     alerting: bool = True
     other_jobs: Mapping[str, Sequence[ScrapeTarget]] = field(default_factory=dict)
+    backfill: str = ""  # OpenMetrics history written into the TSDB before Prometheus starts
     prometheus_port: int | None = None  # None: any free loopback port
     alertmanager_port: int | None = None
     prometheus_binary: str | None = None
@@ -556,6 +572,8 @@ class Stack:
                                   other_jobs=self.other_jobs),
                 port=self.prometheus_port,
             )
+            if self.backfill:
+                self.prometheus.backfill(self.backfill)
             self.prometheus.start()
         except BaseException:
             self.stop()

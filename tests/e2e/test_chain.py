@@ -63,3 +63,20 @@ def test_stopping_the_cluster_waits_for_every_process(tmp_path: Path) -> None:
             continue
         # a zombie not yet reaped would still be signalable; Popen.wait() reaps, so this is a live process
         raise AssertionError(f"process {pid} still running after the cluster stopped")
+
+
+def test_history_backfilled_before_start_is_queryable(tmp_path: Path) -> None:
+    """Alerts with multi-day look-backs (probe baselines) need history a test cannot wait for."""
+    from exporter.sim.stack import Stack
+    from tests.e2e.harness import require_stack
+
+    prometheus_binary, _ = require_stack()
+    now = int(time.time())
+    lines = ["# TYPE history_probe gauge"]
+    lines += [f'history_probe{{node="gpu-node-01"}} {100 + i} {now - 3 * 3600 + 60 * i}' for i in range(170)]
+    stack = Stack(tmp_path, [], rule_files=[], alerting=False, prometheus_binary=prometheus_binary,
+                  backfill="\n".join(lines) + "\n# EOF\n")
+    with stack:
+        assert stack.prometheus is not None
+        assert stack.prometheus.values('count_over_time(history_probe{node="gpu-node-01"}[4h])') == [170.0]
+        assert stack.prometheus.values("max_over_time(history_probe[4h])") == [269.0]
