@@ -23,6 +23,7 @@ from exporter import __version__
 from exporter.collectors import all_collectors
 from exporter.collectors.base import CollectorSpec
 from exporter.config import DEFAULT_PORT, ServeConfig, env_name, parse_listen_address
+from exporter.probe import command as probe_command
 
 log = logging.getLogger("exporter")
 
@@ -157,6 +158,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     serve.set_defaults(handler=run_serve)
     # Other commands register themselves here, one line each: module.add_parser(sub, environ),
     # which sets ``handler`` (args -> exit code) on its subparser.
+    probe_command.add_parser(sub, environ)
     return parser
 
 
