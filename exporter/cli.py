@@ -24,6 +24,7 @@ from exporter.collectors import all_collectors
 from exporter.collectors.base import CollectorSpec
 from exporter.config import DEFAULT_PORT, ServeConfig, env_name, parse_listen_address
 from exporter.probe import command as probe_command
+from exporter.probe import preflight
 
 log = logging.getLogger("exporter")
 
@@ -100,6 +101,19 @@ def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, s
             help=f"{spec.help} (enabled by default: {'yes' if spec.default_enabled else 'no'})",
         )
 
+    probe = parser.add_argument_group("idle-time bus-bandwidth probes (collector probe)")
+    _add(probe, environ, "--probe.interval", 0.0, "seconds between probes while the GPUs are idle; 0 = off",
+         type=float, dest="probe_interval")
+    _add(probe, environ, "--probe.timeout", 120.0, "seconds before a probe is killed", type=float, dest="probe_timeout")
+    _add(probe, environ, "--probe.backend", "auto", "auto, nccl or gloo (gloo with --simulate)", dest="probe_backend",
+         choices=["auto", "nccl", "gloo"])
+    _add(probe, environ, "--probe.collectives", "all_reduce", "comma-separated collectives", dest="probe_collectives")
+    _add(probe, environ, "--probe.min-bytes", "", "smallest size (default 1M; 64K with --simulate)", dest="probe_min_bytes")
+    _add(probe, environ, "--probe.max-bytes", "", "largest size (default 64M; 1M with --simulate)", dest="probe_max_bytes")
+    _add(probe, environ, "--probe.iters", 20, "timed iterations per size", type=int, dest="probe_iters")
+    _add(probe, environ, "--probe.max-age", 86400.0, "seconds after which a result file is stale (ignored)",
+         type=float, dest="probe_max_age")
+
     misc = parser.add_argument_group("misc")
     misc.add_argument("--simulate", action="store_true", default=_env_bool(environ, "--simulate", False),
                       help="run on a built-in simulated node (no GPU or NIC needed) in a temporary folder")
@@ -136,6 +150,14 @@ def config_from_args(args: argparse.Namespace, specs: Sequence[CollectorSpec]) -
         simulate=bool(args.simulate),
         enabled_collectors=tuple(enabled),
         log_level=str(args.log_level),
+        probe_interval_seconds=float(args.probe_interval),
+        probe_timeout_seconds=float(args.probe_timeout),
+        probe_backend=str(args.probe_backend),
+        probe_collectives=str(args.probe_collectives),
+        probe_min_bytes=str(args.probe_min_bytes) or ("64K" if args.simulate else "1M"),
+        probe_max_bytes=str(args.probe_max_bytes) or ("1M" if args.simulate else "64M"),
+        probe_iters=int(args.probe_iters),
+        probe_max_age_seconds=float(args.probe_max_age),
     )
 
 
@@ -159,6 +181,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     # Other commands register themselves here, one line each: module.add_parser(sub, environ),
     # which sets ``handler`` (args -> exit code) on its subparser.
     probe_command.add_parser(sub, environ)
+    preflight.add_parser(sub, environ)
     return parser
 
 

@@ -42,4 +42,13 @@ class ServeConfig:
     simulate: bool = False
     enabled_collectors: tuple[str, ...] = ()
     log_level: str = "info"
+    # idle-time bus-bandwidth probes (collector "probe"); interval 0 = off
+    probe_interval_seconds: float = 0.0
+    probe_timeout_seconds: float = 120.0
+    probe_backend: str = "auto"
+    probe_collectives: str = "all_reduce"
+    probe_min_bytes: str = "1M"
+    probe_max_bytes: str = "64M"
+    probe_iters: int = 20
+    probe_max_age_seconds: float = 86400.0
     extra: dict[str, object] = field(default_factory=dict)

@@ -7,6 +7,6 @@ from exporter.collectors.base import CollectorSpec
 
 def all_collectors() -> tuple[CollectorSpec, ...]:
     """Every collector the exporter knows, in exposition order."""
-    from exporter.collectors import rdma
+    from exporter.collectors import probe, rdma
 
-    return (rdma.SPEC,)
+    return (rdma.SPEC, probe.SPEC)

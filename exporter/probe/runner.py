@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -210,13 +209,6 @@ def worker_command(request: ProbeRequest) -> list[str]:
     ]
 
 
-def _kill_group(proc: subprocess.Popen[str]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def transport_from_nccl(analyzer: NcclLogAnalyzer | None, lines: list[str]) -> Transport:
     """The transport NCCL reported using, as decided by the project's NCCL parser."""
     if analyzer is None:
@@ -268,7 +260,6 @@ def run_probe(
                 stderr=subprocess.STDOUT,
                 text=True,
                 errors="replace",
-                start_new_session=True,  # its own process group: a timeout kills its children too
             )
             procs.append(proc)
             reader = threading.Thread(
@@ -288,7 +279,7 @@ def run_probe(
     finally:
         for proc in procs:
             if proc.poll() is None:
-                _kill_group(proc)
+                proc.kill()  # workers start no children of their own
         for proc in procs:
             proc.wait()
         for reader in readers:
