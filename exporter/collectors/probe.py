@@ -46,6 +46,13 @@ class ProbeCollector:
         if self._scheduler is not None:
             await self._scheduler.run_forever()
 
+    def close(self) -> None:
+        if self._scheduler is not None:
+            for check in self._scheduler.occupancy:
+                close = getattr(check, "close", None)
+                if callable(close):
+                    close()
+
     def collect(self) -> Iterable[Metric]:
         reading = read_probe_results(self._folder, self._clock(), self._max_age)
         yield from self.result_families(reading.results)
