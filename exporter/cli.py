@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 
-from exporter import __version__
+from exporter import __version__, analyze
 from exporter.collectors import all_collectors
 from exporter.collectors.base import CollectorSpec
 from exporter.config import DEFAULT_PORT, ServeConfig, env_name, parse_listen_address
@@ -180,6 +180,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     serve.set_defaults(handler=run_serve)
     # Other commands register themselves here, one line each: module.add_parser(sub, environ),
     # which sets ``handler`` (args -> exit code) on its subparser.
+    analyze.add_parser(sub, environ)
     probe_command.add_parser(sub, environ)
     preflight.add_parser(sub, environ)
     return parser

@@ -1,0 +1,162 @@
+"""``ccl-exporter analyze [--json] PATH...``: offline verdict on NCCL logs.
+
+Files and folders (walked, sorted) are read as one log stream — one job's logs, whatever
+their wrappers: plain text, ``.gz`` rotated logs, CRI pod logs (partial lines joined).
+Exit 0 healthy or unknown, 3 when a TCP fallback is found, 1 when an input cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import BinaryIO, TextIO
+
+from exporter.nccl import LogAnalyzer, Verdict
+from exporter.nccl.cri import CriJoiner
+from exporter.nccl.verdict import transport_key
+
+EXIT_OK = 0
+EXIT_UNREADABLE = 1
+EXIT_TCP_FALLBACK = 3
+_CHUNK = 1 << 20
+
+
+def add_parser(sub: argparse._SubParsersAction, environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    parser = sub.add_parser(
+        "analyze",
+        help="offline verdict on NCCL logs: RDMA or TCP fallback",
+        description="Read NCCL_DEBUG=INFO logs (files or folders; plain, .gz or CRI pod logs; any NCCL "
+        "2.3-2.30 and any launcher wrapper) as one job and say whether inter-node traffic runs on "
+        "RDMA or fell back to TCP. Exit 0 healthy/unknown, 3 TCP fallback found, 1 unreadable input.",
+    )
+    parser.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="log file or folder")
+    parser.set_defaults(handler=run)
+    return parser
+
+
+def iter_files(path: Path) -> Iterator[Path]:
+    """The file itself, or every file under a folder in sorted order (symlinked folders not followed)."""
+    if not path.is_dir():
+        yield path
+        return
+    for root, dirs, files in os.walk(path):
+        dirs.sort()
+        for name in sorted(files):
+            yield Path(root) / name
+
+
+def _open(path: Path) -> BinaryIO:
+    raw = open(path, "rb")  # noqa: SIM115 - closed by the caller
+    head = raw.peek(2)[:2] if hasattr(raw, "peek") else b""
+    if head == b"\x1f\x8b":
+        return gzip.GzipFile(fileobj=raw)  # type: ignore[return-value]
+    return raw
+
+
+def iter_lines(stream: BinaryIO, max_bytes: int) -> Iterator[str]:
+    """Lines of a binary stream, decoded leniently; text beyond ``max_bytes`` in one line is skipped
+    without being held in memory."""
+    pending = bytearray()
+    skipping = False
+    while True:
+        chunk = stream.read(_CHUNK)
+        if not chunk:
+            break
+        start = 0
+        while True:
+            nl = chunk.find(b"\n", start)
+            piece = chunk[start:] if nl < 0 else chunk[start:nl]
+            if not skipping:
+                room = max_bytes - len(pending)
+                pending += piece[:room]
+                if len(piece) > room:
+                    skipping = True
+            if nl < 0:
+                break
+            yield pending.decode("utf-8", errors="replace")
+            pending.clear()
+            skipping = False
+            start = nl + 1
+    if pending:
+        yield pending.decode("utf-8", errors="replace")
+
+
+def feed_file(analyzer: LogAnalyzer, path: Path) -> None:
+    """Feed one file to the analyzer (raises OSError/EOFError/gzip errors when unreadable)."""
+    joiner = CriJoiner(max_chars=analyzer.limits.max_line_chars)
+    with _open(path) as stream:
+        for line in iter_lines(stream, analyzer.limits.max_line_chars * 4):
+            text = joiner.feed(line)
+            if text is not None:
+                analyzer.feed(text)
+    for text in joiner.flush():
+        analyzer.feed(text)
+
+
+def _yes_no(value: object) -> str:
+    return {True: "yes", False: "no", None: "?"}.get(value, str(value))  # type: ignore[call-overload]
+
+
+def one_line(verdict: Verdict) -> str:
+    """The verdict as one sentence an SRE can paste into a ticket."""
+    facts = [f"network {verdict.network or '?'}", f"GDR {_yes_no(verdict.gdr)}",
+             f"NCCL {verdict.nccl_version or '?'}", f"{verdict.nodes or '?'} nodes", f"{verdict.nranks or '?'} ranks"]
+    meaning = {
+        "tcp_fallback": "inter-node NCCL traffic runs over TCP (fallback from RDMA)",
+        "rdma": "inter-node NCCL traffic runs over RDMA",
+        "single_node": "single-node job: no inter-node NCCL traffic",
+        "unknown": "the log does not show which network carries inter-node NCCL traffic",
+    }[verdict.verdict]
+    return f"NCCL verdict: {verdict.verdict.upper()} - {meaning} ({', '.join(facts)})"
+
+
+def render_text(verdict: Verdict, out: TextIO) -> None:
+    rows = [("COMMUNICATOR", "RANKS", "NODES", "NETWORK", "GDR", "INTER-NODE TCP", "CONNECTIONS")]
+    for c in verdict.communicators:
+        transports = " ".join(f"{transport_key(k)}={v}" for k, v in sorted(c.transports.items())) or "-"
+        rows.append((c.comm_id, str(c.nranks or "?"), str(c.nnodes or "?"), c.network or "?", _yes_no(c.gdr),
+                     _yes_no(c.inter_node_tcp), transports))
+    if len(rows) > 1:
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+        for r in rows:
+            out.write("  ".join(cell.ljust(w) for cell, w in zip(r, widths)) + "  " + r[-1] + "\n")
+        out.write("\n")
+    out.write(one_line(verdict) + "\n")
+    for reason in verdict.reasons:
+        out.write(f"  because: {reason}\n")
+    if verdict.warnings:
+        counts: dict[str, int] = {}
+        for w in verdict.warnings:
+            counts[w.category] = counts.get(w.category, 0) + 1
+        out.write("  warnings: " + ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())) + "\n")
+
+
+def run(args: argparse.Namespace) -> int:
+    analyzer = LogAnalyzer()
+    unreadable: list[str] = []
+    for raw in args.paths:
+        path = Path(raw)
+        if not path.exists():
+            unreadable.append(f"{raw}: no such file or folder")
+            continue
+        for file in iter_files(path):
+            try:
+                feed_file(analyzer, file)
+            except (OSError, EOFError, gzip.BadGzipFile) as exc:
+                unreadable.append(f"{file}: {exc}")
+    verdict = analyzer.result()
+    for problem in unreadable:
+        print(f"ccl-exporter analyze: cannot read {problem}", file=sys.stderr)
+    if args.json:
+        sys.stdout.write(json.dumps(verdict.to_json(), sort_keys=False) + "\n")
+    else:
+        render_text(verdict, sys.stdout)
+    if unreadable:
+        return EXIT_UNREADABLE
+    return EXIT_TCP_FALLBACK if verdict.verdict == "tcp_fallback" else EXIT_OK

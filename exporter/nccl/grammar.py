@@ -1,0 +1,421 @@
+"""One NCCL log line → records → typed events.
+
+A physical line may carry wrappers (Open MPI ``[1,26]<stdout>:``, pdsh ``host: ``, a
+launcher's ``[3] ``, leading timestamps and indentation, CloudWatch ``| <time> |`` rows), zero,
+one or several NCCL records (interleaved writers glue records together), or a bare message
+body whose prefix was stripped. :func:`split_records` finds the records, :func:`parse_message`
+turns a message into an event. Nothing here raises on any text; the work per line is bounded
+by the caller's length cap (regexes never search more than a small window backwards).
+
+Format strings are those of NVIDIA NCCL 2.3 to 2.30 (``src/debug.cc``, ``src/init.cc``,
+``src/transport/*.cc``, ``src/graph/*.cc``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# ---------------------------------------------------------------------------------------------
+# Records: prefix + level + message
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """``hostname:pid:tid [cudaDev]`` of an NCCL record (cudaDev is not the rank)."""
+
+    host: str
+    pid: int
+    tid: int
+    cuda_dev: int
+    location: str | None  # ``file:line`` of a WARN/TRACE call site
+
+
+@dataclass(frozen=True)
+class Record:
+    prefix: Prefix | None  # None: a bare message body (prefix stripped by whoever shipped the log)
+    level: str | None  # "INFO", "WARN", "TRACE"; None for bare bodies and the bare version line
+    message: str
+
+
+_LEVEL_RE = re.compile(r"NCCL (INFO|WARN|TRACE)(?: |$)")
+# Matched against the text just before a level marker; anchored at its end.
+_PREFIX_RE = re.compile(
+    r"(?P<host>[^\s:|\[\]]+):(?P<pid>\d{1,10}):(?P<tid>\d{1,10}) \[(?P<dev>-?\d{1,6})\] "
+    r"(?:\[Rank \d+\] )?(?:\d+\.\d+ )?(?:(?P<loc>\S+:\d+)(?: \([^)]{0,200}\))? )?$"
+)
+_ISO_TIME_RE = re.compile(
+    r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?"
+)
+# One wrapper at the start of a bare line; stripped repeatedly.
+_WRAPPER_RE = re.compile(
+    r"\s+"
+    r"|\|\s?"
+    r"|\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?\s?"
+    r"|\[[^\]]{0,64}\](?:<std(?:out|err)>)?:?\s?"
+    r"|[A-Za-z0-9][\w.-]{0,253}: (?=\S)"
+)
+_PREFIX_WINDOW = 512
+_TRAILER_RE = re.compile(r"[\s|]+$")
+
+
+def strip_wrappers(text: str) -> str:
+    """Remove launcher, MPI, pdsh, timestamp and log-shipper wrappers from the start of ``text``."""
+    for _ in range(8):
+        m = _WRAPPER_RE.match(text)
+        if m is None or m.end() == 0:
+            break
+        text = text[m.end():]
+    return text
+
+
+def _match_prefix(window: str) -> re.Match[str] | None:
+    m = _PREFIX_RE.search(window)
+    if m is not None and m.group("host")[0].isdigit() and _ISO_TIME_RE.search(window):
+        # A timestamp glued to the host name ("...-07:00ip-10-0-0-1:79:79 [0]"): drop it.
+        cleaned = _ISO_TIME_RE.sub(" ", window)
+        m2 = _PREFIX_RE.search(cleaned)
+        if m2 is not None:
+            return m2
+    return m
+
+
+def split_records(line: str) -> list[Record]:
+    """Every NCCL record on one physical line (already cut to the caller's length cap)."""
+    markers = list(_LEVEL_RE.finditer(line))
+    if not markers:
+        body = _TRAILER_RE.sub("", strip_wrappers(line))
+        return [Record(None, None, body)] if body else []
+    found: list[tuple[int, int, Prefix | None, str]] = []  # (record start, message start, prefix, level)
+    previous_end = 0
+    for marker in markers:
+        window_start = max(previous_end, marker.start() - _PREFIX_WINDOW)
+        m = _match_prefix(line[window_start:marker.start()])
+        prefix = None
+        start = marker.start()
+        if m is not None:
+            prefix = Prefix(
+                host=m.group("host"),
+                pid=int(m.group("pid")),
+                tid=int(m.group("tid")),
+                cuda_dev=int(m.group("dev")),
+                location=m.group("loc"),
+            )
+            start = window_start + m.start()
+        found.append((start, marker.end(), prefix, marker.group(1)))
+        previous_end = marker.end()
+    records = []
+    for i, (_, msg_start, prefix, level) in enumerate(found):
+        msg_end = found[i + 1][0] if i + 1 < len(found) else len(line)
+        message = _TRAILER_RE.sub("", line[msg_start:msg_end])
+        records.append(Record(prefix, level, message))
+    return records
+
+
+# ---------------------------------------------------------------------------------------------
+# Events
+
+
+@dataclass(frozen=True)
+class VersionEvent:
+    version: str  # "2.18.3" (+ suffix such as "a0" kept)
+
+
+@dataclass(frozen=True)
+class NetworkEvent:
+    name: str  # as NCCL printed it: "IB", "Socket", "IBext_v8", "AWS Libfabric", ...
+
+
+@dataclass(frozen=True)
+class IbDevice:
+    index: int
+    device: str
+    port: int
+    link: str  # "IB", "RoCE", "IB/SHARP", ...
+
+
+@dataclass(frozen=True)
+class IbDevicesEvent:
+    devices: tuple[IbDevice, ...]
+    oob_interface: str | None
+    oob_address: str | None
+
+
+@dataclass(frozen=True)
+class IbNoDeviceEvent:
+    pass
+
+
+@dataclass(frozen=True)
+class SocketDevicesEvent:
+    interfaces: tuple[tuple[str, str], ...]  # (ifname, address)
+
+
+@dataclass(frozen=True)
+class BootstrapEvent:
+    interface: str
+    address: str
+
+
+@dataclass(frozen=True)
+class ConnectionEvent:
+    """A ``Ring/Channel … via …`` (or ``CollNet … via COLLNET``) line.
+
+    ``kind``: net, p2p, shm or collnet. For NET, ``[send]`` is logged by ``src`` and
+    ``[receive]`` by ``dst``; P2P/SHM lines are logged by ``src``. ``src_id``/``dst_id`` are
+    busIds (2.5–2.18.1) or NVML indexes (2.18.3+); ``ids_are_devices`` is False where they may
+    be CUDA ordinals (2.3–2.4 ``Ring`` lines), which can repeat inside one node.
+    """
+
+    kind: str
+    channel: int
+    conn_index: int
+    src: int
+    dst: int
+    src_id: str | None
+    dst_id: str | None
+    direction: str | None  # "send", "receive" or None
+    network: str | None  # NET/COLLNET name
+    gdr: bool
+    mnnvl: bool  # P2P/MNNVL: NVLink across nodes
+    ids_are_devices: bool
+    via: str  # the transport text after "via "
+
+    @property
+    def logging_rank(self) -> int:
+        return self.dst if self.direction == "receive" else self.src
+
+
+@dataclass(frozen=True)
+class CommInitEvent:
+    pointer: str
+    rank: int
+    nranks: int
+    comm_id: str | None  # "0x…" (2.16.2+)
+    phase: str | None  # "START", "COMPLETE" or None (2.3's bare "comm %p rank %d nranks %d")
+
+
+@dataclass(frozen=True)
+class CommNodesEvent:
+    pointer: str
+    rank: int
+    nranks: int
+    nnodes: int
+    local_ranks: int
+    local_rank: int
+    mnnvl: bool
+
+
+@dataclass(frozen=True)
+class ChannelSummaryEvent:
+    coll_channels: int
+    collnet_channels: int
+    nvls_channels: int
+
+
+@dataclass(frozen=True)
+class GdrEvent:
+    enabled: bool
+    network: str | None  # "NET/<net> : GPU Direct RDMA …" names the net; paths.cc lines do not
+    subject: str
+
+
+@dataclass(frozen=True)
+class EnvEvent:
+    variable: str
+    value: str
+
+
+Event = (
+    VersionEvent | NetworkEvent | IbDevicesEvent | IbNoDeviceEvent | SocketDevicesEvent | BootstrapEvent
+    | ConnectionEvent | CommInitEvent | CommNodesEvent | ChannelSummaryEvent | GdrEvent | EnvEvent
+)
+
+VERSION_RE = re.compile(r"NCCL version (?P<v>\d{1,3}\.\d{1,3}\.\d{1,4})(?P<suffix>[^\s+]{0,16})")
+_USING_NETWORK_RE = re.compile(r"(?:Using (?:network|internal Network)|Assigned NET plugin) (?P<name>.+?)(?: to comm)?$")
+_IB_USING_RE = re.compile(r"NET/IB ?: Using(?P<devs>.*?)(?:; OOB (?P<oob>\S+))?$")
+_IB_DEVICE_RE = re.compile(r"\[(?P<i>\d+)\] ?(?P<dev>[^\s:=\[\]{},]+):(?P<port>\d+)/(?P<link>[A-Za-z/]+)")
+_SOCKET_USING_RE = re.compile(r"NET/Socket ?: Using(?P<ifs>.*)$")
+_SOCKET_IF_RE = re.compile(r"\[\d+\](?P<if>[^\s:\[\]]+):(?P<addr>[^\s<]+)")
+_BOOTSTRAP_RE = re.compile(r"Bootstrap ?: Using (?:\[\d+\])?(?P<if>[^\s:]+):(?P<addr>[^\s<]+)")
+_CONN_RE = re.compile(
+    r"(?P<word>Ring|Channel) (?P<ch>\d{1,4})(?:/(?P<conn>\d{1,4}))? : (?P<src>\d{1,7})(?:\[(?P<srcid>[0-9a-fA-F]{1,16})\])?"
+    r" -> (?P<dst>\d{1,7})(?:\[(?P<dstid>[0-9a-fA-F]{1,16})\])?(?: \[(?P<dir>send|receive)\])? via (?P<via>.+)$"
+)
+_NET_VIA_RE = re.compile(
+    r"NET/(?P<net>.+?)/(?P<dev>\d+)(?:\((?P<proxy>\d+)\))?(?P<gdr>/GDRDMA)?(?:\(PCI\))?(?:/Shared)?(?:\s|$)"
+)
+_COLLNET_RE = re.compile(
+    r"Coll(?:Net)? (?P<ch>\d{1,4})(?:/(?P<conn>\d{1,4}))? : (?P<rank>\d{1,7}) \[(?P<dir>send|receive)\]"
+    r" via COLLNET/(?P<net>.+?)/(?P<dev>\d+)(?P<gdr>/GDRDMA)?"
+)
+_COMM_RE = re.compile(
+    r"(?:\[Rank \d+\] )?(?:nccl\w+ )?comm (?P<ptr>\S+) rank (?P<rank>\d{1,7}) nranks (?P<nranks>\d{1,7})(?P<rest>.*)$"
+)
+_COMM_ID_RE = re.compile(r"commId (?P<id>0x[0-9a-fA-F]{1,16})")
+_PHASE_RE = re.compile(r"- (?P<what>Init|Destroy|Abort) (?P<phase>START|COMPLETE)")
+_NNODES_RE = re.compile(
+    r"comm (?P<ptr>\S+) rank (?P<rank>\d{1,7}) nRanks (?P<nranks>\d{1,7}) nNodes (?P<nnodes>\d{1,7})"
+    r" localRanks (?P<lranks>\d{1,7}) localRank (?P<lrank>\d{1,7})(?: MNNVL (?P<mnnvl>\d))?"
+)
+_CHANNELS_RE = re.compile(
+    r"(?P<coll>\d{1,5}) coll channels, (?:(?P<collnet>\d{1,5}) collnet channels, )?"
+    r"(?:(?P<nvls>\d{1,5}) nvls channels, )?\d{1,5} p2p channels"
+)
+_GDR_RE = re.compile(r"(?:NET/(?P<net>[^:]+?) ?: )?GPU Direct RDMA (?P<state>Enabled|Disabled) for (?P<subject>.*)$")
+_ENV_RE = re.compile(r"(?P<var>NCCL_[A-Z0-9_]{1,64}) set by environment to (?P<val>.*?)\.?$")
+
+
+def _connection(m: re.Match[str]) -> ConnectionEvent | None:
+    via = m.group("via")
+    srcid, dstid = m.group("srcid"), m.group("dstid")
+    # 2.3–2.4 "Ring" lines put the CUDA ordinal in brackets (it repeats across processes of one
+    # node); busIds (2.5+) are at least four hex digits.
+    ids_are_devices = m.group("word") == "Channel" or (
+        srcid is not None and dstid is not None and len(srcid) >= 4 and len(dstid) >= 4
+    )
+    common = dict(
+        channel=int(m.group("ch")),
+        conn_index=int(m.group("conn") or 0),
+        src=int(m.group("src")),
+        dst=int(m.group("dst")),
+        src_id=srcid,
+        dst_id=dstid,
+        direction=m.group("dir"),
+        ids_are_devices=ids_are_devices,
+        via=via,
+    )
+    if via.startswith("NET/"):
+        n = _NET_VIA_RE.match(via)
+        if n is None:
+            return None
+        return ConnectionEvent(kind="net", network=n.group("net"), gdr=n.group("gdr") is not None, mnnvl=False,
+                               **common)  # type: ignore[arg-type]
+    if via.startswith("P2P/"):
+        return ConnectionEvent(kind="p2p", network=None, gdr=False, mnnvl=via.startswith("P2P/MNNVL"),
+                               **common)  # type: ignore[arg-type]
+    if via.startswith("SHM/") or via.startswith("direct shared memory"):
+        return ConnectionEvent(kind="shm", network=None, gdr=False, mnnvl=False, **common)  # type: ignore[arg-type]
+    return None
+
+
+def parse_message(message: str) -> Event | None:
+    """The event one NCCL message body describes, or None for lines that do not matter here."""
+    if " via " in message:
+        m = _CONN_RE.search(message)
+        if m is not None:
+            return _connection(m)
+        c = _COLLNET_RE.search(message)
+        if c is not None:
+            rank = int(c.group("rank"))
+            return ConnectionEvent(
+                kind="collnet", channel=int(c.group("ch")), conn_index=int(c.group("conn") or 0), src=rank,
+                dst=rank, src_id=None, dst_id=None, direction=c.group("dir"), network=c.group("net"),
+                gdr=c.group("gdr") is not None, mnnvl=False, ids_are_devices=False, via=message[c.start("net") - 8:],
+            )
+        return None
+    if "comm " in message:
+        m = _COMM_RE.search(message)
+        if m is not None:
+            rest = m.group("rest")
+            phase = _PHASE_RE.search(rest)
+            if phase is not None and phase.group("what") != "Init":
+                return None  # Destroy / Abort COMPLETE
+            cid = _COMM_ID_RE.search(rest)
+            return CommInitEvent(
+                pointer=m.group("ptr"), rank=int(m.group("rank")), nranks=int(m.group("nranks")),
+                comm_id=cid.group("id").lower() if cid else None,
+                phase=phase.group("phase") if phase else None,
+            )
+        n = _NNODES_RE.search(message)
+        if n is not None:
+            return CommNodesEvent(
+                pointer=n.group("ptr"), rank=int(n.group("rank")), nranks=int(n.group("nranks")),
+                nnodes=int(n.group("nnodes")), local_ranks=int(n.group("lranks")), local_rank=int(n.group("lrank")),
+                mnnvl=n.group("mnnvl") == "1",
+            )
+        return None
+    if "Using" in message or "Assigned NET plugin" in message:
+        m = _USING_NETWORK_RE.match(message)
+        if m is not None:
+            return NetworkEvent(m.group("name").strip())
+        m = _IB_USING_RE.match(message)
+        if m is not None:
+            devices = tuple(
+                IbDevice(int(d.group("i")), d.group("dev"), int(d.group("port")), d.group("link"))
+                for d in _IB_DEVICE_RE.finditer(m.group("devs"))
+            )
+            oob = m.group("oob")
+            interface = address = None
+            if oob and ":" in oob:
+                interface, _, rest = oob.partition(":")
+                address = rest.split("<", 1)[0] or None
+            return IbDevicesEvent(devices, interface, address)
+        m = _SOCKET_USING_RE.match(message)
+        if m is not None:
+            return SocketDevicesEvent(tuple((i.group("if"), i.group("addr")) for i in _SOCKET_IF_RE.finditer(m.group("ifs"))))
+        m = _BOOTSTRAP_RE.match(message)
+        if m is not None:
+            return BootstrapEvent(m.group("if"), m.group("addr"))
+        return None
+    if "NCCL version" in message:
+        m = VERSION_RE.search(message)
+        return VersionEvent(m.group("v") + m.group("suffix")) if m else None
+    if "No device found" in message and message.startswith("NET/IB"):
+        return IbNoDeviceEvent()
+    if "set by environment to" in message:
+        m = _ENV_RE.match(message)
+        return EnvEvent(m.group("var"), m.group("val").strip()) if m else None
+    if "GPU Direct RDMA" in message:
+        m = _GDR_RE.search(message)
+        if m is not None:
+            return GdrEvent(m.group("state") == "Enabled", m.group("net"), m.group("subject"))
+        return None
+    if " coll channels, " in message:
+        m = _CHANNELS_RE.search(message)
+        if m is not None:
+            return ChannelSummaryEvent(int(m.group("coll")), int(m.group("collnet") or 0), int(m.group("nvls") or 0))
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Warnings
+
+# (category, substrings any of which marks it). Checked in order; a fixed vocabulary keeps the
+# ccl_nccl_warnings_total{category} label set bounded.
+_WARNING_CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("ib_library_missing", ("Failed to open libibverbs",)),
+    ("ib_no_device", ("NET/IB : No device found",)),
+    ("net_plugin_failure", ("Failed to initialize any NET plugin", "NET/OFI", "NET/Plugin", "not found.",
+                            "ncclNetPlugin", "nccl_net_ofi", "ib_plugin.c", "p2p_plugin.c")),
+    ("ib_completion_error", ("Got completion",)),
+    ("ib_async_event", ("async event", "async fatal event", "async non-fatal")),
+    ("ib_verbs_error", ("ibv_", "NET/IB")),
+    ("socket_connection_closed", ("Connection closed by remote peer", "Connection reset", "Broken pipe")),
+    ("socket_error", ("socket", "Socket", "connect failed", "Connect to", "bootstrap", "Bootstrap")),
+    ("proxy_error", ("[Service thread]", "[Proxy Service", "proxy", "Proxy")),
+    ("cuda_error", ("Cuda failure", "CUDA", "cuda")),
+    ("timeout", ("timeout", "Timeout", "timed out")),
+)
+WARNING_CATEGORIES: tuple[str, ...] = tuple(c for c, _ in _WARNING_CATEGORIES) + ("other",)
+
+
+def warning_category(record: Record) -> str | None:
+    """The category of a record worth counting as a warning, or None.
+
+    Every WARN counts; two INFO lines count too because they explain a missing RDMA path
+    (``Failed to open libibverbs.so`` is INFO from 2.11, ``NET/IB : No device found.`` always).
+    """
+    message = record.message
+    if record.level != "WARN":
+        if message.startswith("Failed to open libibverbs"):
+            return "ib_library_missing"
+        if message.startswith("NET/IB : No device found"):
+            return "ib_no_device"
+        return None
+    location = record.prefix.location if record.prefix and record.prefix.location else ""
+    text = location + " " + message
+    for category, needles in _WARNING_CATEGORIES:
+        if any(n in text for n in needles):
+            return category
+    return "other"

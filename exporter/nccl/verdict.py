@@ -1,0 +1,476 @@
+"""From a stream's processes, communicators and connections to a verdict with reasons.
+
+Scope (inter-node or intra-node) of a connection is decided from evidence, never from "it
+says NET": per communicator, ranks are grouped into nodes by
+
+* the logging process's node (hostname, told apart by the bootstrap/OOB address when one
+  hostname shows several addresses),
+* P2P and SHM connections (always inside one node; ``P2P/MNNVL`` excepted),
+* two different ranks on the same GPU (same busId or NVML index in channel lines) — they
+  cannot share a node,
+* ``nNodes`` (2.20+): one node means every connection is intra-node.
+
+When hostnames contradict the GPU evidence (hostnames are not unique across nodes), they
+are ignored. Whatever cannot be decided stays ``unknown``/None.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from exporter.nccl.networks import RDMA, TCP, network_class, transport_of_network
+
+if TYPE_CHECKING:  # pragma: no cover
+    from exporter.nccl.model import Communicator, Connection, LogAnalyzer, Process
+
+UNATTRIBUTED = "unattributed"
+INTER, INTRA, UNKNOWN = "inter_node", "intra_node", "unknown"
+
+
+@dataclass(frozen=True)
+class NcclWarning:
+    category: str
+    line: str
+
+
+@dataclass(frozen=True)
+class CommunicatorSummary:
+    """One communicator. ``comm_id`` is NCCL's commId (2.16.2+), ``nranks:<N>`` for older
+    logs (ranks grouped by communicator size) or ``unattributed`` for connection lines whose
+    communicator the log never named."""
+
+    comm_id: str
+    nranks: int | None
+    nnodes: int | None
+    network: str | None
+    nccl_version: str | None
+    transports: dict[tuple[str, str, str], int]  # (transport, scope, gdr "1"/"0"/"") -> connections
+    gdr: bool | str | None
+    inter_node_tcp: bool | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "comm_id": self.comm_id,
+            "nranks": self.nranks,
+            "nnodes": self.nnodes,
+            "network": self.network,
+            "nccl_version": self.nccl_version,
+            "gdr": self.gdr,
+            "inter_node_tcp": self.inter_node_tcp,
+            "transports": {transport_key(k): v for k, v in sorted(self.transports.items())},
+        }
+
+
+def transport_key(key: tuple[str, str, str]) -> str:
+    """``net_ib/inter_node/gdr``, ``net_socket/inter_node/no_gdr``, ``p2p/intra_node``."""
+    transport, scope, gdr = key
+    suffix = {"1": "/gdr", "0": "/no_gdr"}.get(gdr, "")
+    return f"{transport}/{scope}{suffix}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    verdict: str  # "rdma" | "tcp_fallback" | "single_node" | "unknown"
+    inter_node_tcp: bool | None
+    network: str | None
+    gdr: bool | str | None
+    nccl_version: str | None
+    nodes: int | None
+    nranks: int | None
+    communicators: tuple[CommunicatorSummary, ...]
+    warnings: tuple[NcclWarning, ...]
+    reasons: tuple[str, ...]
+
+    @classmethod
+    def unknown(cls, reasons: tuple[str, ...] = ()) -> Verdict:
+        return cls("unknown", None, None, None, None, None, None, (), (), reasons)
+
+    def to_json(self) -> dict[str, Any]:
+        """Exactly the object ``ccl-exporter analyze --json`` prints."""
+        return {
+            "verdict": self.verdict,
+            "inter_node_tcp": self.inter_node_tcp,
+            "network": self.network,
+            "gdr": self.gdr,
+            "nccl_version": self.nccl_version,
+            "nodes": self.nodes,
+            "nranks": self.nranks,
+            "communicators": [c.to_json() for c in self.communicators],
+            "warnings": [{"category": w.category, "line": w.line} for w in self.warnings],
+            "reasons": list(self.reasons),
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class _UnionFind:
+    def __init__(self) -> None:
+        self.parent: dict[object, object] = {}
+
+    def find(self, x: object) -> object:
+        parent = self.parent
+        parent.setdefault(x, x)
+        root = x
+        while parent[root] != root:
+            root = parent[root]
+        while parent[x] != root:
+            parent[x], x = root, parent[x]
+        return root
+
+    def union(self, a: object, b: object) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[ra] = rb
+
+
+@dataclass
+class _Placement:
+    """Which ranks of one communicator share a node, and which cannot."""
+
+    uf: _UnionFind
+    comp_nodes: dict[object, set[object]]
+    comp_ids: dict[object, set[str]]
+    id_comps: dict[str, set[object]]
+
+    def comp(self, rank: int) -> object:
+        return self.uf.find(("r", rank))
+
+    def distinct(self, ca: object, cb: object) -> bool:
+        na, nb = self.comp_nodes.get(ca), self.comp_nodes.get(cb)
+        if na and nb and na.isdisjoint(nb):
+            return True
+        ia, ib = self.comp_ids.get(ca), self.comp_ids.get(cb)
+        return bool(ia and ib and not ia.isdisjoint(ib))
+
+
+def _place(host_links: list[tuple[int, object]], same_links: list[tuple[int, int]],
+           rank_ids: dict[int, str], use_hosts: bool, use_ids: bool) -> tuple[_Placement, bool]:
+    uf = _UnionFind()
+    for a, b in same_links:
+        uf.union(("r", a), ("r", b))
+    if use_hosts:
+        for rank, node in host_links:
+            uf.union(("r", rank), ("n", node))
+    comp_nodes: dict[object, set[object]] = {}
+    if use_hosts:
+        for _, node in host_links:
+            comp_nodes.setdefault(uf.find(("n", node)), set()).add(node)
+    comp_ids: dict[object, set[str]] = {}
+    id_comps: dict[str, set[object]] = {}
+    contradiction = False
+    if use_ids:
+        seen: dict[tuple[object, str], int] = {}
+        for rank, gpu in rank_ids.items():
+            c = uf.find(("r", rank))
+            other = seen.setdefault((c, gpu), rank)
+            if other != rank:
+                contradiction = True  # two ranks on one GPU inside one node: impossible
+            comp_ids.setdefault(c, set()).add(gpu)
+            id_comps.setdefault(gpu, set()).add(c)
+    return _Placement(uf, comp_nodes, comp_ids, id_comps), contradiction
+
+
+@dataclass
+class _CommFacts:
+    summary: CommunicatorSummary
+    reasons: list[str] = field(default_factory=list)
+    multi_node: bool | None = None
+
+
+def node_keys(processes: Iterable[Process]) -> dict[int, object]:
+    """id(process) -> node key. A hostname seen with several addresses is several nodes."""
+    processes = list(processes)
+    addresses: dict[str, set[str]] = {}
+    for p in processes:
+        if p.host is not None and p.address:
+            addresses.setdefault(p.host, set()).add(p.address)
+    keys: dict[int, object] = {}
+    for p in processes:
+        if p.host is None:
+            continue
+        if p.address:
+            keys[id(p)] = (p.host, p.address)
+            continue
+        known = addresses.get(p.host, set())
+        if len(known) == 1:
+            keys[id(p)] = (p.host, next(iter(known)))
+        elif not known:
+            keys[id(p)] = (p.host, "")
+    return keys
+
+
+def _comm_network(comm: Communicator | None, conns: list[Connection], processes: list[Process]) -> tuple[str | None, str | None]:
+    names = Counter(c.event.network for c in conns if c.event.kind == "net" and c.event.network)
+    if names:
+        tcp = [n for n in names if network_class(n) == TCP]
+        name = tcp[0] if tcp else names.most_common(1)[0][0]
+        cited = next(c.cited for c in conns if c.event.kind == "net" and c.event.network == name)
+        return name, cited
+    if comm is not None and comm.network:
+        return comm.network, comm.network_line
+    selected = [p.selected_network() for p in processes]
+    selected = [(n, line) for n, line in selected if n]
+    if not selected:
+        return None, None
+    tcp = [(n, line) for n, line in selected if network_class(n) == TCP]
+    return tcp[0] if tcp else Counter(selected).most_common(1)[0][0]
+
+
+def _analyze(analyzer: LogAnalyzer, key: str, comm: Communicator | None, conns: list[Connection],
+             nodes_of: dict[int, object], version: str | None) -> _CommFacts:
+    rank_process: dict[int, Process] = dict(comm.rank_process) if comm is not None else {}
+    for c in conns:
+        if c.process.key is not None and c.event.kind != "collnet":
+            rank_process.setdefault(c.event.logging_rank, c.process)
+    host_links = [(r, nodes_of[id(p)]) for r, p in rank_process.items() if id(p) in nodes_of]
+    same_links = [(c.event.src, c.event.dst) for c in conns
+                  if (c.event.kind == "shm" or (c.event.kind == "p2p" and not c.event.mnnvl))]
+    rank_ids: dict[int, str] = {}
+    ids_usable = True
+    for c in conns:
+        e = c.event
+        if e.kind == "collnet" or not e.ids_are_devices:
+            continue
+        for rank, gpu in ((e.src, e.src_id), (e.dst, e.dst_id)):
+            if gpu is None:
+                continue
+            if rank_ids.setdefault(rank, gpu.lower()) != gpu.lower():
+                ids_usable = False  # one rank on two GPUs: lines of several communicators mixed
+    placement, contradiction = _place(host_links, same_links, rank_ids, True, ids_usable)
+    hosts_trusted = True
+    if contradiction:
+        hosts_trusted = False
+        placement, contradiction = _place(host_links, same_links, rank_ids, False, ids_usable)
+        if contradiction:
+            hosts_trusted = True
+            placement, _ = _place(host_links, same_links, rank_ids, True, False)
+
+    nranks = comm.nranks if comm is not None else None
+    nnodes = comm.nnodes if comm is not None else None
+    exact_nodes = nnodes
+    if exact_nodes is None and hosts_trusted and nranks and nranks <= analyzer.limits.max_ranks:
+        comps = {placement.comp(r) for r in range(nranks)}
+        if all(placement.comp_nodes.get(c) for c in comps):
+            exact_nodes = len(comps)
+    single = exact_nodes == 1 or nranks == 1
+    multi: bool | None = None
+    if (exact_nodes or 0) > 1:
+        multi = True
+    elif single:
+        multi = False
+    elif len([c for c, nodes in placement.comp_nodes.items() if nodes]) > 1 or any(
+        len(comps) > 1 for comps in placement.id_comps.values()
+    ):
+        multi = True
+
+    def scope(a: int, b: int) -> str:
+        if a == b:
+            return UNKNOWN
+        ca, cb = placement.comp(a), placement.comp(b)
+        if ca == cb:
+            return INTRA
+        if placement.distinct(ca, cb):
+            return INTER
+        return INTRA if single else UNKNOWN
+
+    transports: Counter[tuple[str, str, str]] = Counter()
+    reasons: list[str] = []
+    tcp_inter: Connection | None = None
+    rdma_gdr: set[bool] = set()
+    for c in conns:
+        e = c.event
+        if e.kind == "net":
+            s = scope(e.src, e.dst)
+            transports[(transport_of_network(e.network or ""), s, "1" if e.gdr else "0")] += 1
+            cls = network_class(e.network)
+            if cls == TCP and s == INTER and tcp_inter is None:
+                tcp_inter = c
+            if cls == RDMA:
+                rdma_gdr.add(e.gdr)
+        elif e.kind == "collnet":
+            transports[("collnet", INTER if multi else UNKNOWN, "1" if e.gdr else "0")] += 1
+            rdma_gdr.add(e.gdr)
+        elif e.kind == "p2p":
+            transports[("p2p", INTER if e.mnnvl else INTRA, "")] += 1
+        else:
+            transports[("shm", INTRA, "")] += 1
+    if comm is not None and comm.nvls_channels:
+        transports[("nvls", UNKNOWN if comm.mnnvl else INTRA, "")] += sum(comm.nvls_channels.values())
+    if tcp_inter is not None:
+        multi = True
+
+    processes = list({id(p): p for p in list(rank_process.values()) + [c.process for c in conns]}.values())
+    network, network_line = _comm_network(comm, conns, processes)
+    cls = network_class(network)
+    label = key if key != UNATTRIBUTED else "(communicator not named in the log)"
+
+    inter_node_tcp: bool | None
+    if tcp_inter is not None:
+        inter_node_tcp = True
+        reasons.append(f"communicator {label}: inter-node connection over TCP-class network {network}: "
+                       f"\"{tcp_inter.cited}\"")
+    elif multi and cls == TCP and not (comm is not None and comm.mnnvl):
+        inter_node_tcp = True
+        evidence = comm.nnodes_line if comm is not None and comm.nnodes_line else None
+        why = f"\"{evidence}\"" if evidence else "ranks logged from different nodes"
+        reasons.append(f"communicator {label} spans {exact_nodes or 'several'} nodes ({why}) and uses "
+                       f"TCP-class network {network}" + (f": \"{network_line}\"" if network_line else ""))
+    elif cls == RDMA:
+        inter_node_tcp = False
+        reasons.append(f"communicator {label} uses RDMA network {network}"
+                       + (f": \"{network_line}\"" if network_line else ""))
+    elif single:
+        inter_node_tcp = False
+        reasons.append(f"communicator {label} is on a single node"
+                       + (f": \"{comm.nnodes_line}\"" if comm is not None and comm.nnodes_line else
+                          " (every rank logged from one node)"))
+    else:
+        inter_node_tcp = None
+        if network is not None and cls is None:
+            reasons.append(f"communicator {label}: network {network} is not in the RDMA/TCP table")
+        elif cls == TCP:
+            reasons.append(f"communicator {label} uses TCP-class network {network} but the log does not show "
+                           "whether its traffic crosses nodes")
+
+    gdr: bool | str | None = None
+    if rdma_gdr:
+        gdr = "mixed" if len(rdma_gdr) > 1 else next(iter(rdma_gdr))
+    elif cls == RDMA:
+        flags = set()
+        for p in processes:
+            flags.update(p.gdr_hca)
+        if flags:
+            gdr = "mixed" if len(flags) > 1 else next(iter(flags))
+
+    versions = Counter(p.version for p in processes if p.version)
+    summary = CommunicatorSummary(
+        comm_id=key,
+        nranks=nranks,
+        nnodes=exact_nodes,
+        network=network,
+        nccl_version=versions.most_common(1)[0][0] if versions else version,
+        transports=dict(transports),
+        gdr=gdr,
+        inter_node_tcp=inter_node_tcp,
+    )
+    return _CommFacts(summary, reasons, multi)
+
+
+def _all_processes(analyzer: LogAnalyzer) -> list[Process]:
+    seen = {id(p): p for p in analyzer.processes.values()}
+    for c in analyzer.connections.values():
+        seen.setdefault(id(c.process), c.process)
+    return list(seen.values())
+
+
+def _facts(analyzer: LogAnalyzer, only: str | None = None) -> list[_CommFacts]:
+    buckets: dict[str, list[Connection]] = {}
+    for c in analyzer.connections.values():
+        buckets.setdefault(c.comm or UNATTRIBUTED, []).append(c)
+    version = analyzer.versions.most_common(1)[0][0] if analyzer.versions else None
+    nodes_of = node_keys(_all_processes(analyzer))
+    keys = list(analyzer.communicators) + [k for k in buckets if k not in analyzer.communicators]
+    if only is not None:
+        keys = [k for k in keys if k == only]
+    return [_analyze(analyzer, k, analyzer.communicators.get(k), buckets.get(k, []), nodes_of, version)
+            for k in keys]
+
+
+def summarize_communicators(analyzer: LogAnalyzer, only: str | None = None) -> list[tuple[CommunicatorSummary, list[str]]]:
+    return [(f.summary, f.reasons) for f in _facts(analyzer, only)]
+
+
+def decide(analyzer: LogAnalyzer) -> Verdict:
+    facts = _facts(analyzer)
+    retired = analyzer.retired
+    reasons: list[str] = []
+    processes = _all_processes(analyzer)
+    version = analyzer.versions.most_common(1)[0][0] if analyzer.versions else None
+
+    values = [f.summary.inter_node_tcp for f in facts]
+    inter_node_tcp: bool | None
+    deciding: list[_CommFacts] = []
+    if True in values or retired.inter_node_tcp:
+        inter_node_tcp = True
+        deciding = [f for f in facts if f.summary.inter_node_tcp is True]
+        for f in deciding:
+            reasons.extend(f.reasons[:1])
+        if retired.inter_node_tcp:
+            reasons.extend(retired.reasons[:1])
+    else:
+        selected = [(n, line) for n, line in (p.selected_network() for p in processes) if n]
+        nodes_of = node_keys(processes)
+        tcp_selected = [(n, line) for n, line in selected if network_class(n) == TCP]
+        distinct_hosts = {nodes_of[id(p)] for p in processes if id(p) in nodes_of}
+        undecided = all(v is None for v in values)
+        if undecided and tcp_selected and len({h for h, _ in distinct_hosts}) > 1:
+            inter_node_tcp = True
+            hosts = ", ".join(sorted({str(h) for h, _ in distinct_hosts})[:4])
+            reasons.append(f"processes on several nodes ({hosts}) use TCP-class network {tcp_selected[0][0]}: "
+                           f"\"{tcp_selected[0][1]}\"")
+        elif not facts or undecided:
+            classes = {network_class(n) for n, _ in selected}
+            if selected and classes == {RDMA} and not retired.inter_node_tcp:
+                inter_node_tcp = False
+                reasons.append(f"every process uses RDMA network {selected[0][0]}: \"{selected[0][1]}\"")
+            else:
+                inter_node_tcp = None
+                reasons.extend(r for f in facts for r in f.reasons[:1])
+        else:
+            open_tcp = [f for f in facts if f.summary.inter_node_tcp is None
+                        and network_class(f.summary.network) in (TCP, None) and f.summary.transports]
+            inter_node_tcp = None if open_tcp else False
+            deciding = [f for f in facts if f.summary.inter_node_tcp is False]
+            for f in (open_tcp or deciding)[:3]:
+                reasons.extend(f.reasons[:1])
+
+    networks = Counter(f.summary.network for f in (deciding or facts) if f.summary.network)
+    if networks:
+        network: str | None = networks.most_common(1)[0][0]
+    else:
+        selected_names = Counter(n for n, _ in (p.selected_network() for p in processes) if n)
+        network = selected_names.most_common(1)[0][0] if selected_names else None
+
+    gdrs = {f.summary.gdr for f in facts if f.summary.gdr is not None}
+    gdr: bool | str | None = None
+    if gdrs:
+        gdr = "mixed" if ("mixed" in gdrs or len(gdrs) > 1) else next(iter(gdrs))
+
+    node_counts = [f.summary.nnodes for f in facts if f.summary.nnodes]
+    nodes = max(node_counts) if node_counts else None
+    rank_counts = [f.summary.nranks for f in facts if f.summary.nranks]
+    nranks = max(rank_counts) if rank_counts else None
+
+    all_single = bool(facts) and all(f.multi_node is False for f in facts) and not retired.inter_node_tcp
+    if inter_node_tcp is True:
+        verdict = "tcp_fallback"
+    elif all_single:
+        verdict = "single_node"
+        if not reasons:
+            reasons.extend(r for f in facts for r in f.reasons[:1])
+    elif inter_node_tcp is False and (network_class(network) == RDMA or retired.inter_node_rdma):
+        verdict = "rdma"
+    else:
+        verdict = "unknown"
+    if not reasons:
+        reasons.append("the log shows no NCCL network selection, communicator or connection line"
+                       if not facts and not processes else
+                       "the log does not show enough to tell which network carries inter-node traffic")
+    if retired.count:
+        reasons.append(f"{retired.count} older communicators were evicted by the communicator cap")
+    return Verdict(
+        verdict=verdict,
+        inter_node_tcp=inter_node_tcp,
+        network=network,
+        gdr=gdr,
+        nccl_version=version,
+        nodes=nodes,
+        nranks=nranks,
+        communicators=tuple(f.summary for f in facts),
+        warnings=tuple(analyzer.warnings),
+        reasons=tuple(dict.fromkeys(reasons)),
+    )
