@@ -1,0 +1,78 @@
+"""GPU → pod attribution: ``ccl_gpu_pod_info`` from the kubelet pod-resources API.
+
+Join any GPU or NVLink series to the pod using it::
+
+    ccl_nvlink_transmit_bytes_total * on(gpu) group_left(namespace, pod) ccl_gpu_pod_info
+
+``gpu`` is the NVML index found by the device's UUID; it is "" when NVML is absent or the
+device is a MIG instance (whose id is a MIG UUID).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+
+from exporter.collectors.base import CollectorSpec, CollectorUnavailable, PartialCollection
+from exporter.sources.nvml import NvmlBackend, NvmlUnavailable, nvml_backend
+from exporter.sources.podresources import (
+    GpuAssignment,
+    PodResourcesClient,
+    PodResourcesError,
+    PodResourcesUnavailable,
+)
+
+
+class PodResourcesCollector:
+    name = "podresources"
+
+    def __init__(self, client: PodResourcesClient, nvml: NvmlBackend | None) -> None:
+        self._client = client
+        self._nvml = nvml
+
+    def _gpu_indexes(self) -> dict[str, str]:
+        if self._nvml is None:
+            return {}
+        try:
+            return {gpu.uuid: str(gpu.index) for gpu in self._nvml.gpus()}
+        except NvmlUnavailable:
+            return {}
+
+    def collect(self) -> Iterable[Metric]:
+        try:
+            assignments = self._client.list_gpus()
+        except PodResourcesUnavailable as exc:
+            raise CollectorUnavailable(str(exc)) from exc
+        except PodResourcesError as exc:
+            raise PartialCollection(str(exc)) from exc
+        yield self.family(assignments, self._gpu_indexes())
+
+    @staticmethod
+    def family(assignments: Iterable[GpuAssignment], gpu_indexes: dict[str, str]) -> Metric:
+        info = GaugeMetricFamily(
+            "ccl_gpu_pod_info",
+            "A GPU assigned to a container by the kubelet (pod-resources API); always 1. uuid is "
+            "the device id (GPU or MIG UUID), gpu its NVML index (\"\" when unknown), resource "
+            "the extended resource name (nvidia.com/gpu, nvidia.com/mig-...).",
+            labels=["gpu", "uuid", "namespace", "pod", "container", "resource"],
+        )
+        for a in assignments:
+            info.add_metric([gpu_indexes.get(a.device_id, ""), a.device_id, a.namespace, a.pod, a.container, a.resource], 1.0)
+        return info
+
+    def close(self) -> None:
+        self._client.close()
+        if self._nvml is not None:
+            self._nvml.close()
+
+
+SPEC = CollectorSpec(
+    name="podresources",
+    help="GPU to pod attribution (ccl_gpu_pod_info) from the kubelet pod-resources socket",
+    default_enabled=True,
+    factory=lambda config: PodResourcesCollector(
+        PodResourcesClient(config.pod_resources),
+        nvml_backend(config.extra) if "nvml" in config.enabled_collectors else None,
+    ),
+)

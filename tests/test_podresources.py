@@ -1,0 +1,132 @@
+"""GPU → pod attribution over a real gRPC exchange with a pod-resources server on a unix socket.
+
+The kubelet itself cannot run here; the server in tests/podresources_server.py speaks the same
+v1 protocol (generated from the same api.proto) on a unix socket, as the kubelet does.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from exporter.sources.podresources import (
+    PodResourcesClient,
+    PodResourcesError,
+    PodResourcesUnavailable,
+    gpus_held_by_pods,
+)
+from tests.conftest import ExporterProcess, http_get, require_tool
+from tests.fakenvml import build_fake_nvml, fake_nvml_env
+from tests.podresources_server import Container, Pod, TableLister, serve_pod_resources
+from tests.test_nvml import promtool_check, samples, series, uuid
+
+MIG = "MIG-5c6a2b1e-0000-4000-8000-000000000001"
+PODS = [
+    Pod("ml-training", "llama-worker-0", [
+        Container("trainer", {"nvidia.com/gpu": [uuid(0), uuid(1)], "example.com/nic": ["mlx5_0"]}, cpu_ids=[1, 2]),
+        Container("sidecar", {}),
+    ]),
+    Pod("ml-training", "llama-worker-1", [Container("trainer", {"nvidia.com/gpu.shared": [f"{uuid(2)}::0", f"{uuid(2)}::3"]})]),
+    Pod("inference", "llm-0", [Container("server", {"nvidia.com/mig-1g.18gb": [MIG]})]),
+    Pod("kube-system", "coredns-1", [Container("coredns", {})]),
+]
+EXPECTED = [
+    {"gpu": "0", "uuid": uuid(0), "namespace": "ml-training", "pod": "llama-worker-0", "container": "trainer", "resource": "nvidia.com/gpu"},
+    {"gpu": "1", "uuid": uuid(1), "namespace": "ml-training", "pod": "llama-worker-0", "container": "trainer", "resource": "nvidia.com/gpu"},
+    {"gpu": "2", "uuid": uuid(2), "namespace": "ml-training", "pod": "llama-worker-1", "container": "trainer", "resource": "nvidia.com/gpu.shared"},
+    {"gpu": "", "uuid": MIG, "namespace": "inference", "pod": "llm-0", "container": "server", "resource": "nvidia.com/mig-1g.18gb"},
+]
+
+
+def by_uuid(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+    return sorted(rows, key=lambda r: r["uuid"])
+
+
+@pytest.fixture
+def socket_dir() -> Iterator[Path]:
+    # unix socket paths are limited to 108 bytes: keep it short
+    with tempfile.TemporaryDirectory(prefix="podres-", dir="/tmp") as folder:
+        yield Path(folder)
+
+
+@pytest.fixture(scope="module")
+def fake_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_fake_nvml(require_tool("gcc"), tmp_path_factory.mktemp("fakenvml"))
+
+
+def test_client_lists_gpu_assignments_only(socket_dir: Path) -> None:
+    sock = socket_dir / "kubelet.sock"
+    with serve_pod_resources(sock, TableLister(PODS)) as lister:
+        client = PodResourcesClient(sock)
+        got = client.list_gpus()
+        client.close()
+        assert lister.calls == 1
+        assert [(a.device_id, a.pod, a.container, a.resource) for a in got] == [
+            (uuid(0), "llama-worker-0", "trainer", "nvidia.com/gpu"),
+            (uuid(1), "llama-worker-0", "trainer", "nvidia.com/gpu"),
+            (uuid(2), "llama-worker-1", "trainer", "nvidia.com/gpu.shared"),
+            (MIG, "llm-0", "server", "nvidia.com/mig-1g.18gb"),
+        ]
+        assert gpus_held_by_pods(sock) == {uuid(0), uuid(1), uuid(2), MIG}
+
+
+def test_client_errors_are_typed(socket_dir: Path) -> None:
+    sock = socket_dir / "kubelet.sock"
+    with pytest.raises(PodResourcesUnavailable):
+        PodResourcesClient(sock).list_gpus()
+    assert gpus_held_by_pods(sock) is None
+    with serve_pod_resources(sock, TableLister(PODS, fail_with=grpc.StatusCode.UNAVAILABLE)):
+        with pytest.raises(PodResourcesError, match="UNAVAILABLE"):
+            PodResourcesClient(sock, timeout_seconds=2).list_gpus()
+        assert gpus_held_by_pods(sock) is None
+
+
+def test_pod_info_joined_to_nvml_gpu_index(
+    fake_lib: Path, socket_dir: Path, exporter_process: type[ExporterProcess]
+) -> None:
+    sock = socket_dir / "kubelet.sock"
+    with serve_pod_resources(sock, TableLister(PODS)):
+        proc = exporter_process("--collector.disable-defaults", "--collector.nvml", "--collector.podresources",
+                                "--path.pod-resources", str(sock), env=fake_nvml_env(fake_lib))
+        body = proc.metrics()
+        promtool_check(body)
+        m = samples(body)
+        assert by_uuid(series(m, "ccl_gpu_pod_info")) == by_uuid(EXPECTED)
+        assert all(v == 1.0 for (name, _), v in m.items() if name == "ccl_gpu_pod_info")
+        assert series(m, "ccl_exporter_collector_success", collector="podresources") == [{"collector": "podresources"}]
+        assert m[("ccl_exporter_collector_success", frozenset({("collector", "podresources")}))] == 1.0
+
+
+def test_pod_info_without_nvml_has_empty_gpu(socket_dir: Path, exporter_process: type[ExporterProcess]) -> None:
+    if ctypes.util.find_library("nvidia-ml"):
+        pytest.skip("a real libnvidia-ml is installed on this machine")
+    sock = socket_dir / "kubelet.sock"
+    with serve_pod_resources(sock, TableLister(PODS)):
+        proc = exporter_process("--collector.disable-defaults", "--collector.nvml", "--collector.podresources",
+                                "--path.pod-resources", str(sock), env={"LD_LIBRARY_PATH": str(socket_dir)})
+        m = samples(proc.metrics())
+        assert by_uuid(series(m, "ccl_gpu_pod_info")) == by_uuid([{**row, "gpu": ""} for row in EXPECTED])
+
+
+def test_absent_socket_and_failing_kubelet_never_fail_the_scrape(
+    socket_dir: Path, exporter_process: type[ExporterProcess]
+) -> None:
+    sock = socket_dir / "kubelet.sock"
+    proc = exporter_process("--collector.disable-defaults", "--collector.podresources", "--path.pod-resources", str(sock))
+    for _ in range(3):
+        status, body, _ = http_get(proc.url + "/metrics")
+        assert status == 200
+    m = samples(body)
+    assert m[("ccl_exporter_collector_success", frozenset({("collector", "podresources")}))] == 0.0
+    assert series(m, "ccl_gpu_pod_info") == []
+    with serve_pod_resources(sock, TableLister(PODS, fail_with=grpc.StatusCode.PERMISSION_DENIED)):
+        status, body, _ = http_get(proc.url + "/metrics")
+        assert status == 200 and "ccl_gpu_pod_info{" not in body
+    output = proc.stop()
+    assert output.count("collector podresources unavailable") == 1, output
+    assert "PERMISSION_DENIED" in output
