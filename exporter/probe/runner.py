@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from exporter.nccl import LogAnalyzer
 from exporter.probe.results import CollectiveResult, ProbeResult, Row, Transport
 from exporter.probe.worker import RESULT_PREFIX
 
@@ -54,13 +55,9 @@ class NcclLogAnalyzer(Protocol):
     def result(self) -> Any: ...
 
 
-def default_analyzer() -> NcclLogAnalyzer | None:
-    """The project's NCCL parser, or None when this build has none."""
-    try:
-        from exporter.nccl import LogAnalyzer
-    except ImportError:
-        return None
-    return LogAnalyzer()  # type: ignore[no-any-return]
+def default_analyzer() -> NcclLogAnalyzer:
+    """The project's own NCCL log parser (the one behind ``ccl-exporter analyze``)."""
+    return LogAnalyzer()
 
 
 @dataclass(frozen=True)
@@ -209,19 +206,21 @@ def worker_command(request: ProbeRequest) -> list[str]:
     ]
 
 
-def transport_from_nccl(analyzer: NcclLogAnalyzer | None, lines: list[str]) -> Transport:
+def transport_from_nccl(analyzer: NcclLogAnalyzer, lines: list[str]) -> Transport:
     """The transport NCCL reported using, as decided by the project's NCCL parser."""
-    if analyzer is None:
-        return Transport("unknown", "unknown", reasons=("this build has no NCCL log parser (exporter.nccl)",))
     for line in lines:
         analyzer.feed(line)
     verdict = analyzer.result()
-    names: set[str] = set()
-    for communicator in getattr(verdict, "communicators", None) or []:
-        transports = getattr(communicator, "transports", None)
-        if transports is None and isinstance(communicator, Mapping):
-            transports = communicator.get("transports")
-        names.update(str(t) for t in (transports or {}))
+    inter_node: set[str] = set()
+    every: set[str] = set()
+    for communicator in getattr(verdict, "communicators", None) or ():
+        for key in getattr(communicator, "transports", None) or {}:
+            # keys are (transport, scope, gdr); the inter-node ones say what crossed the network
+            transport, scope = (key[0], key[1]) if isinstance(key, tuple) and len(key) > 1 else (key, "")
+            every.add(str(transport))
+            if scope == "inter_node":
+                inter_node.add(str(transport))
+    names = inter_node or every
     kind = VERDICT_KINDS.get(str(getattr(verdict, "verdict", "unknown")), "unknown")
     gdr = getattr(verdict, "gdr", None)
     return Transport(
@@ -237,7 +236,7 @@ def run_probe(
     request: ProbeRequest,
     identity: Identity = Identity(),
     environ: Mapping[str, str] | None = None,
-    analyzer_factory: Callable[[], NcclLogAnalyzer | None] = default_analyzer,
+    analyzer_factory: Callable[[], NcclLogAnalyzer] = default_analyzer,
     clock: Callable[[], float] = time.time,
 ) -> ProbeResult:
     """Run the workers of this node to completion or timeout; never raises for a failed probe."""
@@ -295,7 +294,7 @@ def _assemble(
     error: str | None,
     started: float,
     finished: float,
-    analyzer_factory: Callable[[], NcclLogAnalyzer | None],
+    analyzer_factory: Callable[[], NcclLogAnalyzer],
 ) -> ProbeResult:
     reporter = captures[0] if captures else _Capture()
     start = next((m for m in reporter.messages if m.get("kind") == "start"), {})

@@ -66,7 +66,7 @@ class ProbeSettings:
 
     def command(self, results_folder: Path, python: str = sys.executable) -> list[str]:
         # The probe's own timeout fires first and leaves a result file; ours is the backstop.
-        inner_timeout = max(1.0, self.timeout_seconds - TERMINATE_GRACE_SECONDS)
+        inner_timeout = max(1.0, self.timeout_seconds - min(TERMINATE_GRACE_SECONDS, self.timeout_seconds / 2))
         return [
             python, "-m", "exporter", "probe", "--source", "scheduled", "--json",
             "--path.probe-results", str(results_folder),

@@ -1,0 +1,189 @@
+"""``ccl-exporter probe`` with the real gloo backend (2 ranks on this machine, sizes <= 4 MiB).
+
+The busbw it prints is checked against an independent timing of the same all-reduce: a
+separate script that uses torch.distributed directly (none of the probe's code), timed the
+same way (slowest rank, iterations after warm-up). Tolerance is wide (+-50 %): two cores
+are shared with other work.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from exporter.cli import build_parser
+from exporter.probe import runner, worker
+from exporter.probe.command import run_probe_command
+from exporter.probe.runner import Identity, ProbeRequest
+
+pytest.importorskip("torch")
+
+RUN_CLI_WITHOUT_TORCH = textwrap.dedent(
+    """
+    import sys
+    from exporter.cli import main
+    code = main(sys.argv[1:])
+    assert "torch" not in sys.modules, "the probe's parent process imported torch"
+    sys.exit(code)
+    """
+)
+
+INDEPENDENT_ALLREDUCE = textwrap.dedent(
+    """
+    import os, sys, time
+    import torch, torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    def rank_main(rank, port, size, iters, out):
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+        x = torch.ones(size // 4)
+        best = None
+        for _ in range(3):  # three rounds; the best round is least disturbed by other load
+            for _ in range(2):
+                dist.all_reduce(x)
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                dist.all_reduce(x)
+            t = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            best = t.item() if best is None else min(best, t.item())
+        if rank == 0:
+            with open(out, "w") as f:
+                f.write(repr(best))
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        port, size, iters, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+        mp.start_processes(rank_main, args=(port, size, iters, out), nprocs=2, start_method="spawn")
+    """
+)
+
+
+def run_cli(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", RUN_CLI_WITHOUT_TORCH, *argv],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def independent_seconds(tmp_path: Path, size: int, iters: int) -> float:
+    from tests.conftest import free_port
+
+    script = tmp_path / "independent.py"
+    script.write_text(INDEPENDENT_ALLREDUCE)
+    out = tmp_path / f"independent-{size}.txt"
+    subprocess.run([sys.executable, "-W", "ignore", str(script), str(free_port()), str(size), str(iters), str(out)],
+                   check=True, timeout=120, capture_output=True)
+    return float(out.read_text())
+
+
+def test_probe_json_matches_an_independent_timing_and_names_the_transport(tmp_path: Path) -> None:
+    done = run_cli("probe", "--backend", "gloo", "--nprocs", "2", "--json", "-b", "1M", "-e", "4M", "-f", "4",
+                   "-n", "10", "-w", "2", "--path.probe-results", str(tmp_path / "results"))
+    assert done.returncode == 0, done.stderr + done.stdout
+    document = json.loads(done.stdout)
+    assert document["transport"]["name"] == "gloo/tcp"
+    assert document["transport"]["kind"] == "tcp"
+    assert (document["backend"], document["world_size"], document["nnodes"], document["scope"]) == ("gloo", 2, 1, "intra_node")
+    rows = document["collectives"][0]["rows"]
+    assert [r["size_bytes"] for r in rows] == [1 << 20, 4 << 20]
+    assert all(r["wrong"] == 0 for r in rows)
+    for row in rows:
+        seconds = independent_seconds(tmp_path, row["size_bytes"], 10)
+        independent_busbw = row["size_bytes"] / seconds * 2 * (2 - 1) / 2
+        assert row["busbw_bytes_per_second"] == pytest.approx(row["size_bytes"] / row["time_seconds"])
+        assert 0.5 < row["busbw_bytes_per_second"] / independent_busbw < 1.5, (row, seconds)
+    assert len(list((tmp_path / "results").glob("job-*.json"))) == 1
+
+
+def test_table_output_all_collectives(tmp_path: Path) -> None:
+    done = run_cli("probe", "--backend", "gloo", "--collective", "all", "-b", "64K", "-e", "64K",
+                   "-n", "2", "-w", "1", "--no-write")
+    assert done.returncode == 0, done.stderr + done.stdout
+    lines = done.stdout.splitlines()
+    assert lines[1] == "# transport: gloo/tcp (tcp)"
+    for collective, factor in (("all_reduce", "1"), ("all_gather", "0.5"), ("reduce_scatter", "0.5"),
+                               ("broadcast", "1"), ("alltoall", "0.5")):
+        assert f"# {collective}: busbw = algbw x {factor}" in lines
+    rows = [line.split() for line in lines if line.startswith("  ")]
+    assert len(rows) == 5 and all(r[0] == "65536" and r[1] == "16384" and r[-1] == "0" for r in rows)
+    assert sum(line.startswith("# Avg bus bandwidth    : ") for line in lines) == 5
+
+
+def test_timeout_kills_the_workers_and_fails(tmp_path: Path) -> None:
+    done = run_cli("probe", "--backend", "gloo", "--json", "--timeout", "0.5", "--path.probe-results", str(tmp_path))
+    assert done.returncode == 1
+    document = json.loads(done.stdout)
+    assert document["error"] == "probe timed out after 0.5s"
+    assert document["collectives"][0]["error"] == "probe timed out after 0.5s"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["-b", "1X"], "size '1X' is not a number"),
+        (["--collective", "reduce"], "--collective 'reduce': choose from"),
+        (["-b", "4M", "-e", "1M"], "need 1 <= min"),
+        (["--node-rank", "3"], "--node-rank 3 is not in 0..0"),
+        (["--nnodes", "2", "--master-port", "0"], "a multi-node probe needs --master-port"),
+        (["--backend", "nccl", "--path.procfs", "/nonexistent"], "--backend nccl needs at least one visible GPU"),
+    ],
+)
+def test_bad_flags_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    args = build_parser({}).parse_args(["probe", "--backend", "gloo", *argv] if "--backend" not in argv else ["probe", *argv])
+    assert run_probe_command(args, environ={}) == 2
+    assert capsys.readouterr().err.startswith(f"ccl-exporter probe: {message}")
+
+
+class UnsupportedDist:
+    """What torch.distributed raises for a collective a backend build lacks."""
+
+    def all_to_all_single(self, recv: object, send: object) -> None:
+        raise RuntimeError("ProcessGroupGloo does not support alltoall_base")
+
+
+def test_unsupported_collective_is_reported_not_crashed() -> None:
+    with pytest.raises(worker.Unsupported, match="does not support alltoall"):
+        worker._run_collective(UnsupportedDist(), None, "alltoall", None, None)
+    capture = runner._Capture(messages=[
+        {"kind": "start", "world_size": 2, "nnodes": 1},
+        {"kind": "unsupported", "collective": "alltoall", "error": "backend gloo cannot run alltoall: ..."},
+        {"kind": "done"},
+    ])
+    request = ProbeRequest("gloo", 2, ("alltoall",), (1024,))
+    done = subprocess.run([sys.executable, "-c", "pass"])
+    result = runner._assemble(request, Identity(), [capture, runner._Capture()], [done, done], None, 0.0, 1.0,
+                              runner.default_analyzer)
+    assert result.collectives[0].error == "backend gloo cannot run alltoall: ..."
+    assert not result.success and result.error is None
+
+
+IB_TWO_NODES = """\
+node0:100:100 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB ; OOB eth0:10.0.0.1<0>
+node0:100:100 [0] NCCL INFO Using network IB
+node0:100:110 [0] NCCL INFO comm 0x1 rank 0 nranks 2 cudaDev 0 nvmlDev 0 busId 1b000 commId 0xabc - Init START
+node0:100:110 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [receive] via NET/IB/0/GDRDMA
+node0:100:110 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/0/GDRDMA
+node0:100:110 [0] NCCL INFO comm 0x1 rank 0 nranks 2 cudaDev 0 nvmlDev 0 busId 1b000 commId 0xabc - Init COMPLETE
+"""
+
+
+@pytest.mark.parametrize(
+    ("log", "kind", "name", "network"),
+    [
+        (IB_TWO_NODES, "rdma", "net_ib", "IB"),
+        (IB_TWO_NODES.replace("NET/IB/0/GDRDMA", "NET/Socket/0").replace("network IB", "network Socket")
+         .replace("NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB ; OOB eth0:10.0.0.1<0>", "NET/IB : No device found."),
+         "tcp", "net_socket", "Socket"),
+    ],
+)
+def test_nccl_output_names_the_transport(log: str, kind: str, name: str, network: str) -> None:
+    """What a two-node NCCL probe prints (no GPU here), through the project's NCCL parser."""
+    transport = runner.transport_from_nccl(runner.default_analyzer(), log.splitlines())
+    assert (transport.kind, transport.name, transport.network) == (kind, name, network)
+    assert transport.reasons
