@@ -244,6 +244,7 @@ def run_serve(args: argparse.Namespace) -> int:
         web.run_app(app, host=host, port=port, print=None, access_log=None, shutdown_timeout=5.0)
     finally:
         if sim_root is not None:
+            node.close()
             shutil.rmtree(sim_root, ignore_errors=True)
     return 0
 

@@ -241,3 +241,21 @@ def test_no_nvml_library_reports_unavailable_once_and_serves_on(
     output = proc.stop()
     assert output.count("collector nvml unavailable") == 1, output
     assert "libnvidia-ml.so.1 not found" in output
+
+
+def test_field_value_decoding_from_raw_bytes_matches_the_struct_members() -> None:
+    """The fast decoder reads nvmlFieldValue_t's bytes; it must agree with pynvml's members."""
+    import pynvml
+
+    from exporter.sources.nvml import _decode_slow, decode_field_values
+
+    array = (pynvml.c_nvmlFieldValue_t * 6)()
+    cases = [(0, "dVal", 2.5), (1, "uiVal", 4_000_000_000), (3, "ullVal", 2**63 + 5),
+             (4, "sllVal", -7), (6, "usVal", 65535), (5, "siVal", -3)]
+    for entry, (value_type, member, number) in zip(array, cases):
+        entry.fieldId, entry.scopeId, entry.valueType = 138, 17, value_type
+        setattr(entry.value, member, number)
+    array[5].nvmlReturn = 3  # NOT_SUPPORTED: no value whatever the union holds
+    fast = decode_field_values(array)
+    assert fast == [_decode_slow(entry) for entry in array]
+    assert fast == [(0, 2.5), (0, 4_000_000_000), (0, 2**63 + 5), (0, -7), (0, 65535), (3, None)]

@@ -6,7 +6,10 @@ import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from exporter.sim.nvml import SimNvml
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,7 @@ class SimulatedNode:
     parts: list[SimPart] = field(default_factory=list)
     seed: int = 7
     elapsed_seconds: float = 0.0
+    nvml: "SimNvml | None" = None  # the simulated GPUs the NVML collectors read
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -58,11 +62,23 @@ class SimulatedNode:
         for part in self.parts:
             part.advance(clock)
 
+    def close(self) -> None:
+        """Stop what parts started (servers); parts without ``close`` have nothing to stop."""
+        for part in self.parts:
+            close = getattr(part, "close", None)
+            if callable(close):
+                close()
+
 
 def default_node(root: Path, seed: int = 7) -> SimulatedNode:
-    """The node ``serve --simulate`` runs: 8 NDR InfiniBand ports and 2 RoCE ports."""
+    """The node ``serve --simulate`` runs: 8 NDR InfiniBand ports and 2 RoCE ports, 8 GPUs
+    with 18 NVLinks each, held by one training pod that the pod-resources socket reports."""
+    from exporter.sim.nvml import SimNvml, SimPodResources
     from exporter.sim.rdma import SimRdma
 
     node = SimulatedNode(root=root, seed=seed)
     node.parts.append(SimRdma(rng=node.rng))
+    node.nvml = SimNvml(rng=node.rng)
+    node.parts.append(node.nvml)
+    node.parts.append(SimPodResources(node.nvml))
     return node

@@ -24,7 +24,9 @@ name, decodes bytes, and logs a missing function once.
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import struct
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -157,18 +159,43 @@ def field_request(link_count: int) -> tuple[list[tuple[int, int]], list[_Slot]]:
     return pairs, slots
 
 
-# nvmlValueType_t → the member of the value union that holds it
+# nvmlFieldValue_t as nvml.h lays it out: fieldId, scopeId (u32), timestamp, latencyUsec (i64),
+# valueType, nvmlReturn (u32), then the 8-byte value union. Decoding the array's raw bytes is
+# much faster than pynvml's per-attribute structure access (see bench/nvml_scrape.py).
+_FIELD_VALUE = struct.Struct("=IIqqII8s")
+# nvmlValueType_t → how the union holds it (double, uint, ulong, ulonglong, longlong, int, ushort)
+_UNION_FORMATS = {t: struct.Struct("=" + f) for t, f in enumerate("dIQQqiH")}
+
+# One decoded value: (nvmlReturn, number or None)
+Decoded = tuple[int, "int | float | None"]
+
+
+def _decode_union(value_type: int, raw: bytes) -> int | float | None:
+    union = _UNION_FORMATS.get(value_type)
+    return None if union is None else union.unpack_from(raw)[0]  # type: ignore[no-any-return]
+
+
+def decode_field_values(values: Any) -> list[Decoded]:
+    """(nvmlReturn, value) per entry of a ``c_nvmlFieldValue_t`` array; value None unless SUCCESS."""
+    if len(values) == 0:
+        return []
+    if ctypes.sizeof(values[0]) != _FIELD_VALUE.size:  # a binding with another layout: go slow
+        return [_decode_slow(v) for v in values]
+    return [
+        (ret, _decode_union(value_type, raw) if ret == NVML_SUCCESS else None)
+        for _fid, _scope, _ts, _lat, value_type, ret, raw in _FIELD_VALUE.iter_unpack(bytes(memoryview(values).cast("B")))
+    ]
+
+
 _VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 
 
-def decode_value(value: Any) -> int | float | None:
-    """A ``c_nvmlFieldValue_t``'s value by its ``valueType``; None when it has none."""
-    if value.nvmlReturn != NVML_SUCCESS:
-        return None
+def _decode_slow(value: Any) -> Decoded:
+    ret = int(value.nvmlReturn)
     member = _VALUE_MEMBERS.get(int(value.valueType))
-    if member is None:
-        return None
-    return getattr(value.value, member)  # type: ignore[no-any-return]
+    if ret != NVML_SUCCESS or member is None:
+        return ret, None
+    return ret, getattr(value.value, member)
 
 
 def _as_int(value: int | float | None) -> int | None:
@@ -182,18 +209,20 @@ def _as_int(value: int | float | None) -> int | None:
 
 
 def links_from_values(
-    link_count: int, slots: Sequence[_Slot], values: Sequence[Any]
+    link_count: int,
+    slots: Sequence[_Slot],
+    values: Sequence[Decoded],
+    remotes: dict[int, NvLinkRemote | None] | None = None,
 ) -> tuple[list[NvLinkReading], list[str]]:
     """Turn one field-values answer into link readings; also return odd per-value errors."""
     per_link: dict[int, dict[str, int]] = {link: {} for link in range(link_count)}
     odd: list[str] = []
-    for slot, value in zip(slots, values):
-        ret = int(value.nvmlReturn)
+    for slot, (ret, value) in zip(slots, values):
         if ret != NVML_SUCCESS:
             if ret not in UNSUPPORTED_RETURNS:
                 odd.append(f"link {slot.link} {slot.what}: nvmlReturn {ret}")
             continue
-        number = _as_int(decode_value(value))
+        number = _as_int(value)
         if number is not None:
             per_link[slot.link][slot.what] = number
     links = []
@@ -208,6 +237,7 @@ def links_from_values(
                 transmit_bytes=None if "tx" not in got else got["tx"] * KIB,
                 receive_bytes=None if "rx" not in got else got["rx"] * KIB,
                 errors={kind: got[kind] for kind in ERROR_KINDS if kind in got},
+                remote=(remotes or {}).get(link),
             )
         )
     return links, odd
@@ -308,8 +338,8 @@ class PynvmlBackend:
 
     def _link_count(self, handle: Any) -> int:
         nvml = self._nvml()
-        (value,) = self._call("nvmlDeviceGetFieldValues", handle, [FI_NVLINK_LINK_COUNT])
-        count = _as_int(decode_value(value))
+        ((_, value),) = decode_field_values(self._call("nvmlDeviceGetFieldValues", handle, [FI_NVLINK_LINK_COUNT]))
+        count = _as_int(value)
         if count is not None:
             return min(count, int(nvml.NVML_NVLINK_MAX_LINKS))
         # Older drivers: probe link states until NVML says the link does not exist.
@@ -365,27 +395,32 @@ class PynvmlBackend:
         nvml = self._nvml()
         label = f"GPU {gpu.identity.index} ({gpu.identity.uuid})"
         try:
-            values = self._call("nvmlDeviceGetFieldValues", gpu.handle, gpu.pairs) if gpu.pairs else []
+            values = decode_field_values(self._call("nvmlDeviceGetFieldValues", gpu.handle, gpu.pairs)) if gpu.pairs else []
         except nvml.NVMLError as exc:
             gpu.failed = True
             problems.append(f"{label}: {exc}")
             return None
-        if any(int(v.nvmlReturn) == NVML_ERROR_GPU_IS_LOST for v in values):
+        if any(ret == NVML_ERROR_GPU_IS_LOST for ret, _ in values):
             gpu.failed = True
             problems.append(f"{label}: GPU is lost")
             return None
         gpu.failed = False
-        links, odd = links_from_values(gpu.link_count, gpu.slots, values)
+        links, odd = links_from_values(gpu.link_count, gpu.slots, values, gpu.remotes)
         if odd:
             problems.append(f"{label}: " + "; ".join(odd[:3]))
         links = self._fill_missing_state(gpu, links)
         # The remote end of a link is read once when the link is (or comes) up.
+        changed = False
         for reading in links:
             if reading.active and reading.link not in gpu.remotes:
                 gpu.remotes[reading.link] = self._remote(gpu, reading.link)
-            elif reading.active is False:
-                gpu.remotes.pop(reading.link, None)
-        return GpuReading(gpu.identity, tuple(_with_remote(r, gpu.remotes) for r in links))
+                changed = True
+            elif reading.active is False and reading.link in gpu.remotes:
+                del gpu.remotes[reading.link]
+                changed = True
+        if changed:
+            links = [_with_remote(r, gpu.remotes) for r in links]
+        return GpuReading(gpu.identity, tuple(links))
 
     def _fill_missing_state(self, gpu: _Gpu, links: list[NvLinkReading]) -> list[NvLinkReading]:
         """Drivers without the per-link state field: ask nvmlDeviceGetNvLinkState instead."""
