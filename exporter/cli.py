@@ -117,6 +117,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, s
     misc = parser.add_argument_group("misc")
     misc.add_argument("--simulate", action="store_true", default=_env_bool(environ, "--simulate", False),
                       help="run on a built-in simulated node (no GPU or NIC needed) in a temporary folder")
+    _add(misc, environ, "--simulate.job-ends-after", 0.0,
+         "with --simulate: seconds after which the simulated training pod ends and frees its GPUs (0 = never)",
+         type=float, dest="simulate_job_ends_after")
     _add(misc, environ, "--log.level", "info", "debug, info, warning or error", dest="log_level",
          choices=["debug", "info", "warning", "error"])
 
@@ -158,6 +161,7 @@ def config_from_args(args: argparse.Namespace, specs: Sequence[CollectorSpec]) -
         probe_max_bytes=str(args.probe_max_bytes) or ("1M" if args.simulate else "64M"),
         probe_iters=int(args.probe_iters),
         probe_max_age_seconds=float(args.probe_max_age),
+        simulate_job_ends_after_seconds=float(args.simulate_job_ends_after),
     )
 
 
@@ -216,7 +220,7 @@ def run_serve(args: argparse.Namespace) -> int:
         from exporter.sim.node import default_node
 
         sim_root = Path(tempfile.mkdtemp(prefix="ccl-exporter-sim-"))
-        node = default_node(sim_root)
+        node = default_node(sim_root, job_ends_after_seconds=config.simulate_job_ends_after_seconds)
         node.setup()
         node.advance(1.0)
         config.sysfs = node.sysfs

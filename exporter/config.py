@@ -51,4 +51,5 @@ class ServeConfig:
     probe_max_bytes: str = "64M"
     probe_iters: int = 20
     probe_max_age_seconds: float = 86400.0
+    simulate_job_ends_after_seconds: float = 0.0  # 0 = the simulated training pod never ends
     extra: dict[str, object] = field(default_factory=dict)
