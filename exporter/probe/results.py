@@ -35,12 +35,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from exporter.probe.formulas import COLLECTIVES, MAX_SWEEP_POINTS
+
 SCHEMA = "ccl-probe-result/v1"
 SOURCES = ("scheduled", "preflight", "job")
 TRANSPORT_KINDS = ("rdma", "tcp", "intra_node", "unknown")
 SUFFIX = ".json"
 MAX_FILE_BYTES = 1024 * 1024  # a result is a few KiB; anything larger is not ours
-MAX_ROWS = 256
+MAX_ROWS = MAX_SWEEP_POINTS  # sizes per collective
+MAX_CHECKS = 32
 MAX_TEXT = 2000
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -196,10 +199,10 @@ def _row(obj: Any, where: str) -> Row:
     return row
 
 
-def _list(obj: dict[str, Any], key: str, where: str) -> list[Any]:
+def _list(obj: dict[str, Any], key: str, where: str, limit: int = MAX_ROWS) -> list[Any]:
     value = _get(obj, key, list, where)
-    if len(value) > MAX_ROWS:
-        raise MalformedResult(f"{where}: {key!r} has more than {MAX_ROWS} entries")
+    if len(value) > limit:
+        raise MalformedResult(f"{where}: {key!r} has more than {limit} entries")
     return value
 
 
@@ -232,23 +235,29 @@ def parse_result(text: str) -> ProbeResult:
         reasons=tuple(str(r)[:MAX_TEXT] for r in _list(t, "reasons", "transport")),
     )
     collectives = []
-    for i, c in enumerate(_list(doc, "collectives", "result")):
+    for i, c in enumerate(_list(doc, "collectives", "result", limit=len(COLLECTIVES))):
         where = f"collectives[{i}]"
         if not isinstance(c, dict):
             raise MalformedResult(f"{where}: not an object")
+        name = _get(c, "collective", str, where)
+        if name not in COLLECTIVES:
+            raise MalformedResult(f"{where}: collective {name[:50]!r} is not one of {', '.join(COLLECTIVES)}")
         collectives.append(
             CollectiveResult(
-                collective=_get(c, "collective", str, where),
+                collective=name,
                 rows=tuple(_row(r, f"{where}.rows[{j}]") for j, r in enumerate(_list(c, "rows", where))),
                 error=_get(c, "error", _OPT_STR, where),
             )
         )
     checks = []
-    for i, c in enumerate(_list(doc, "checks", "result")):
+    for i, c in enumerate(_list(doc, "checks", "result", limit=MAX_CHECKS)):
         where = f"checks[{i}]"
         if not isinstance(c, dict):
             raise MalformedResult(f"{where}: not an object")
-        checks.append(Check(_get(c, "check", str, where), _get(c, "ok", bool, where), _get(c, "message", str, where)))
+        name = _get(c, "check", str, where)
+        if not name or len(name) > 64:
+            raise MalformedResult(f"{where}: check name is empty or longer than 64 characters")
+        checks.append(Check(name, _get(c, "ok", bool, where), _get(c, "message", str, where)))
     return ProbeResult(
         source=source,
         started_at=float(_get(doc, "started_at", _NUMBER, "result")),

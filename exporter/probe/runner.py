@@ -110,6 +110,8 @@ class Identity:
 
     @classmethod
     def from_env(cls, source: str, environ: Mapping[str, str]) -> "Identity":
+        if source == "scheduled":  # the exporter's own probe: about the node, not a pod
+            return cls(source=source)
         return cls(
             source=source,
             namespace=environ.get("POD_NAMESPACE", ""),
