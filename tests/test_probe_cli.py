@@ -209,3 +209,16 @@ def test_nccl_output_names_the_transport(log: str, kind: str, name: str, network
     transport = runner.transport_from_nccl(runner.default_analyzer(), log.splitlines())
     assert (transport.kind, transport.name, transport.network) == (kind, name, network)
     assert transport.reasons
+
+
+def test_workers_without_torch_say_so(tmp_path: Path) -> None:
+    """Workers run by an interpreter that has no torch (the system Python here and in CI)."""
+    python = "/usr/bin/python3"
+    if not Path(python).exists() or subprocess.run([python, "-c", "import torch"], capture_output=True).returncode == 0:
+        pytest.skip(f"{python} is missing or has torch")
+    request = ProbeRequest("gloo", 2, ("all_reduce",), (1024,), timeout_seconds=60, python=python)
+    repo = str(Path(__file__).resolve().parent.parent)
+    result = runner.run_probe(request, environ={"PYTHONPATH": repo, "PATH": "/usr/bin:/bin"})
+    assert result.error == ("rank 0: No module named 'torch': the probe's workers need torch "
+                            "(install the package with its 'probe' extra)")
+    assert not result.success

@@ -160,3 +160,17 @@ def test_collector_exposes_results_and_counts_bad_files(tmp_path: Path) -> None:
     assert samples["ccl_preflight_result"][0][0]["pod"] == "llama-0"
     files = {labels["status"]: v for labels, v in samples["ccl_probe_result_files"]}
     assert files == {"valid": 2.0, "stale": 1.0, "malformed": 1.0, "not_read": 0.0}
+
+
+def test_cache_parses_a_file_again_only_when_it_changes(tmp_path: Path) -> None:
+    cache: dict = {}  # type: ignore[type-arg]
+    write_result(tmp_path, sample(pod="a"))
+    write_result(tmp_path, sample(pod="b"))
+    first = read_probe_results(tmp_path, NOW, 86_400, cache=cache)
+    again = read_probe_results(tmp_path, NOW, 86_400, cache=cache)
+    assert [id(r) for r in again.results] == [id(r) for r in first.results]  # not parsed again
+    write_result(tmp_path, sample(pod="b", job_name="rerun"))
+    (tmp_path / "job-team-a-a.json").unlink()
+    changed = read_probe_results(tmp_path, NOW, 86_400, cache=cache)
+    assert [(r.pod, r.job_name) for r in changed.results] == [("b", "rerun")]
+    assert set(cache) == {"job-team-a-b.json"}

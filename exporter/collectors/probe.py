@@ -20,7 +20,7 @@ from exporter.collectors.base import CollectorSpec
 from exporter.config import ServeConfig
 from exporter.probe.results import ProbeResult
 from exporter.probe.schedule import GpuOccupancy, ProbeScheduler, ProbeSettings
-from exporter.sources.probe_results import read_probe_results
+from exporter.sources.probe_results import ParseCache, read_probe_results
 
 WHO = ["source", "namespace", "pod", "job_name"]
 SKIP_REASONS = ("gpu_held_by_pod", "gpu_compute_process", "occupancy_unknown", "probe_running")
@@ -41,6 +41,7 @@ class ProbeCollector:
         self._max_age = max_age_seconds
         self._scheduler = scheduler
         self._clock = clock
+        self._cache: ParseCache = {}  # files parse again only when they change
 
     async def run(self) -> None:
         if self._scheduler is not None:
@@ -54,7 +55,7 @@ class ProbeCollector:
                     close()
 
     def collect(self) -> Iterable[Metric]:
-        reading = read_probe_results(self._folder, self._clock(), self._max_age)
+        reading = read_probe_results(self._folder, self._clock(), self._max_age, cache=self._cache)
         yield from self.result_families(reading.results)
         files = GaugeMetricFamily(
             "ccl_probe_result_files",

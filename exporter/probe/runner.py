@@ -97,6 +97,7 @@ class ProbeRequest:
     warmup_iters: int = 5
     timeout_seconds: float = 300.0
     rendezvous: Rendezvous = field(default_factory=Rendezvous)
+    python: str = sys.executable  # the interpreter the workers run with (it needs torch)
 
 
 @dataclass(frozen=True)
@@ -198,7 +199,7 @@ def worker_env(request: ProbeRequest, local_rank: int, master_port: int, environ
 
 def worker_command(request: ProbeRequest) -> list[str]:
     return [
-        sys.executable, "-m", "exporter.probe.worker",
+        request.python, "-m", "exporter.probe.worker",
         "--backend", request.backend,
         "--collectives", ",".join(request.collectives),
         "--sizes", ",".join(str(s) for s in request.sizes),

@@ -143,7 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import torch
         import torch.distributed as dist
-
+    except ImportError as exc:
+        emit("error", rank=rank, error=f"{exc}: the probe's workers need torch "
+             "(install the package with its 'probe' extra)")
+        return 1
+    try:
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         if args.backend == "nccl":
             torch.cuda.set_device(local_rank)

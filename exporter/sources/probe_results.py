@@ -6,6 +6,10 @@ the hostPath can write here, so every file is read defensively: hidden and tempo
 are ignored, symlinks and non-regular files are refused, a file over 1 MiB or one that does
 not parse is *malformed*, a result older than ``max_age_seconds`` is *stale*; each is
 skipped and counted, never a crash. At most ``max_files`` files (the newest) are read.
+
+Scrapes come every few seconds and files rarely change: pass a ``ParseCache`` (owned by the
+caller, one per folder) and a file is parsed again only when its inode, size or mtime
+changed. The cache holds only the files of the last reading.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ from pathlib import Path
 from exporter.probe.results import MAX_FILE_BYTES, SUFFIX, MalformedResult, ProbeResult, parse_result
 
 DEFAULT_MAX_FILES = 256
+
+# file name -> ((inode, size, mtime_ns), the parsed result or why it is malformed)
+ParseCache = dict[str, tuple[tuple[int, int, int], "ProbeResult | MalformedResult"]]
 
 
 @dataclass
@@ -51,32 +58,47 @@ def _read_bounded(path: Path) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-def _newest_first(folder: Path, names: list[str]) -> list[str]:
-    def mtime(name: str) -> float:
-        try:
-            return os.lstat(folder / name).st_mtime
-        except OSError:
-            return 0.0
+def _stat_key(path: Path) -> tuple[int, int, int]:
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return (0, 0, 0)
+    return (info.st_ino, info.st_size, info.st_mtime_ns)
 
-    return sorted(names, key=lambda n: (-mtime(n), n))
+
+def _parse(path: Path) -> ProbeResult | MalformedResult:
+    try:
+        return parse_result(_read_bounded(path))
+    except MalformedResult as exc:
+        return exc
 
 
 def read_probe_results(
-    folder: Path, now: float, max_age_seconds: float, max_files: int = DEFAULT_MAX_FILES
+    folder: Path, now: float, max_age_seconds: float, max_files: int = DEFAULT_MAX_FILES,
+    cache: ParseCache | None = None,
 ) -> ProbeResultsReading:
     """Every usable result in ``folder``; stale and malformed files listed, not raised."""
     reading = ProbeResultsReading(folder_present=folder.is_dir())
+    cache = {} if cache is None else cache
     try:
         names = [n for n in os.listdir(folder) if n.endswith(SUFFIX) and not n.startswith(".")]
     except OSError:
+        cache.clear()
         return reading
-    ordered = _newest_first(folder, names)
+    keys = {name: _stat_key(folder / name) for name in names}
+    ordered = sorted(names, key=lambda n: (-keys[n][2], n))  # newest first
     reading.not_read = max(0, len(ordered) - max_files)
-    for name in ordered[:max_files]:
-        try:
-            result = parse_result(_read_bounded(folder / name))
-        except MalformedResult as exc:
-            reading.malformed.append((name, str(exc)))
+    kept = ordered[:max_files]
+    for name in set(cache) - set(kept):
+        del cache[name]
+    for name in kept:
+        cached = cache.get(name)
+        if cached is None or cached[0] != keys[name] or keys[name] == (0, 0, 0):
+            cached = (keys[name], _parse(folder / name))
+            cache[name] = cached
+        result = cached[1]
+        if isinstance(result, MalformedResult):
+            reading.malformed.append((name, str(result)))
             continue
         if now - result.finished_at > max_age_seconds:
             reading.stale.append(name)
