@@ -57,7 +57,8 @@ def mpi_rank_main(argv: list[str]) -> None:
         elapsed = comm.allreduce((time.perf_counter() - t0) / iters, op=MPI.MAX)
         rows.append({"size_bytes": size, "time_seconds": elapsed})
     if comm.Get_rank() == 0:
-        print("MPI_RESULT " + json.dumps({"library": MPI.Get_library_version().splitlines()[0], "rows": rows}))
+        library = MPI.Get_library_version().split("\x00")[0].splitlines()[0].strip()  # NUL-padded
+        print("MPI_RESULT " + json.dumps({"library": library, "rows": rows}))
 
 
 def mpi_peer(sizes: list[int], tcp_only: bool) -> tuple[str, dict[int, float]]:
