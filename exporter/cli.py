@@ -22,6 +22,7 @@ from pathlib import Path
 from exporter import __version__, analyze
 from exporter.collectors import all_collectors
 from exporter.collectors.base import CollectorSpec
+from exporter.collectors.probe import probe_settings
 from exporter.config import DEFAULT_PORT, ServeConfig, env_name, parse_listen_address
 from exporter.probe import command as probe_command
 from exporter.probe import preflight
@@ -139,7 +140,7 @@ def config_from_args(args: argparse.Namespace, specs: Sequence[CollectorSpec]) -
         parse_listen_address(listen)
     except ValueError as exc:
         raise SystemExit(f"ccl-exporter: --web.listen-address: {exc}") from exc
-    return ServeConfig(
+    config = ServeConfig(
         listen_address=listen,
         max_requests=int(args.max_requests),
         scrape_timeout_seconds=float(args.scrape_timeout),
@@ -163,6 +164,11 @@ def config_from_args(args: argparse.Namespace, specs: Sequence[CollectorSpec]) -
         probe_max_age_seconds=float(args.probe_max_age),
         simulate_job_ends_after_seconds=float(args.simulate_job_ends_after),
     )
+    try:
+        probe_settings(config)
+    except ValueError as exc:
+        raise SystemExit(f"ccl-exporter: --probe.*: {exc}") from exc
+    return config
 
 
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:

@@ -13,7 +13,11 @@ import json
 import time
 from pathlib import Path
 
-from exporter.collectors.probe import ProbeCollector
+import pytest
+
+from exporter.cli import build_parser, config_from_args
+from exporter.collectors import all_collectors
+from exporter.collectors.probe import ProbeCollector, probe_settings
 from exporter.probe.occupancy import NvmlOccupancy, PodResourcesOccupancy
 from exporter.probe.schedule import ProbeScheduler, ProbeSettings
 from exporter.sources.nvml import GpuProcess, NvmlUnavailable
@@ -117,3 +121,19 @@ async def test_never_two_probes_at_once(tmp_path: Path) -> None:
     assert sched.state.running
     assert await sched.run_once() == "skipped:probe_running"
     assert await first == "failure"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--probe.collectives", "reduce"], "collectives 'reduce'"),
+        (["--probe.min-bytes", "2X"], "size '2X'"),
+        (["--probe.min-bytes", "8M", "--probe.max-bytes", "1M"], "need 1 <= min"),
+        (["--probe.iters", "0"], "interval, timeout and iterations must be positive"),
+    ],
+)
+def test_bad_probe_flags_stop_serve_at_start(flags: list[str], message: str) -> None:
+    args = build_parser({}).parse_args(["serve", "--probe.interval", "60", *flags])
+    with pytest.raises(SystemExit, match=f"^ccl-exporter: --probe.\\*: {message}"):
+        config_from_args(args, all_collectors())
+    assert probe_settings(config_from_args(build_parser({}).parse_args(["serve"]), all_collectors())) is None

@@ -157,20 +157,25 @@ def occupancy_checks(config: ServeConfig) -> list[GpuOccupancy]:
     return default_checks(config)
 
 
+def probe_settings(config: ServeConfig) -> ProbeSettings | None:
+    """The idle-time probe settings of ``serve`` (None when off); ValueError on bad flags."""
+    if config.probe_interval_seconds <= 0:
+        return None
+    return ProbeSettings(
+        interval_seconds=config.probe_interval_seconds,
+        timeout_seconds=config.probe_timeout_seconds,
+        backend="gloo" if config.simulate else config.probe_backend,
+        collectives=config.probe_collectives,
+        min_bytes=config.probe_min_bytes,
+        max_bytes=config.probe_max_bytes,
+        iters=config.probe_iters,
+        warmup_iters=min(config.probe_iters, 5),
+    )
+
+
 def build(config: ServeConfig) -> ProbeCollector:
-    scheduler = None
-    if config.probe_interval_seconds > 0:
-        settings = ProbeSettings(
-            interval_seconds=config.probe_interval_seconds,
-            timeout_seconds=config.probe_timeout_seconds,
-            backend="gloo" if config.simulate else config.probe_backend,
-            collectives=config.probe_collectives,
-            min_bytes=config.probe_min_bytes,
-            max_bytes=config.probe_max_bytes,
-            iters=config.probe_iters,
-            warmup_iters=min(config.probe_iters, 5),
-        )
-        scheduler = ProbeScheduler(settings, config.probe_results, occupancy_checks(config))
+    settings = probe_settings(config)
+    scheduler = None if settings is None else ProbeScheduler(settings, config.probe_results, occupancy_checks(config))
     return ProbeCollector(config.probe_results, config.probe_max_age_seconds, scheduler)
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from exporter.probe.formulas import COLLECTIVES, parse_size, size_sweep
 from exporter.probe.results import (
     CollectiveResult,
     MalformedResult,
@@ -63,6 +64,15 @@ class ProbeSettings:
     max_bytes: str = "64M"
     iters: int = 20
     warmup_iters: int = 5
+
+    def __post_init__(self) -> None:
+        """Flag mistakes surface at start-up, not as a failed probe every interval."""
+        unknown = [c for c in self.collectives.split(",") if c.strip() not in COLLECTIVES]
+        if unknown or not self.collectives.strip():
+            raise ValueError(f"collectives {self.collectives!r}: choose from {', '.join(COLLECTIVES)}")
+        size_sweep(parse_size(self.min_bytes), parse_size(self.max_bytes))
+        if self.interval_seconds <= 0 or self.timeout_seconds <= 0 or self.iters < 1:
+            raise ValueError("interval, timeout and iterations must be positive")
 
     def command(self, results_folder: Path, python: str = sys.executable) -> list[str]:
         # The probe's own timeout fires first and leaves a result file; ours is the backstop.
