@@ -4,6 +4,9 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 # torch is pinned to the CPU build the tests use; an unpinned torch could pull a CUDA build.
 TORCH_PIN ?= torch==2.13.0
+# The manifest scanner lives in its own venv: its pinned dependencies clash with the project's.
+SCAN_VENV ?= .venv-scan
+CHECKOV_PIN ?= checkov==3.3.30
 
 .PHONY: demo test bench venv clean
 
@@ -18,11 +21,16 @@ $(VENV)/.installed: pyproject.toml Makefile
 demo: venv
 	$(BIN)/python -m exporter.demo
 
-test: venv
+$(SCAN_VENV)/.installed: Makefile
+	$(PYTHON) -m venv $(SCAN_VENV)
+	$(SCAN_VENV)/bin/python -m pip install -q '$(CHECKOV_PIN)'
+	touch $@
+
+test: venv $(SCAN_VENV)/.installed
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: venv
 	$(BIN)/python -m bench.run_all
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(SCAN_VENV) build *.egg-info .pytest_cache

@@ -106,7 +106,7 @@ def _yes_no(value: object) -> str:
 def one_line(verdict: Verdict) -> str:
     """The verdict as one sentence an SRE can paste into a ticket."""
     facts = [f"network {verdict.network or '?'}", f"GDR {_yes_no(verdict.gdr)}",
-             f"NCCL {verdict.nccl_version or '?'}", f"{verdict.nodes or '?'} nodes", f"{verdict.nranks or '?'} ranks"]
+             f"NCCL {verdict.nccl_version or '?'}", f"nodes {verdict.nodes or '?'}", f"ranks {verdict.nranks or '?'}"]
     meaning = {
         "tcp_fallback": "inter-node NCCL traffic runs over TCP (fallback from RDMA)",
         "rdma": "inter-node NCCL traffic runs over RDMA",

@@ -102,6 +102,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, s
             help=f"{spec.help} (enabled by default: {'yes' if spec.default_enabled else 'no'})",
         )
 
+    nccl = parser.add_argument_group("collector nccl")
+    _add(nccl, environ, "--collector.nccl.grace-period", 300.0,
+         "seconds the series of a pod whose logs are gone (or that left the node) stay exposed",
+         type=float, dest="nccl_grace_period")
     probe = parser.add_argument_group("idle-time bus-bandwidth probes (collector probe)")
     _add(probe, environ, "--probe.interval", 0.0, "seconds between probes while the GPUs are idle; 0 = off",
          type=float, dest="probe_interval")
@@ -154,6 +158,7 @@ def config_from_args(args: argparse.Namespace, specs: Sequence[CollectorSpec]) -
         simulate=bool(args.simulate),
         enabled_collectors=tuple(enabled),
         log_level=str(args.log_level),
+        nccl_grace_period_seconds=float(args.nccl_grace_period),
         probe_interval_seconds=float(args.probe_interval),
         probe_timeout_seconds=float(args.probe_timeout),
         probe_backend=str(args.probe_backend),

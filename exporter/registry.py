@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -28,7 +29,8 @@ from exporter.collectors.base import Collector, CollectorUnavailable, PartialCol
 
 log = logging.getLogger(__name__)
 
-_METRIC_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_:")
+_METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 
 @dataclass
@@ -53,8 +55,18 @@ class _Slot:
     unavailable_logged: bool = False
 
 
-def _valid_sample_value(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def _sample_problem(family: Metric, sample: object, label_names_ok: set[str]) -> str | None:
+    value = sample.value  # type: ignore[attr-defined]
+    if type(value) is not float and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+        return f"{family.name}: non-numeric value {value!r}"
+    for key, label_value in sample.labels.items():  # type: ignore[attr-defined]
+        if key not in label_names_ok:
+            if not isinstance(key, str) or not _LABEL_NAME.match(key):
+                return f"{family.name}: bad label name {key!r}"
+            label_names_ok.add(key)
+        if type(label_value) is not str:
+            return f"{family.name}: non-string value for label {key!r}"
+    return None
 
 
 def sanitize_families(families: Iterable[object]) -> tuple[list[Metric], list[str]]:
@@ -69,16 +81,14 @@ def sanitize_families(families: Iterable[object]) -> tuple[list[Metric], list[st
         if not isinstance(family, Metric):
             problems.append(f"not a metric family: {type(family).__name__}")
             continue
-        if not family.name or not set(family.name) <= _METRIC_NAME_CHARS:
+        if not isinstance(family.name, str) or not _METRIC_NAME.match(family.name):
             problems.append(f"bad metric name {family.name!r}")
             continue
         bad = None
+        label_names_ok: set[str] = set()
         for sample in family.samples:
-            if not _valid_sample_value(sample.value):
-                bad = f"{family.name}: non-numeric value {sample.value!r}"
-                break
-            if not all(isinstance(k, str) and isinstance(v, str) for k, v in sample.labels.items()):
-                bad = f"{family.name}: non-string label in {sample.labels!r}"
+            bad = _sample_problem(family, sample, label_names_ok)
+            if bad:
                 break
         if bad:
             problems.append(bad)

@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from exporter.collectors.base import CollectorSpec, CollectorUnavailable, PartialCollection
+from exporter.config import ServeConfig
+from exporter.sources.kube import NoPodMetadata, PodMetadataSource, shared_pod_metadata
 from exporter.sources.nvml import NvmlBackend, NvmlUnavailable, nvml_backend
 from exporter.sources.podresources import (
     GpuAssignment,
@@ -27,9 +29,15 @@ from exporter.sources.podresources import (
 class PodResourcesCollector:
     name = "podresources"
 
-    def __init__(self, client: PodResourcesClient, nvml: NvmlBackend | None) -> None:
+    def __init__(
+        self, client: PodResourcesClient, nvml: NvmlBackend | None, metadata: PodMetadataSource | None = None
+    ) -> None:
         self._client = client
         self._nvml = nvml
+        self._metadata: PodMetadataSource = metadata or NoPodMetadata()
+        start = getattr(self._metadata, "start", None)
+        if callable(start):
+            start()  # idempotent: the source is shared with the nccl collector
 
     def _gpu_indexes(self) -> dict[str, str]:
         if self._nvml is None:
@@ -46,33 +54,50 @@ class PodResourcesCollector:
             raise CollectorUnavailable(str(exc)) from exc
         except PodResourcesError as exc:
             raise PartialCollection(str(exc)) from exc
-        yield self.family(assignments, self._gpu_indexes())
+        yield self.family(assignments, self._gpu_indexes(), self._metadata)
 
     @staticmethod
-    def family(assignments: Iterable[GpuAssignment], gpu_indexes: dict[str, str]) -> Metric:
+    def family(
+        assignments: Iterable[GpuAssignment], gpu_indexes: dict[str, str], metadata: PodMetadataSource | None = None
+    ) -> Metric:
         info = GaugeMetricFamily(
             "ccl_gpu_pod_info",
             "A GPU assigned to a container by the kubelet (pod-resources API); always 1. uuid is "
             "the device id (GPU or MIG UUID), gpu its NVML index (\"\" when unknown), resource "
-            "the extended resource name (nvidia.com/gpu, nvidia.com/mig-...).",
-            labels=["gpu", "uuid", "namespace", "pod", "container", "resource"],
+            "the extended resource name (nvidia.com/gpu, nvidia.com/mig-...), job_name/job_kind "
+            "the training job from the pod's labels (\"\" without Kubernetes API access).",
+            labels=["gpu", "uuid", "namespace", "pod", "container", "resource", "job_name", "job_kind"],
         )
+        source = metadata or NoPodMetadata()
         for a in assignments:
-            info.add_metric([gpu_indexes.get(a.device_id, ""), a.device_id, a.namespace, a.pod, a.container, a.resource], 1.0)
+            meta = source.lookup(a.namespace, a.pod)
+            info.add_metric(
+                [gpu_indexes.get(a.device_id, ""), a.device_id, a.namespace, a.pod, a.container, a.resource,
+                 meta.job_name if meta else "", meta.job_kind if meta else ""],
+                1.0,
+            )
         return info
 
     def close(self) -> None:
+        close_metadata = getattr(self._metadata, "close", None)
+        if callable(close_metadata):
+            close_metadata()
         self._client.close()
         if self._nvml is not None:
             self._nvml.close()
+
+
+def build_collector(config: ServeConfig) -> PodResourcesCollector:
+    return PodResourcesCollector(
+        PodResourcesClient(config.pod_resources),
+        nvml_backend(config.extra) if "nvml" in config.enabled_collectors else None,
+        shared_pod_metadata(config.node_name, config.extra),
+    )
 
 
 SPEC = CollectorSpec(
     name="podresources",
     help="GPU to pod attribution (ccl_gpu_pod_info) from the kubelet pod-resources socket",
     default_enabled=True,
-    factory=lambda config: PodResourcesCollector(
-        PodResourcesClient(config.pod_resources),
-        nvml_backend(config.extra) if "nvml" in config.enabled_collectors else None,
-    ),
+    factory=build_collector,
 )

@@ -88,7 +88,7 @@ class RdmaCollector:
             labels=PORT_LABELS + ["counter"],
         )
         hw = CounterMetricFamily(
-            "ccl_rdma_port_hw_counter_total",
+            "ccl_rdma_port_hw_counters_total",
             "Driver hw_counters/ files (RoCE np_cnp_sent, rp_cnp_handled, out_of_sequence, "
             "local_ack_timeout_err, out_of_buffer, ...); counter = file name.",
             labels=PORT_LABELS + ["counter"],

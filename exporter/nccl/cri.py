@@ -22,9 +22,28 @@ class CriJoiner:
 
     def __init__(self, max_chars: int = 65536) -> None:
         self.max_chars = max_chars
-        self.truncated = 0
+        self.truncated = 0  # lines cut at max_chars
         self._partial: dict[str, list[str]] = {}
         self._partial_len: dict[str, int] = {}
+        self._cut: set[str] = set()
+
+    def _append(self, stream: str, msg: str) -> None:
+        parts = self._partial.setdefault(stream, [])
+        used = self._partial_len.get(stream, 0)
+        room = self.max_chars - used
+        if len(msg) > room:
+            self._cut.add(stream)
+            msg = msg[:max(room, 0)]
+        parts.append(msg)
+        self._partial_len[stream] = used + len(msg)
+
+    def _take(self, stream: str) -> str:
+        line = "".join(self._partial.pop(stream, ()))
+        self._partial_len.pop(stream, None)
+        if stream in self._cut:
+            self._cut.discard(stream)
+            self.truncated += 1
+        return line
 
     def feed(self, line: str) -> str | None:
         line = line.rstrip("\r\n")
@@ -32,28 +51,11 @@ class CriJoiner:
         if m is None:
             return line
         stream, msg = m.group("stream"), m.group("msg")
-        parts = self._partial.get(stream)
+        self._append(stream, msg)
         if m.group("tag") == "P":
-            if parts is None:
-                parts = self._partial[stream] = []
-                self._partial_len[stream] = 0
-            room = self.max_chars - self._partial_len[stream]
-            if room > 0:
-                parts.append(msg[:room])
-                self._partial_len[stream] += min(len(msg), room)
-                if len(msg) > room:
-                    self.truncated += 1
             return None
-        if parts is None:
-            return msg
-        del self._partial[stream]
-        del self._partial_len[stream]
-        parts.append(msg)
-        return "".join(parts)
+        return self._take(stream)
 
     def flush(self) -> list[str]:
         """Partials still open at the end of the input, as lines."""
-        lines = ["".join(parts) for parts in self._partial.values()]
-        self._partial.clear()
-        self._partial_len.clear()
-        return lines
+        return [self._take(stream) for stream in list(self._partial)]

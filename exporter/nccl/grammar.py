@@ -14,14 +14,13 @@ Format strings are those of NVIDIA NCCL 2.3 to 2.30 (``src/debug.cc``, ``src/ini
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 # ---------------------------------------------------------------------------------------------
 # Records: prefix + level + message
 
 
-@dataclass(frozen=True)
-class Prefix:
+class Prefix(NamedTuple):
     """``hostname:pid:tid [cudaDev]`` of an NCCL record (cudaDev is not the rank)."""
 
     host: str
@@ -31,8 +30,7 @@ class Prefix:
     location: str | None  # ``file:line`` of a WARN/TRACE call site
 
 
-@dataclass(frozen=True)
-class Record:
+class Record(NamedTuple):
     prefix: Prefix | None  # None: a bare message body (prefix stripped by whoever shipped the log)
     level: str | None  # "INFO", "WARN", "TRACE"; None for bare bodies and the bare version line
     message: str
@@ -41,7 +39,7 @@ class Record:
 _LEVEL_RE = re.compile(r"NCCL (INFO|WARN|TRACE)(?: |$)")
 # Matched against the text just before a level marker; anchored at its end.
 _PREFIX_RE = re.compile(
-    r"(?P<host>[^\s:|\[\]]+):(?P<pid>\d{1,10}):(?P<tid>\d{1,10}) \[(?P<dev>-?\d{1,6})\] "
+    r"(?P<host>[^\s:|/\[\]]+):(?P<pid>\d{1,10}):(?P<tid>\d{1,10}) \[(?P<dev>-?\d{1,6})\] "
     r"(?:\[Rank \d+\] )?(?:\d+\.\d+ )?(?:(?P<loc>\S+:\d+)(?: \([^)]{0,200}\))? )?$"
 )
 _ISO_TIME_RE = re.compile(
@@ -56,7 +54,7 @@ _WRAPPER_RE = re.compile(
     r"|[A-Za-z0-9][\w.-]{0,253}: (?=\S)"
 )
 _PREFIX_WINDOW = 512
-_TRAILER_RE = re.compile(r"[\s|]+$")
+_TRAILER = " \t\r\n|"
 
 
 def strip_wrappers(text: str) -> str:
@@ -80,35 +78,41 @@ def _match_prefix(window: str) -> re.Match[str] | None:
     return m
 
 
+def _prefix_before(line: str, start: int, floor: int) -> tuple[Prefix | None, int]:
+    """The prefix ending at ``start`` (searched no further back than ``floor`` or the window)."""
+    window_start = max(floor, start - _PREFIX_WINDOW)
+    m = _match_prefix(line[window_start:start])
+    if m is None:
+        return None, start
+    host, pid, tid, dev, loc = m.group("host", "pid", "tid", "dev", "loc")
+    begin = window_start + m.start()
+    if host[0] == "N" and line[max(0, begin - 2):begin] == "] ":
+        # Two writers interleaved inside "NCCL INFO": "…[1] NCCg183:161260:…" is host g183.
+        cut = next((n for n in (4, 3, 2, 1) if host.startswith("NCCL"[:n])), 0)
+        if 0 < cut < len(host):
+            host = host[cut:]
+    return Prefix(host, int(pid), int(tid), int(dev), loc), begin
+
+
 def split_records(line: str) -> list[Record]:
     """Every NCCL record on one physical line (already cut to the caller's length cap)."""
-    markers = list(_LEVEL_RE.finditer(line))
-    if not markers:
-        body = _TRAILER_RE.sub("", strip_wrappers(line))
+    first = _LEVEL_RE.search(line)
+    if first is None:
+        body = strip_wrappers(line).rstrip(_TRAILER)
         return [Record(None, None, body)] if body else []
+    if _LEVEL_RE.search(line, first.end()) is None:  # the common case: one record
+        prefix, _ = _prefix_before(line, first.start(), 0)
+        return [Record(prefix, first.group(1), line[first.end():].rstrip(_TRAILER))]
     found: list[tuple[int, int, Prefix | None, str]] = []  # (record start, message start, prefix, level)
     previous_end = 0
-    for marker in markers:
-        window_start = max(previous_end, marker.start() - _PREFIX_WINDOW)
-        m = _match_prefix(line[window_start:marker.start()])
-        prefix = None
-        start = marker.start()
-        if m is not None:
-            prefix = Prefix(
-                host=m.group("host"),
-                pid=int(m.group("pid")),
-                tid=int(m.group("tid")),
-                cuda_dev=int(m.group("dev")),
-                location=m.group("loc"),
-            )
-            start = window_start + m.start()
+    for marker in _LEVEL_RE.finditer(line):
+        prefix, start = _prefix_before(line, marker.start(), previous_end)
         found.append((start, marker.end(), prefix, marker.group(1)))
         previous_end = marker.end()
     records = []
     for i, (_, msg_start, prefix, level) in enumerate(found):
         msg_end = found[i + 1][0] if i + 1 < len(found) else len(line)
-        message = _TRAILER_RE.sub("", line[msg_start:msg_end])
-        records.append(Record(prefix, level, message))
+        records.append(Record(prefix, level, line[msg_start:msg_end].rstrip(_TRAILER)))
     return records
 
 
@@ -116,49 +120,41 @@ def split_records(line: str) -> list[Record]:
 # Events
 
 
-@dataclass(frozen=True)
-class VersionEvent:
+class VersionEvent(NamedTuple):
     version: str  # "2.18.3" (+ suffix such as "a0" kept)
 
 
-@dataclass(frozen=True)
-class NetworkEvent:
+class NetworkEvent(NamedTuple):
     name: str  # as NCCL printed it: "IB", "Socket", "IBext_v8", "AWS Libfabric", ...
 
 
-@dataclass(frozen=True)
-class IbDevice:
+class IbDevice(NamedTuple):
     index: int
     device: str
     port: int
     link: str  # "IB", "RoCE", "IB/SHARP", ...
 
 
-@dataclass(frozen=True)
-class IbDevicesEvent:
+class IbDevicesEvent(NamedTuple):
     devices: tuple[IbDevice, ...]
     oob_interface: str | None
     oob_address: str | None
 
 
-@dataclass(frozen=True)
-class IbNoDeviceEvent:
-    pass
+class IbNoDeviceEvent(NamedTuple):
+    """``NET/IB : No device found.``"""
 
 
-@dataclass(frozen=True)
-class SocketDevicesEvent:
+class SocketDevicesEvent(NamedTuple):
     interfaces: tuple[tuple[str, str], ...]  # (ifname, address)
 
 
-@dataclass(frozen=True)
-class BootstrapEvent:
+class BootstrapEvent(NamedTuple):
     interface: str
     address: str
 
 
-@dataclass(frozen=True)
-class ConnectionEvent:
+class ConnectionEvent(NamedTuple):
     """A ``Ring/Channel … via …`` (or ``CollNet … via COLLNET``) line.
 
     ``kind``: net, p2p, shm or collnet. For NET, ``[send]`` is logged by ``src`` and
@@ -186,17 +182,16 @@ class ConnectionEvent:
         return self.dst if self.direction == "receive" else self.src
 
 
-@dataclass(frozen=True)
-class CommInitEvent:
+class CommInitEvent(NamedTuple):
     pointer: str
     rank: int
     nranks: int
     comm_id: str | None  # "0x…" (2.16.2+)
     phase: str | None  # "START", "COMPLETE" or None (2.3's bare "comm %p rank %d nranks %d")
+    gpu_id: str | None = None  # the GPU as channel lines of the same version name it (see below)
 
 
-@dataclass(frozen=True)
-class CommNodesEvent:
+class CommNodesEvent(NamedTuple):
     pointer: str
     rank: int
     nranks: int
@@ -206,29 +201,34 @@ class CommNodesEvent:
     mnnvl: bool
 
 
-@dataclass(frozen=True)
-class ChannelSummaryEvent:
+class ChannelSummaryEvent(NamedTuple):
     coll_channels: int
     collnet_channels: int
     nvls_channels: int
 
 
-@dataclass(frozen=True)
-class GdrEvent:
+class GdrEvent(NamedTuple):
     enabled: bool
     network: str | None  # "NET/<net> : GPU Direct RDMA …" names the net; paths.cc lines do not
     subject: str
 
 
-@dataclass(frozen=True)
-class EnvEvent:
+class EnvEvent(NamedTuple):
     variable: str
     value: str
 
 
+class TestRankEvent(NamedTuple):
+    """nccl-tests' device table: ``#  Rank  8 Group  0 Pid  4567 on node-2 device  0 [0x1b] …``."""
+
+    rank: int
+    pid: int
+    host: str  # cut at the first "." like NCCL's own prefix
+
+
 Event = (
     VersionEvent | NetworkEvent | IbDevicesEvent | IbNoDeviceEvent | SocketDevicesEvent | BootstrapEvent
-    | ConnectionEvent | CommInitEvent | CommNodesEvent | ChannelSummaryEvent | GdrEvent | EnvEvent
+    | ConnectionEvent | CommInitEvent | CommNodesEvent | ChannelSummaryEvent | GdrEvent | EnvEvent | TestRankEvent
 )
 
 VERSION_RE = re.compile(r"NCCL version (?P<v>\d{1,3}\.\d{1,3}\.\d{1,4})(?P<suffix>[^\s+]{0,16})")
@@ -253,6 +253,8 @@ _COMM_RE = re.compile(
     r"(?:\[Rank \d+\] )?(?:nccl\w+ )?comm (?P<ptr>\S+) rank (?P<rank>\d{1,7}) nranks (?P<nranks>\d{1,7})(?P<rest>.*)$"
 )
 _COMM_ID_RE = re.compile(r"commId (?P<id>0x[0-9a-fA-F]{1,16})")
+_NVML_RE = re.compile(r"nvmlDev (\d{1,4})")
+_BUSID_RE = re.compile(r"busId ([0-9a-fA-F]{1,16})")
 _PHASE_RE = re.compile(r"- (?P<what>Init|Destroy|Abort) (?P<phase>START|COMPLETE)")
 _NNODES_RE = re.compile(
     r"comm (?P<ptr>\S+) rank (?P<rank>\d{1,7}) nRanks (?P<nranks>\d{1,7}) nNodes (?P<nnodes>\d{1,7})"
@@ -263,6 +265,9 @@ _CHANNELS_RE = re.compile(
     r"(?:(?P<nvls>\d{1,5}) nvls channels, )?\d{1,5} p2p channels"
 )
 _GDR_RE = re.compile(r"(?:NET/(?P<net>[^:]+?) ?: )?GPU Direct RDMA (?P<state>Enabled|Disabled) for (?P<subject>.*)$")
+_TEST_RANK_RE = re.compile(
+    r"#\s*Rank\s+(?P<rank>\d{1,7})\s+Group\s+\d+\s+Pid\s+(?P<pid>\d{1,10})\s+on\s+(?P<host>\S+)\s+device\s+\d+"
+)
 _ENV_RE = re.compile(r"(?P<var>NCCL_[A-Z0-9_]{1,64}) set by environment to (?P<val>.*?)\.?$")
 
 
@@ -322,10 +327,15 @@ def parse_message(message: str) -> Event | None:
             if phase is not None and phase.group("what") != "Init":
                 return None  # Destroy / Abort COMPLETE
             cid = _COMM_ID_RE.search(rest)
+            nvml, bus = _NVML_RE.search(rest), _BUSID_RE.search(rest)
+            # Channel lines name GPUs by NVML index from 2.18.3 (whose init lines print nvmlDev and
+            # busId) and by busId in 2.5-2.18.1 (busId only); 2.4 (nvmlDev only) names none.
+            gpu_id = nvml.group(1) if (nvml and bus) else (bus.group(1).lower() if bus else None)
             return CommInitEvent(
                 pointer=m.group("ptr"), rank=int(m.group("rank")), nranks=int(m.group("nranks")),
                 comm_id=cid.group("id").lower() if cid else None,
                 phase=phase.group("phase") if phase else None,
+                gpu_id=gpu_id,
             )
         n = _NNODES_RE.search(message)
         if n is not None:
@@ -370,6 +380,11 @@ def parse_message(message: str) -> Event | None:
         m = _GDR_RE.search(message)
         if m is not None:
             return GdrEvent(m.group("state") == "Enabled", m.group("net"), m.group("subject"))
+        return None
+    if message.startswith("#") and " Pid " in message:
+        m = _TEST_RANK_RE.match(message)
+        if m is not None:
+            return TestRankEvent(int(m.group("rank")), int(m.group("pid")), m.group("host").split(".", 1)[0])
         return None
     if " coll channels, " in message:
         m = _CHANNELS_RE.search(message)

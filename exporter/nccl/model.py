@@ -39,13 +39,15 @@ class Limits:
 class Process:
     """One NCCL process, identified by ``(hostname, pid)`` from the line prefix."""
 
-    __slots__ = ("key", "host", "address", "network", "network_line", "ib_devices", "ib_failed",
-                 "socket_seen", "threads", "saw_start", "pointers", "env", "version", "gdr_hca")
+    __slots__ = ("key", "host", "address", "oob_address", "network", "network_line", "ib_devices", "ib_failed",
+                 "socket_seen", "threads", "saw_start", "pointers", "env", "version", "gdr_hca",
+                 "ib_datapath_line")
 
     def __init__(self, key: tuple[str, int] | None) -> None:
         self.key = key
         self.host = key[0] if key else None
-        self.address: str | None = None  # bootstrap / OOB address: tells apart nodes sharing a hostname
+        self.address: str | None = None  # bootstrap address: tells apart nodes sharing a hostname
+        self.oob_address: str | None = None  # NET/IB's OOB address, used where no bootstrap line shows
         self.network: str | None = None  # last "Using network"
         self.network_line: str | None = None
         self.ib_devices: tuple[g.IbDevice, ...] | None = None
@@ -57,6 +59,7 @@ class Process:
         self.env: dict[str, str] = {}
         self.version: str | None = None
         self.gdr_hca: dict[bool, str] = {}  # GDR enabled/disabled per HCA on an RDMA net -> cited line
+        self.ib_datapath_line: str | None = None  # a NET/IB completion/async WARN: IB carries traffic
 
     def label(self) -> str:
         return f"{self.key[0]}:{self.key[1]}" if self.key else "(no prefix)"
@@ -75,24 +78,27 @@ class Process:
         ib_disabled = self.env.get("NCCL_IB_DISABLE", "0").strip() not in ("0", "")
         if self.socket_seen and (self.ib_failed or ib_disabled):
             return "Socket", self.socket_seen
+        if self.ib_datapath_line:
+            return "IB", self.ib_datapath_line
         return None, None
 
 
 class Thread:
     """What one logging thread is initialising: connection lines carry no communicator."""
 
-    __slots__ = ("context", "pending", "pending_network")
+    __slots__ = ("context", "pending", "pending_network", "inits")
 
     def __init__(self) -> None:
         self.context: str | None = None  # communicator whose init (or runtime connect) this thread logs
         self.pending: list[tuple] = []  # connection keys logged before their communicator is known
         self.pending_network: str | None = None  # "Using network" not yet tied to a communicator
+        self.inits = 0  # init lines seen: tells apart identical lines of successive inits
         # (2.19+ prints it just before Init START; 2.13–2.18.1 before Init COMPLETE)
 
 
 class Communicator:
     __slots__ = ("key", "comm_id", "nranks", "nnodes", "nnodes_line", "mnnvl", "network", "network_line",
-                 "rank_process", "nvls_channels", "connections", "order")
+                 "rank_process", "rank_gpu", "nvls_channels", "connections", "order", "mixed")
 
     def __init__(self, key: str, comm_id: str | None, order: int) -> None:
         self.key = key
@@ -104,9 +110,13 @@ class Communicator:
         self.network: str | None = None  # from "Using network" in this communicator's init
         self.network_line: str | None = None
         self.rank_process: dict[int, Process] = {}
+        self.rank_gpu: dict[int, str] = {}  # from init lines, in the channel lines' GPU naming
         self.nvls_channels: dict[int, int] = {}  # rank -> NVLS channels
         self.connections: set[tuple] = set()
         self.order = order
+        # Several communicators under one key (before commIds, same-size communicators share
+        # "nranks:N"): rank numbers then name different GPUs, so ranks are not placed on nodes.
+        self.mixed = False
 
 
 class Connection:
@@ -143,6 +153,7 @@ class LogAnalyzer:
         self.communicators: dict[str, Communicator] = {}
         self.connections: dict[tuple, Connection] = {}
         self.versions: Counter[str] = Counter()
+        self.test_ranks: dict[int, tuple[str, int]] = {}  # nccl-tests device table: rank -> (host, pid)
         self.warnings: list[NcclWarning] = []
         self.retired = Retired()
         self.lines = 0
@@ -169,7 +180,8 @@ class LogAnalyzer:
         if len(line) > limit:
             self._count("long_lines")
             line = line[:limit]
-        if "NCCL" not in line and " via " not in line and "Using" not in line and "comm " not in line:
+        if ("NCCL" not in line and " via " not in line and "Using" not in line and "comm " not in line
+                and " Pid " not in line):
             return
         records = g.split_records(line.rstrip("\r\n"))
         if len(records) > self.limits.max_records_per_line:
@@ -181,6 +193,12 @@ class LogAnalyzer:
     def _process(self, prefix: g.Prefix | None) -> Process:
         key = (prefix.host, prefix.pid) if prefix else None
         process = self.processes.get(key)
+        if process is None and prefix is not None:
+            # A record glued to the end of another ("...via NET/Socn1:11:11 [0] NCCL INFO ...")
+            # carries the other's tail in its hostname: match a known process by pid and suffix.
+            for known in self.processes.values():
+                if known.key and known.key[1] == prefix.pid and prefix.host.endswith(known.key[0]):
+                    return known
         if process is None:
             if len(self.processes) >= self.limits.max_processes:
                 oldest = next(iter(self.processes))
@@ -193,13 +211,18 @@ class LogAnalyzer:
         text = record.message
         if record.prefix is not None:
             p = record.prefix
-            text = f"{p.host}:{p.pid}:{p.tid} [{p.cuda_dev}] NCCL {record.level} {text}"
+            location = f"{p.location} " if p.location else ""
+            text = f"{p.host}:{p.pid}:{p.tid} [{p.cuda_dev}] {location}NCCL {record.level} {text}"
         cap = self.limits.max_cited_chars
         return text if len(text) <= cap else text[: cap - 3] + "..."
 
     def _record(self, record: g.Record) -> None:
         category = g.warning_category(record)
         if category is not None:
+            if category in ("ib_completion_error", "ib_async_event") and record.message.startswith("NET/IB"):
+                # The IB transport is carrying traffic (it reports completions from a peer).
+                process = self._process(record.prefix)
+                process.ib_datapath_line = process.ib_datapath_line or self._cite(record)
             self.warnings_by_category[category] = self.warnings_by_category.get(category, 0) + 1
             if len(self.warnings) < self.limits.max_warnings:
                 self.warnings.append(NcclWarning(category, self._cite(record)))
@@ -214,6 +237,12 @@ class LogAnalyzer:
         if record.prefix is None and isinstance(event, (g.EnvEvent, g.GdrEvent, g.BootstrapEvent)):
             return  # a bare body of these says nothing about whose it is
         self._cached = None
+        if isinstance(event, g.TestRankEvent):
+            if event.rank in self.test_ranks or len(self.test_ranks) < self.limits.max_ranks:
+                self.test_ranks[event.rank] = (event.host, event.pid)
+            else:
+                self._count("ranks")
+            return
         process = self._process(record.prefix)
         thread = self._thread(process, record.prefix.tid if record.prefix else 0)
         handler = getattr(self, "_on_" + type(event).__name__)
@@ -249,7 +278,7 @@ class LogAnalyzer:
     def _on_IbDevicesEvent(self, process: Process, thread: Thread, event: g.IbDevicesEvent, record: g.Record) -> None:
         process.ib_devices = event.devices or process.ib_devices or ()
         if event.oob_address and not event.oob_address.startswith("127."):
-            process.address = process.address or event.oob_address
+            process.oob_address = event.oob_address
 
     def _on_IbNoDeviceEvent(self, process: Process, thread: Thread, event: g.IbNoDeviceEvent, record: g.Record) -> None:
         process.ib_failed = True
@@ -282,7 +311,9 @@ class LogAnalyzer:
 
     def _evict_oldest_communicator(self) -> None:
         oldest_key = next(iter(self.communicators))
-        for summary, reasons in summarize_communicators(self, only=oldest_key):
+        oldest = self.communicators[oldest_key]
+        decisive = oldest.connections or oldest.nnodes is not None or oldest.network is not None
+        for summary, reasons in summarize_communicators(self, only=oldest_key) if decisive else ():
             if summary.inter_node_tcp is True:
                 self.retired.inter_node_tcp = True
                 if len(self.retired.reasons) < 4:
@@ -300,7 +331,10 @@ class LogAnalyzer:
         self._count("communicators")
 
     def _add_rank(self, comm: Communicator, rank: int, process: Process) -> None:
-        if rank in comm.rank_process or len(comm.rank_process) < self.limits.max_ranks:
+        known = comm.rank_process.get(rank)
+        if known is not None and known.key != process.key:
+            comm.mixed = True  # one rank, two processes: several communicators share this key
+        if known is not None or len(comm.rank_process) < self.limits.max_ranks:
             comm.rank_process[rank] = process
         else:
             self._count("ranks")
@@ -308,9 +342,16 @@ class LogAnalyzer:
     def _on_CommInitEvent(self, process: Process, thread: Thread, event: g.CommInitEvent, record: g.Record) -> None:
         key = event.comm_id or f"nranks:{event.nranks}"
         comm = self._communicator(key, event.comm_id)
+        placeholder = process.pointers.get(event.pointer)
+        if (event.comm_id and placeholder and placeholder != key and placeholder.startswith("nranks:")
+                and placeholder in self.communicators):
+            self._merge(self.communicators[placeholder], comm)
         comm.nranks = event.nranks
         if record.prefix is not None:
             self._add_rank(comm, event.rank, process)
+        if event.gpu_id is not None and (event.rank in comm.rank_gpu or len(comm.rank_gpu) < self.limits.max_ranks):
+            if comm.rank_gpu.setdefault(event.rank, event.gpu_id) != event.gpu_id:
+                comm.mixed = True
         if event.pointer in process.pointers or len(process.pointers) < self.limits.max_pointers:
             process.pointers[event.pointer] = key
         if thread.pending_network and comm.network is None:
@@ -323,9 +364,39 @@ class LogAnalyzer:
             return
         # COMPLETE (or 2.3's bare line): connections logged since the last init belong here.
         self._release_pending(thread, key)
+        thread.inits += 1
         # With START lines (2.18.3+), connections printed after COMPLETE are runtime connects
         # (2.22+) of this communicator; without them, the next lines belong to a new init.
         thread.context = key if (process.saw_start or event.phase is None) else None
+
+    def _merge(self, old: Communicator, new: Communicator) -> None:
+        """Fold a communicator known only by size (an ``nNodes`` line seen before the line naming its
+        commId) into the one with the commId."""
+        if new.nnodes is None or (old.nnodes or 0) > new.nnodes:
+            new.nnodes, new.nnodes_line = old.nnodes, old.nnodes_line
+        new.mnnvl |= old.mnnvl
+        new.mixed |= old.mixed
+        new.network, new.network_line = new.network or old.network, new.network_line or old.network_line
+        for rank, process in old.rank_process.items():
+            if len(new.rank_process) < self.limits.max_ranks:
+                new.rank_process.setdefault(rank, process)
+        for rank, channels in old.nvls_channels.items():
+            new.nvls_channels.setdefault(rank, channels)
+        for rank, gpu in old.rank_gpu.items():
+            new.rank_gpu.setdefault(rank, gpu)
+        for conn_key in old.connections:
+            connection = self.connections.get(conn_key)
+            if connection is not None:
+                connection.comm = new.key
+                new.connections.add(conn_key)
+        del self.communicators[old.key]
+        for process in self.processes.values():
+            for pointer, key in process.pointers.items():
+                if key == old.key:
+                    process.pointers[pointer] = new.key
+            for thread in process.threads.values():
+                if thread.context == old.key:
+                    thread.context = new.key
 
     def _release_pending(self, thread: Thread, key: str) -> None:
         if not thread.pending:
@@ -365,8 +436,8 @@ class LogAnalyzer:
     def _on_ConnectionEvent(self, process: Process, thread: Thread, event: g.ConnectionEvent,
                             record: g.Record) -> None:
         context = thread.context if thread.context in self.communicators else None
-        key = (process.key, context, event.kind, event.channel, event.conn_index, event.src, event.dst,
-               event.direction, event.via)
+        key = (process.key, context or thread.inits, event.kind, event.channel, event.conn_index, event.src,
+               event.dst, event.src_id, event.dst_id, event.direction, event.via)
         if key in self.connections:
             return
         if len(self.connections) >= self.limits.max_connections:

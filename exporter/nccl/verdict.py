@@ -17,10 +17,11 @@ are ignored. Whatever cannot be decided stays ``unknown``/None.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from exporter.nccl.grammar import ConnectionEvent
 from exporter.nccl.networks import RDMA, TCP, network_class, transport_of_network
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -181,26 +182,58 @@ class _CommFacts:
     multi_node: bool | None = None
 
 
+def _addresses(processes: list[Process]) -> dict[int, str | None]:
+    """id(process) -> the address that identifies its node: the bootstrap address, or NET/IB's OOB
+    address on hosts where no process printed a bootstrap line (never a mix of both)."""
+    with_bootstrap = {p.host for p in processes if p.address}
+    return {id(p): (p.address if p.host in with_bootstrap else p.oob_address) for p in processes}
+
+
 def node_keys(processes: Iterable[Process]) -> dict[int, object]:
     """id(process) -> node key. A hostname seen with several addresses is several nodes."""
     processes = list(processes)
+    # Interleaved writers glue the tail of one record to the next one's hostname
+    # ("[1] NCCg183:161260:..."): a host that ends with the host of another process with the
+    # same pid is that process's host.
+    by_pid: dict[int, set[str]] = {}
+    for p in processes:
+        if p.key is not None:
+            by_pid.setdefault(p.key[1], set()).add(p.key[0])
+    canonical: dict[int, str] = {}
+    for p in processes:
+        if p.key is not None and len(by_pid[p.key[1]]) > 1:
+            shorter = [h for h in by_pid[p.key[1]] if h != p.key[0] and p.key[0].endswith(h)]
+            if shorter:
+                canonical[id(p)] = min(shorter, key=len)
+    address = _addresses(processes)
     addresses: dict[str, set[str]] = {}
     for p in processes:
-        if p.host is not None and p.address:
-            addresses.setdefault(p.host, set()).add(p.address)
+        if p.host is not None and address[id(p)]:
+            addresses.setdefault(p.host, set()).add(address[id(p)])  # type: ignore[arg-type]
     keys: dict[int, object] = {}
     for p in processes:
         if p.host is None:
             continue
-        if p.address:
-            keys[id(p)] = (p.host, p.address)
+        host = canonical.get(id(p), p.host)
+        if address[id(p)]:
+            keys[id(p)] = (host, address[id(p)])
             continue
-        known = addresses.get(p.host, set())
+        known = addresses.get(host, set())
         if len(known) == 1:
-            keys[id(p)] = (p.host, next(iter(known)))
+            keys[id(p)] = (host, next(iter(known)))
         elif not known:
-            keys[id(p)] = (p.host, "")
+            keys[id(p)] = (host, "")
     return keys
+
+
+def host_node_key(host: str, processes: Iterable[Process]) -> object | None:
+    """The node key ``node_keys`` gives processes of ``host``; None when that host name is ambiguous."""
+    processes = list(processes)
+    address = _addresses(processes)
+    addresses = {address[id(p)] for p in processes if p.host == host and address[id(p)]}
+    if len(addresses) > 1:
+        return None
+    return (host, next(iter(addresses))) if addresses else (host, "")
 
 
 def _comm_network(comm: Communicator | None, conns: list[Connection], processes: list[Process]) -> tuple[str | None, str | None]:
@@ -210,26 +243,37 @@ def _comm_network(comm: Communicator | None, conns: list[Connection], processes:
         name = tcp[0] if tcp else names.most_common(1)[0][0]
         cited = next(c.cited for c in conns if c.event.kind == "net" and c.event.network == name)
         return name, cited
+    selected = [(n, line) for n, line in (p.selected_network() for p in processes) if n]
     if comm is not None and comm.network:
-        return comm.network, comm.network_line
-    selected = [p.selected_network() for p in processes]
-    selected = [(n, line) for n, line in selected if n]
+        selected.insert(0, (comm.network, comm.network_line))
     if not selected:
         return None, None
+    # Ranks that disagree (one node on IB, another on Socket) are judged by the TCP one.
     tcp = [(n, line) for n, line in selected if network_class(n) == TCP]
-    return tcp[0] if tcp else Counter(selected).most_common(1)[0][0]
+    return tcp[0] if tcp else selected[0]
 
 
 def _analyze(analyzer: LogAnalyzer, key: str, comm: Communicator | None, conns: list[Connection],
              nodes_of: dict[int, object], version: str | None) -> _CommFacts:
     rank_process: dict[int, Process] = dict(comm.rank_process) if comm is not None else {}
+    mixed = comm.mixed if comm is not None else False
     for c in conns:
         if c.process.key is not None and c.event.kind != "collnet":
-            rank_process.setdefault(c.event.logging_rank, c.process)
+            known = rank_process.setdefault(c.event.logging_rank, c.process)
+            mixed |= known.key != c.process.key
+    if mixed:
+        return _analyze_mixed(analyzer, key, comm, conns, rank_process, nodes_of, version)
     host_links = [(r, nodes_of[id(p)]) for r, p in rank_process.items() if id(p) in nodes_of]
+    table = analyzer.test_ranks
+    if table and (key == UNATTRIBUTED or (comm is not None and comm.nranks == len(table))):
+        all_processes = _all_processes(analyzer)
+        for rank, (host, _) in table.items():
+            node = host_node_key(host, all_processes)
+            if node is not None:
+                host_links.append((rank, node))
     same_links = [(c.event.src, c.event.dst) for c in conns
                   if (c.event.kind == "shm" or (c.event.kind == "p2p" and not c.event.mnnvl))]
-    rank_ids: dict[int, str] = {}
+    rank_ids: dict[int, str] = dict(comm.rank_gpu) if comm is not None else {}
     ids_usable = True
     for c in conns:
         e = c.event
@@ -277,6 +321,16 @@ def _analyze(analyzer: LogAnalyzer, key: str, comm: Communicator | None, conns: 
             return INTER
         return INTRA if single else UNKNOWN
 
+    processes = list({id(p): p for p in list(rank_process.values()) + [c.process for c in conns]}.values())
+    return _summarize(analyzer, key, comm, conns, processes, lambda e: scope(e.src, e.dst), multi, single,
+                      exact_nodes, "ranks logged from different nodes", version)
+
+
+def _summarize(analyzer: LogAnalyzer, key: str, comm: Communicator | None, conns: list[Connection],
+               processes: list[Process], scope: Callable[[ConnectionEvent], str], multi: bool | None,
+               single: bool, exact_nodes: int | None, multi_why: str | None, version: str | None) -> _CommFacts:
+    """Count transports by scope and decide one communicator's network, GDR and inter-node TCP."""
+    nranks = comm.nranks if comm is not None else None
     transports: Counter[tuple[str, str, str]] = Counter()
     reasons: list[str] = []
     tcp_inter: Connection | None = None
@@ -284,7 +338,7 @@ def _analyze(analyzer: LogAnalyzer, key: str, comm: Communicator | None, conns: 
     for c in conns:
         e = c.event
         if e.kind == "net":
-            s = scope(e.src, e.dst)
+            s = scope(e)
             transports[(transport_of_network(e.network or ""), s, "1" if e.gdr else "0")] += 1
             cls = network_class(e.network)
             if cls == TCP and s == INTER and tcp_inter is None:
@@ -303,7 +357,6 @@ def _analyze(analyzer: LogAnalyzer, key: str, comm: Communicator | None, conns: 
     if tcp_inter is not None:
         multi = True
 
-    processes = list({id(p): p for p in list(rank_process.values()) + [c.process for c in conns]}.values())
     network, network_line = _comm_network(comm, conns, processes)
     cls = network_class(network)
     label = key if key != UNATTRIBUTED else "(communicator not named in the log)"
@@ -316,18 +369,18 @@ def _analyze(analyzer: LogAnalyzer, key: str, comm: Communicator | None, conns: 
     elif multi and cls == TCP and not (comm is not None and comm.mnnvl):
         inter_node_tcp = True
         evidence = comm.nnodes_line if comm is not None and comm.nnodes_line else None
-        why = f"\"{evidence}\"" if evidence else "ranks logged from different nodes"
+        why = f"\"{evidence}\"" if evidence else (multi_why or "several nodes")
         reasons.append(f"communicator {label} spans {exact_nodes or 'several'} nodes ({why}) and uses "
                        f"TCP-class network {network}" + (f": \"{network_line}\"" if network_line else ""))
-    elif cls == RDMA:
-        inter_node_tcp = False
-        reasons.append(f"communicator {label} uses RDMA network {network}"
-                       + (f": \"{network_line}\"" if network_line else ""))
     elif single:
         inter_node_tcp = False
         reasons.append(f"communicator {label} is on a single node"
                        + (f": \"{comm.nnodes_line}\"" if comm is not None and comm.nnodes_line else
                           " (every rank logged from one node)"))
+    elif cls == RDMA:
+        inter_node_tcp = False
+        reasons.append(f"communicator {label} uses RDMA network {network}"
+                       + (f": \"{network_line}\"" if network_line else ""))
     else:
         inter_node_tcp = None
         if network is not None and cls is None:
@@ -360,6 +413,28 @@ def _analyze(analyzer: LogAnalyzer, key: str, comm: Communicator | None, conns: 
     return _CommFacts(summary, reasons, multi)
 
 
+
+def _analyze_mixed(analyzer: LogAnalyzer, key: str, comm: Communicator | None, conns: list[Connection],
+                   rank_process: dict[int, Process], nodes_of: dict[int, object], version: str | None) -> _CommFacts:
+    """Connection lines of several communicators under one key: rank numbers do not name one GPU,
+    so only evidence inside each line counts (two ranks on the same GPU id are on two nodes; P2P and
+    SHM stay in one node), plus whether the processes logging them sit on several nodes."""
+    nnodes = comm.nnodes if comm is not None else None
+    single = nnodes == 1 or (comm is not None and comm.nranks == 1)
+
+    def scope(e: ConnectionEvent) -> str:
+        if e.src != e.dst and e.ids_are_devices and e.src_id is not None and e.src_id == e.dst_id:
+            return INTER
+        return INTRA if single else UNKNOWN
+
+    processes = list({id(p): p for p in list(rank_process.values()) + [c.process for c in conns]}.values())
+    hosts = {nodes_of[id(p)] for p in processes if id(p) in nodes_of}
+    has_net = any(c.event.kind == "net" for c in conns)
+    multi: bool | None = True if ((nnodes or 0) > 1 or (len(hosts) > 1 and has_net)) else (False if single else None)
+    return _summarize(analyzer, key, comm, conns, processes, scope, multi, single, nnodes,
+                      "ranks logged from several nodes" if len(hosts) > 1 else None, version)
+
+
 def _all_processes(analyzer: LogAnalyzer) -> list[Process]:
     seen = {id(p): p for p in analyzer.processes.values()}
     for c in analyzer.connections.values():
@@ -367,15 +442,27 @@ def _all_processes(analyzer: LogAnalyzer) -> list[Process]:
     return list(seen.values())
 
 
+def _only_communicator(analyzer: LogAnalyzer, process: Process) -> str:
+    """Where a connection line logged outside any init context goes: the process's communicator
+    when it only ever initialised one (the line may come from another thread than the init
+    line), else the unattributed bucket."""
+    keys = {k for k in process.pointers.values() if k in analyzer.communicators}
+    return keys.pop() if len(keys) == 1 else UNATTRIBUTED
+
+
 def _facts(analyzer: LogAnalyzer, only: str | None = None) -> list[_CommFacts]:
     buckets: dict[str, list[Connection]] = {}
-    for c in analyzer.connections.values():
-        buckets.setdefault(c.comm or UNATTRIBUTED, []).append(c)
+    if only is not None:
+        comm = analyzer.communicators.get(only)
+        found = (analyzer.connections.get(k) for k in (comm.connections if comm is not None else ()))
+        buckets[only] = [c for c in found if c is not None]
+        keys = [only]
+    else:
+        for c in analyzer.connections.values():
+            buckets.setdefault(c.comm or _only_communicator(analyzer, c.process), []).append(c)
+        keys = list(analyzer.communicators) + [k for k in buckets if k not in analyzer.communicators]
     version = analyzer.versions.most_common(1)[0][0] if analyzer.versions else None
     nodes_of = node_keys(_all_processes(analyzer))
-    keys = list(analyzer.communicators) + [k for k in buckets if k not in analyzer.communicators]
-    if only is not None:
-        keys = [k for k in keys if k == only]
     return [_analyze(analyzer, k, analyzer.communicators.get(k), buckets.get(k, []), nodes_of, version)
             for k in keys]
 
@@ -406,11 +493,13 @@ def decide(analyzer: LogAnalyzer) -> Verdict:
         nodes_of = node_keys(processes)
         tcp_selected = [(n, line) for n, line in selected if network_class(n) == TCP]
         distinct_hosts = {nodes_of[id(p)] for p in processes if id(p) in nodes_of}
+        table_nodes = {host_node_key(h, processes) for h, _ in analyzer.test_ranks.values()}
+        distinct_hosts |= {n for n in table_nodes if n is not None}
         undecided = all(v is None for v in values)
-        if undecided and tcp_selected and len({h for h, _ in distinct_hosts}) > 1:
+        if undecided and tcp_selected and len(distinct_hosts) > 1:
             inter_node_tcp = True
             hosts = ", ".join(sorted({str(h) for h, _ in distinct_hosts})[:4])
-            reasons.append(f"processes on several nodes ({hosts}) use TCP-class network {tcp_selected[0][0]}: "
+            reasons.append(f"the job spans several nodes ({hosts}) and selected TCP-class network {tcp_selected[0][0]}: "
                            f"\"{tcp_selected[0][1]}\"")
         elif not facts or undecided:
             classes = {network_class(n) for n, _ in selected}

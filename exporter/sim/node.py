@@ -90,8 +90,10 @@ class SimJobEnd:
 
 def default_node(root: Path, seed: int = 7, job_ends_after_seconds: float = 0.0) -> SimulatedNode:
     """The node ``serve --simulate`` runs: 8 NDR InfiniBand ports and 2 RoCE ports, 8 GPUs
-    with 18 NVLinks each, held by one training pod that the pod-resources socket reports."""
+    with 18 NVLinks each, held by one training pod that the pod-resources socket reports, and
+    training pods whose logs carry NCCL output (one of them fell back to TCP)."""
     from exporter.sim.nvml import SimNvml, SimPodResources
+    from exporter.sim.podlogs import SimPodLogs
     from exporter.sim.rdma import SimRdma
 
     node = SimulatedNode(root=root, seed=seed)
@@ -99,6 +101,7 @@ def default_node(root: Path, seed: int = 7, job_ends_after_seconds: float = 0.0)
     node.nvml = SimNvml(rng=node.rng)
     node.parts.append(node.nvml)
     node.parts.append(SimPodResources(node.nvml))
+    node.parts.append(SimPodLogs(rng=node.rng))
     if job_ends_after_seconds > 0:
         node.parts.append(SimJobEnd(node.nvml, job_ends_after_seconds))
     return node

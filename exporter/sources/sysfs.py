@@ -10,19 +10,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from pathlib import Path
 
 MAX_ATTRIBUTE_BYTES = 4096
 
-# A reader takes a path and returns the attribute's text or None. Tests swap in readers that
-# raise EACCES/EINVAL for chosen files (as root, chmod cannot make a file unreadable).
-AttributeReader = Callable[[Path], "str | None"]
+# A reader takes a path and returns the attribute's text or None.
+AttributeReader = Callable[["str | os.PathLike[str]"], "str | None"]
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
 
-def read_attribute(path: Path) -> str | None:
+def read_attribute(path: str | os.PathLike[str]) -> str | None:
     """The stripped text of one sysfs attribute, or None when it cannot be read."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, _OPEN_FLAGS)
     except OSError:
         return None
     try:
@@ -45,7 +44,7 @@ def parse_uint(text: str | None) -> int | None:
     return value if value < 2**64 else None
 
 
-def list_dir(path: Path) -> list[str]:
+def list_dir(path: str | os.PathLike[str]) -> list[str]:
     """Sorted entry names of a directory, or [] when it is missing or unreadable."""
     try:
         return sorted(os.listdir(path))

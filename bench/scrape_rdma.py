@@ -1,0 +1,145 @@
+"""/metrics latency on a 16-port RDMA node: ccl-exporter vs node_exporter's infiniband collector.
+
+Both read the same generated sysfs tree (16 NDR ports with full counters/ and hw_counters/)
+and are scraped alternately over keep-alive loopback connections, so machine noise hits both.
+Ratio = our median latency / node_exporter's median latency (goal: within 2x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import BenchResult
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def build_tree(root: Path, ports: int) -> Path:
+    from exporter.sim.node import SimulatedNode
+    from exporter.sim.rdma import SimPortSpec, SimRdma
+
+    node = SimulatedNode(root=root)
+    specs = [
+        SimPortSpec(f"mlx5_{i}", "InfiniBand", "400 Gb/sec (4X NDR)", 40e9, f"ib{i}", "MT_0000000838", "MT4129")
+        for i in range(ports)
+    ]
+    node.parts.append(SimRdma(rng=random.Random(1), ports=specs))
+    node.setup()
+    node.advance(1.0)
+    return node.sysfs
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_ready(port: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", "/metrics")
+            if conn.getresponse().status == 200:
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(f"nothing answered on port {port}")
+
+
+def scrape_ms(conn: http.client.HTTPConnection) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    conn.request("GET", "/metrics")
+    response = conn.getresponse()
+    body = response.read()
+    return (time.perf_counter() - t0) * 1000, len(body)
+
+
+def measure(scrapes: int, ports: int) -> dict[str, object]:
+    node_exporter = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+    if not node_exporter:
+        raise SystemExit("prometheus-node-exporter is not installed (apt-get install prometheus-node-exporter)")
+    tmp = Path(tempfile.mkdtemp(prefix="bench-rdma-"))
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        sysfs = build_tree(tmp, ports)
+        ours_port, theirs_port = free_port(), free_port()
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "exporter", "serve", "--path.sysfs", str(sysfs), "--collector.disable-defaults",
+             "--collector.rdma", "--web.listen-address", f"127.0.0.1:{ours_port}", "--log.level", "warning"],
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        procs.append(subprocess.Popen(
+            [node_exporter, f"--path.sysfs={sysfs}", "--collector.disable-defaults", "--collector.infiniband",
+             f"--web.listen-address=127.0.0.1:{theirs_port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        wait_ready(ours_port)
+        wait_ready(theirs_port)
+        ours_conn = http.client.HTTPConnection("127.0.0.1", ours_port, timeout=10)
+        theirs_conn = http.client.HTTPConnection("127.0.0.1", theirs_port, timeout=10)
+        for _ in range(5):  # warm-up
+            scrape_ms(ours_conn)
+            scrape_ms(theirs_conn)
+        ours, theirs = [], []
+        ours_bytes = theirs_bytes = 0
+        for _ in range(scrapes):
+            ms, ours_bytes = scrape_ms(ours_conn)
+            ours.append(ms)
+            ms, theirs_bytes = scrape_ms(theirs_conn)
+            theirs.append(ms)
+        return {
+            "ports": ports, "scrapes": scrapes,
+            "ours_median": statistics.median(ours), "ours_p90": statistics.quantiles(ours, n=10)[-1],
+            "theirs_median": statistics.median(theirs), "theirs_p90": statistics.quantiles(theirs, n=10)[-1],
+            "ours_bytes": ours_bytes, "theirs_bytes": theirs_bytes,
+        }
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(10)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run(scrapes: int = 200, ports: int = 16) -> BenchResult:
+    m = measure(scrapes, ports)
+    ratio = float(m["ours_median"]) / float(m["theirs_median"])  # type: ignore[arg-type]
+    table = (
+        "| exporter | median ms | p90 ms | body bytes |\n|---|---|---|---|\n"
+        f"| ccl-exporter (rdma collector) | {m['ours_median']:.2f} | {m['ours_p90']:.2f} | {m['ours_bytes']} |\n"
+        f"| node_exporter (infiniband collector) | {m['theirs_median']:.2f} | {m['theirs_p90']:.2f} | {m['theirs_bytes']} |\n"
+        f"\n{m['ports']} NDR ports, {m['scrapes']} alternating keep-alive scrapes each on loopback; both bodies "
+        "include the exporter's own process metrics. Ours also carries hw_counters/ and the info/netdev facts "
+        "that node_exporter does not read."
+    )
+    return BenchResult(
+        title="RDMA scrape latency vs node_exporter",
+        command=f"python -m bench.scrape_rdma --scrapes {scrapes} --ports {ports}",
+        peer="prometheus-node-exporter (Debian) --collector.infiniband on the same sysfs tree",
+        ratio=ratio,
+        summary=f"Median /metrics latency ratio ours/node_exporter = **{ratio:.2f}x** (goal: within 2x).",
+        markdown=table,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--scrapes", type=int, default=200)
+    parser.add_argument("--ports", type=int, default=16)
+    args = parser.parse_args()
+    print(run(args.scrapes, args.ports).section())
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    main()

@@ -1,0 +1,558 @@
+"""NCCL collector: ``ccl_nccl_*`` — which network and transport each pod's NCCL really uses.
+
+A background coroutine (``run``) polls the pod-log tailer every ``tick_seconds`` in a worker
+thread, feeds each stream's NCCL lines to its own ``LogAnalyzer`` and publishes an
+immutable snapshot of per-pod facts; ``collect`` only turns the latest snapshot into
+metric families. Verdicts are judged against this node: an inter-node TCP-class network is
+a *fallback* (``ccl_nccl_tcp_fallback`` 1) only when the node has an ACTIVE RDMA port.
+
+Counters survive restarts of the exporter: each stream's warning counts are saved with the
+tail offsets, and the head of a resumed stream is replayed only to rebuild the gauges.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from exporter.collectors.base import CollectorSpec, CollectorUnavailable
+from exporter.config import ServeConfig
+from exporter.nccl import Limits, LogAnalyzer, Verdict
+from exporter.nccl.networks import RDMA, network_class
+from exporter.sources.kube import NoPodMetadata, PodMetadata, PodMetadataSource
+from exporter.sources.podlogs import SOURCE_POD_LOG, PodLogTailer, StreamKey, TailLimits
+from exporter.sources.rdma import RdmaReading, read_rdma
+
+log = logging.getLogger(__name__)
+
+ACTIVE_PORT_STATES = (4, 5)  # ACTIVE, ACTIVE_DEFER
+RDMA_TRANSPORTS = ("net_ib", "net_plugin", "collnet")
+GDR_LABELS = {"1": "true", "0": "false"}  # the parser's transport-key gdr field → label
+NOTE_WARNINGS = "warnings"
+NOTE_DROPPED = "dropped"
+
+
+# The parser's caps as the exporter runs it: tighter than the offline defaults, since one node
+# holds an analyzer per stream (a pod's processes rarely exceed 8, their communicators 64).
+EXPORTER_PARSER_LIMITS = Limits(max_processes=64, max_pointers=64, max_communicators=64, max_connections=2048)
+
+
+@dataclass(frozen=True)
+class NcclLimits:
+    """Caps of the collector itself (the parser's caps are ``exporter.nccl.Limits``)."""
+
+    max_communicator_series_per_pod: int = 256
+    max_communicator_series: int = 4096
+    max_warning_categories: int = 64
+
+
+@dataclass
+class _Stream:
+    key: StreamKey
+    analyzer: LogAnalyzer
+    # Counts carried over from before this analyzer (saved state, replay, a restarted file).
+    warnings_base: dict[str, int] = field(default_factory=dict)
+    dropped_base: dict[str, int] = field(default_factory=dict)
+    verdict: Verdict | None = None
+    dirty: bool = False
+    removed_at: float | None = None  # files gone; kept for the grace period
+
+    def warnings(self) -> dict[str, int]:
+        return _add_counts(self.warnings_base, self.analyzer.warnings_by_category)
+
+    def dropped(self) -> dict[str, int]:
+        return _add_counts(self.dropped_base, self.analyzer.overflow)
+
+
+@dataclass
+class _Pod:
+    namespace: str
+    pod: str
+    streams: dict[StreamKey, _Stream] = field(default_factory=dict)
+    retired_warnings: dict[str, int] = field(default_factory=dict)  # of streams no longer held
+    gone_since: float | None = None
+
+
+@dataclass(frozen=True)
+class PodReport:
+    """What the collector exposes for one pod: a snapshot, safe to read from any thread."""
+
+    namespace: str
+    pod: str
+    job_name: str
+    job_kind: str
+    communicators: tuple[tuple[str, str, str, str, str], ...]  # comm_id, nranks, nnodes, network, version
+    connections: tuple[tuple[str, str, str, str, int], ...]  # comm_id, transport, scope, gdr, count
+    has_nccl: bool
+    inter_node_tcp: bool
+    gdr_disabled: bool
+    warnings: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    pods: tuple[PodReport, ...] = ()
+    node_has_active_rdma: bool | None = None
+    dropped: tuple[tuple[str, int], ...] = ()
+    tail_bytes: tuple[tuple[str, int], ...] = ()
+    tail_lines: tuple[tuple[str, int], ...] = ()
+    tail_files: tuple[tuple[str, int], ...] = ()
+    tail_skipped: tuple[tuple[str, int], ...] = ()
+    streams: int = 0
+    analyzers: int = 0
+    backlog_bytes: int = 0
+    unattributed_files: int = 0
+    metadata_available: bool = False
+    state_save_errors: int = 0
+
+
+def _add_counts(base: Mapping[str, int], extra: Mapping[str, int]) -> dict[str, int]:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = out.get(key, 0) + int(value)
+    return out
+
+
+def _label(value: object) -> str:
+    if value is None:
+        return ""
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    return str(value)
+
+
+def _int_counts(raw: object) -> dict[str, int]:
+    if not isinstance(raw, dict):
+        return {}
+    return {str(k): int(v) for k, v in raw.items() if isinstance(v, int) and v >= 0}
+
+
+class NcclCollector:
+    """See the module docstring."""
+
+    name = "nccl"
+
+    def __init__(
+        self,
+        tailer: PodLogTailer,
+        sysfs: Path,
+        metadata: PodMetadataSource | None = None,
+        *,
+        grace_seconds: float = 300.0,
+        tick_seconds: float = 0.5,
+        save_every_seconds: float = 5.0,
+        rdma_cache_seconds: float = 5.0,
+        parser_limits: Limits | None = None,
+        limits: NcclLimits | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        rdma_reader: Callable[[Path], RdmaReading] = read_rdma,
+    ) -> None:
+        self.tailer = tailer
+        self.metadata: PodMetadataSource = metadata or NoPodMetadata()
+        self._sysfs = sysfs
+        self.grace_seconds = grace_seconds
+        self.tick_seconds = tick_seconds
+        self._save_every = save_every_seconds
+        self._rdma_cache_seconds = rdma_cache_seconds
+        self._parser_limits = parser_limits or EXPORTER_PARSER_LIMITS
+        self.limits = limits or NcclLimits()
+        self._clock = clock
+        self._read_rdma = rdma_reader
+        self._pods: dict[tuple[str, str], _Pod] = {}
+        self._dropped_retired: dict[str, int] = {}  # parser overflow of analyzers no longer held
+        self._rdma: tuple[float, bool | None] | None = None
+        self._last_save = clock()
+        self._step_lock = threading.Lock()
+        self._snapshot = Snapshot()
+
+    # -- background ------------------------------------------------------------------
+
+    async def run(self) -> None:
+        start = getattr(self.metadata, "start", None)
+        if callable(start):
+            start()
+        while True:
+            await asyncio.to_thread(self.step)
+            await asyncio.sleep(self.tick_seconds)
+
+    def close(self) -> None:
+        close = getattr(self.metadata, "close", None)
+        if callable(close):
+            close()
+        self.save_state()
+
+    def save_state(self) -> bool:
+        with self._step_lock:
+            return self.tailer.save_state(self._notes())
+
+    def step(self) -> Snapshot:
+        """One tick: read new lines, update analyzers, retire gone pods, publish a snapshot."""
+        with self._step_lock:
+            now = self._clock()
+            batch = self.tailer.poll()
+            for key, note in batch.opened.items():
+                self._open(key, note)
+            for key in batch.restarted:
+                self._restart(key)
+            for key, lines in batch.replayed.items():
+                stream = self._stream(key)
+                before = dict(stream.analyzer.warnings_by_category)
+                before_dropped = dict(stream.analyzer.overflow)
+                self._feed(stream, lines)
+                # Already counted by the run that saved the state: take them back out.
+                for category, count in stream.analyzer.warnings_by_category.items():
+                    replayed = count - before.get(category, 0)
+                    stream.warnings_base[category] = stream.warnings_base.get(category, 0) - replayed
+                for reason, count in stream.analyzer.overflow.items():
+                    replayed = count - before_dropped.get(reason, 0)
+                    stream.dropped_base[reason] = stream.dropped_base.get(reason, 0) - replayed
+            for key, lines in batch.lines.items():
+                self._feed(self._stream(key), lines)
+            for key in batch.removed:
+                pod = self._pods.get((key.namespace, key.pod))
+                if pod is not None and key in pod.streams:
+                    pod.streams[key].removed_at = now
+            self._expire(now)
+            if now - self._last_save >= self._save_every:
+                self._last_save = now
+                self.tailer.save_state(self._notes())
+            self._snapshot = self._build_snapshot()
+            return self._snapshot
+
+    def _new_stream(self, key: StreamKey) -> _Stream:
+        return _Stream(key=key, analyzer=LogAnalyzer(limits=self._parser_limits))
+
+    def _open(self, key: StreamKey, note: dict | None) -> None:
+        pod = self._pods.setdefault((key.namespace, key.pod), _Pod(key.namespace, key.pod))
+        stream = self._new_stream(key)
+        if note:
+            stream.warnings_base = _int_counts(note.get(NOTE_WARNINGS))
+            stream.dropped_base = _int_counts(note.get(NOTE_DROPPED))
+        old = pod.streams.pop(key, None)
+        if old is not None:
+            self._retire(pod, old)
+        pod.streams[key] = stream
+        pod.gone_since = None
+
+    def _stream(self, key: StreamKey) -> _Stream:
+        pod = self._pods.get((key.namespace, key.pod))
+        if pod is None or key not in pod.streams:
+            self._open(key, None)
+            pod = self._pods[(key.namespace, key.pod)]
+        stream = pod.streams[key]
+        stream.removed_at = None
+        return stream
+
+    def _restart(self, key: StreamKey) -> None:
+        """A debug file rewritten by a new process: new analyzer, counters carried on."""
+        pod = self._pods.get((key.namespace, key.pod))
+        if pod is None or key not in pod.streams:
+            return
+        old = pod.streams[key]
+        fresh = self._new_stream(key)
+        fresh.warnings_base = old.warnings()
+        fresh.dropped_base = old.dropped()
+        pod.streams[key] = fresh
+
+    def _retire(self, pod: _Pod, stream: _Stream) -> None:
+        pod.retired_warnings = _add_counts(pod.retired_warnings, stream.warnings())
+        self._dropped_retired = _add_counts(self._dropped_retired, stream.dropped())
+
+    def _feed(self, stream: _Stream, lines: Iterable[str]) -> None:
+        feed = stream.analyzer.feed
+        for line in lines:
+            feed(line)
+        stream.dirty = True
+
+    def _notes(self) -> dict[StreamKey, dict]:
+        notes: dict[StreamKey, dict] = {}
+        for pod in self._pods.values():
+            for key, stream in pod.streams.items():
+                notes[key] = {NOTE_WARNINGS: stream.warnings(), NOTE_DROPPED: stream.dropped()}
+        return notes
+
+    def _expire(self, now: float) -> None:
+        """Drop superseded container runs, and pods gone for longer than the grace period."""
+        authoritative = self.metadata.is_authoritative()
+        for pod_key in list(self._pods):
+            pod = self._pods[pod_key]
+            newest: dict[tuple[str, str], int] = {}
+            for key in pod.streams:
+                if key.source == SOURCE_POD_LOG:
+                    slot = (key.pod_uid, key.container)
+                    newest[slot] = max(newest.get(slot, -1), key.generation)
+            for key in list(pod.streams):
+                stream = pod.streams[key]
+                superseded = key.source == SOURCE_POD_LOG and key.generation < newest[(key.pod_uid, key.container)]
+                expired = stream.removed_at is not None and now - stream.removed_at >= self.grace_seconds
+                if superseded and not expired:
+                    newer = pod.streams.get(
+                        StreamKey(key.source, key.namespace, key.pod, key.pod_uid, key.container,
+                                  str(newest[(key.pod_uid, key.container)]))
+                    )
+                    expired = newer is not None and self._verdict(newer).verdict != "unknown"
+                if expired:
+                    self._retire(pod, pod.streams.pop(key))
+            listed = self.metadata.lookup(pod.namespace, pod.pod)
+            gone = not pod.streams or (authoritative and listed is None)
+            if gone:
+                if pod.gone_since is None:
+                    pod.gone_since = now
+                elif now - pod.gone_since >= self.grace_seconds:
+                    for stream in pod.streams.values():
+                        self._retire(pod, stream)
+                    del self._pods[pod_key]
+            else:
+                pod.gone_since = None
+
+    # -- judging ---------------------------------------------------------------------
+
+    def _node_has_active_rdma(self) -> bool | None:
+        now = self._clock()
+        if self._rdma is not None and now - self._rdma[0] < self._rdma_cache_seconds:
+            return self._rdma[1]
+        try:
+            reading = self._read_rdma(self._sysfs)
+            active: bool | None = any(p.state_id in ACTIVE_PORT_STATES for p in reading.ports())
+        except Exception as exc:  # noqa: BLE001 - unknown is not "no RDMA": never flag on a guess
+            log.warning("could not read RDMA ports under %s: %s", self._sysfs, exc)
+            active = None
+        self._rdma = (now, active)
+        return active
+
+    @staticmethod
+    def _verdict(stream: _Stream) -> Verdict:
+        if stream.dirty or stream.verdict is None:
+            stream.verdict = stream.analyzer.result()
+            stream.dirty = False
+        return stream.verdict
+
+    def _pod_report(self, pod: _Pod, meta: PodMetadata | None) -> PodReport:
+        communicators: set[tuple[str, str, str, str, str]] = set()
+        connections: dict[tuple[str, str, str, str], int] = {}
+        has_nccl = inter_node_tcp = gdr_disabled = False
+        warnings = dict(pod.retired_warnings)
+        for stream in pod.streams.values():
+            verdict = self._verdict(stream)
+            warnings = _add_counts(warnings, stream.warnings())
+            if verdict.verdict != "unknown" or verdict.communicators or verdict.network:
+                has_nccl = True
+            inter_node_tcp = inter_node_tcp or verdict.inter_node_tcp is True
+            for comm in verdict.communicators:
+                comm_id = _label(comm.comm_id)
+                communicators.add(
+                    (comm_id, _label(comm.nranks), _label(comm.nnodes), _label(comm.network), _label(comm.nccl_version))
+                )
+                for (transport, scope, gdr), count in comm.transports.items():
+                    slot = (comm_id, _label(transport), _label(scope) or "unknown", GDR_LABELS.get(gdr, "unknown"))
+                    connections[slot] = connections.get(slot, 0) + int(count)
+                    rdma_net = transport == "net_ib" or (
+                        transport in RDMA_TRANSPORTS and network_class(comm.network) == RDMA
+                    )
+                    if rdma_net and scope == "inter_node" and gdr == "0":
+                        gdr_disabled = True
+        return PodReport(
+            namespace=pod.namespace,
+            pod=pod.pod,
+            job_name=meta.job_name if meta else "",
+            job_kind=meta.job_kind if meta else "",
+            communicators=tuple(sorted(communicators)),
+            connections=tuple(sorted((*k, v) for k, v in connections.items())),
+            has_nccl=has_nccl,
+            inter_node_tcp=inter_node_tcp,
+            gdr_disabled=gdr_disabled,
+            warnings=tuple(sorted(warnings.items())),
+        )
+
+    def _build_snapshot(self) -> Snapshot:
+        reports = []
+        analyzers = 0
+        dropped = dict(self._dropped_retired)
+        for pod in self._pods.values():
+            analyzers += len(pod.streams)
+            for stream in pod.streams.values():
+                dropped = _add_counts(dropped, {f"parser_{k}": v for k, v in stream.dropped().items()})
+            reports.append(self._pod_report(pod, self.metadata.lookup(pod.namespace, pod.pod)))
+        stats = self.tailer.stats
+        dropped = _add_counts(dropped, {f"tail_{k}": v for k, v in stats.events.items()})
+        return Snapshot(
+            pods=tuple(sorted(reports, key=lambda r: (r.namespace, r.pod))),
+            node_has_active_rdma=self._node_has_active_rdma(),
+            dropped=tuple(sorted(dropped.items())),
+            tail_bytes=tuple(sorted(stats.bytes_read.items())),
+            tail_lines=tuple(sorted(stats.lines.items())),
+            tail_files=tuple(sorted(stats.files.items())),
+            tail_skipped=tuple(sorted(stats.skipped_bytes.items())),
+            streams=stats.streams,
+            analyzers=analyzers,
+            backlog_bytes=stats.backlog_bytes,
+            unattributed_files=stats.unattributed_files,
+            metadata_available=self.metadata.is_authoritative(),
+            state_save_errors=stats.state_errors,
+        )
+
+    # -- scrape ----------------------------------------------------------------------
+
+    def collect(self) -> Iterable[Metric]:
+        yield from self.families(self._snapshot, self.limits)
+        folders = [p for p in (self.tailer.pod_logs, self.tailer.debug_files) if p is not None]
+        if not any(p.is_dir() for p in folders):
+            raise CollectorUnavailable("no pod-log or NCCL debug-file folder: " + ", ".join(map(str, folders)))
+
+    @staticmethod
+    def families(snap: Snapshot, limits: NcclLimits) -> list[Metric]:
+        pod_labels = ["namespace", "pod", "job_name", "job_kind"]
+        info = GaugeMetricFamily(
+            "ccl_nccl_communicator_info",
+            "An NCCL communicator seen in the pod's logs; always 1. network as NCCL printed it "
+            "(IB, Socket, IBext_v8, AWS Libfabric, ...), empty when the log did not say.",
+            labels=pod_labels + ["comm_id", "nranks", "nnodes", "network", "nccl_version"],
+        )
+        connections = GaugeMetricFamily(
+            "ccl_nccl_connections",
+            "Channel connections of a communicator by transport (net_ib, net_socket, net_plugin, "
+            "p2p, shm, nvls, collnet), scope (inter_node, intra_node, unknown) and gdr (true, false, unknown).",
+            labels=["namespace", "pod", "job_name", "comm_id", "transport", "scope", "gdr"],
+        )
+        fallback = GaugeMetricFamily(
+            "ccl_nccl_tcp_fallback",
+            "1 when the pod's inter-node NCCL traffic runs over a TCP-class network while this "
+            "node has an ACTIVE RDMA port; 0 otherwise (also on nodes without RDMA).",
+            labels=pod_labels,
+        )
+        gdr = GaugeMetricFamily(
+            "ccl_nccl_gdr_disabled",
+            "1 when inter-node NCCL connections run on RDMA without GPUDirect RDMA (staged through host memory).",
+            labels=pod_labels,
+        )
+        warnings = CounterMetricFamily(
+            "ccl_nccl_warnings_total",
+            "NCCL warnings in the pod's logs by category.",
+            labels=["namespace", "pod", "job_name", "category"],
+        )
+        series_dropped = GaugeMetricFamily(
+            "ccl_nccl_series_dropped",
+            "Series not exposed in this scrape because of the per-pod or per-node caps.",
+            labels=["metric"],
+        )
+        per_pod_cap = limits.max_communicator_series_per_pod
+        budget = limits.max_communicator_series
+        info_dropped = conn_dropped = warn_dropped = 0
+        flag_fallback = snap.node_has_active_rdma is True
+        for report in snap.pods:
+            if not report.has_nccl and not report.warnings:
+                continue
+            head = [report.namespace, report.pod, report.job_name, report.job_kind]
+            if report.has_nccl:
+                fallback.add_metric(head, 1.0 if (report.inter_node_tcp and flag_fallback) else 0.0)
+                gdr.add_metric(head, 1.0 if report.gdr_disabled else 0.0)
+            allowed = min(per_pod_cap, max(budget, 0))
+            shown = report.communicators[:allowed]
+            info_dropped += len(report.communicators) - len(shown)
+            budget -= len(shown)
+            shown_ids = {c[0] for c in shown}
+            for comm in shown:
+                info.add_metric(head + list(comm), 1.0)
+            for comm_id, transport, scope, gdr_label, count in report.connections:
+                if comm_id not in shown_ids:
+                    conn_dropped += 1
+                    continue
+                connections.add_metric(
+                    [report.namespace, report.pod, report.job_name, comm_id, transport, scope, gdr_label], float(count)
+                )
+            for index, (category, count) in enumerate(report.warnings):
+                if index >= limits.max_warning_categories:
+                    warn_dropped += 1
+                    continue
+                warnings.add_metric([report.namespace, report.pod, report.job_name, category], float(count))
+        for metric, count in (
+            ("ccl_nccl_communicator_info", info_dropped),
+            ("ccl_nccl_connections", conn_dropped),
+            ("ccl_nccl_warnings_total", warn_dropped),
+        ):
+            series_dropped.add_metric([metric], float(count))
+
+        dropped = CounterMetricFamily(
+            "ccl_nccl_dropped_total",
+            "Input the NCCL pipeline dropped or cut to stay bounded, by reason: parser_* (parser "
+            "caps: communicators, processes, ...), tail_long_line, tail_stream_evicted, "
+            "tail_malformed_cri, tail_truncated, tail_replaced.",
+            labels=["reason"],
+        )
+        for reason, count in snap.dropped:
+            dropped.add_metric([reason], float(count))
+        read_bytes = CounterMetricFamily(
+            "ccl_nccl_log_read_bytes_total", "Bytes read from pod logs and NCCL debug files.", labels=["source"]
+        )
+        for source, count in snap.tail_bytes:
+            read_bytes.add_metric([source], float(count))
+        lines = CounterMetricFamily(
+            "ccl_nccl_log_lines_total", "Lines containing NCCL handed to the parser.", labels=["source"]
+        )
+        for source, count in snap.tail_lines:
+            lines.add_metric([source], float(count))
+        skipped = CounterMetricFamily(
+            "ccl_nccl_log_skipped_bytes_total",
+            "Bytes not parsed, by reason: initial_cap (busy log found at start), long_line, "
+            "stream_evicted, vanished (file deleted before it was read to its end).",
+            labels=["reason"],
+        )
+        for reason, count in snap.tail_skipped:
+            skipped.add_metric([reason], float(count))
+        files = GaugeMetricFamily("ccl_nccl_log_files", "Log files being tailed.", labels=["source"])
+        for source, count in snap.tail_files:
+            files.add_metric([source], float(count))
+        gauges = [
+            ("ccl_nccl_log_streams", "Log streams (container runs and debug files) being tailed.", snap.streams),
+            ("ccl_nccl_log_backlog_bytes", "Bytes written to tailed files and not yet read.", snap.backlog_bytes),
+            ("ccl_nccl_log_unattributed_files",
+             "Entries under the NCCL debug-file folder outside a <namespace>_<pod> folder (not read).",
+             snap.unattributed_files),
+            ("ccl_nccl_pod_metadata_available",
+             "1 when pods are attributed to jobs from a complete pod list (Kubernetes API or simulation).",
+             1 if snap.metadata_available else 0),
+            ("ccl_nccl_node_rdma_active",
+             "1 when this node has an ACTIVE RDMA port (what TCP fallback is judged against); "
+             "absent when it could not be read.", None if snap.node_has_active_rdma is None else int(snap.node_has_active_rdma)),
+        ]
+        out: list[Metric] = [info, connections, fallback, gdr, warnings, series_dropped, dropped, read_bytes,
+                             lines, skipped, files]
+        for metric_name, help_text, value in gauges:
+            family = GaugeMetricFamily(metric_name, help_text)
+            if value is not None:
+                family.add_metric([], float(value))
+            out.append(family)
+        save_errors = CounterMetricFamily(
+            "ccl_nccl_state_save_errors_total", "Failed writes of the tail-offset state file."
+        )
+        save_errors.add_metric([], float(snap.state_save_errors))
+        out.append(save_errors)
+        return out
+
+
+def build_collector(config: ServeConfig) -> NcclCollector:
+    """The collector ``serve`` runs: tailer on the configured paths; pod metadata from the
+    simulated node's own pods in simulate mode, else from the Kubernetes API (started with
+    the collector's background task)."""
+    from exporter.sources.kube import shared_pod_metadata
+
+    metadata = shared_pod_metadata(config.node_name, config.extra)
+    tailer = PodLogTailer(config.pod_logs, config.nccl_debug_files, config.state, TailLimits())
+    return NcclCollector(tailer, config.sysfs, metadata, grace_seconds=config.nccl_grace_period_seconds)
+
+
+SPEC = CollectorSpec(
+    name="nccl",
+    help="NCCL network/transport per pod from pod logs and NCCL debug files (TCP fallback, GDR)",
+    default_enabled=True,
+    factory=build_collector,
+)

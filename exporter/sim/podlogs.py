@@ -1,0 +1,249 @@
+"""Simulated pod logs: CRI-format logs of training pods with real-looking NCCL 2.21 output.
+
+``SimPodLogs`` lays out ``<root>/pods/<namespace>_<pod>_<uid>/<container>/<n>.log`` as the
+kubelet does, with three pods:
+
+* ``ml-training/llama-70b-worker-0`` (PyTorchJob ``llama-70b``, the pod that holds the
+  simulated GPUs): 2 nodes x 8 GPUs on
+  InfiniBand with GPUDirect RDMA — healthy;
+* ``research/bert-finetune-worker-0`` (PyTorchJob ``bert-finetune``): 2 nodes whose NCCL found
+  no IB device and fell back to ``Socket`` — the silent TCP fallback;
+* ``vision/resnet-eval-0`` (batch Job ``resnet-eval``): one node, P2P over NVLink plus NVLS.
+
+Each tick appends ordinary training output (step lines) to the running pods. The part is
+also the simulated node's ``PodMetadataSource`` (there is no API server in simulate mode):
+it answers with the job attribution of its own pods' labels. ``start_job``, ``stop_job``
+and ``restart_job`` let demos and end-to-end tests make a job appear, vanish, or come back
+on another network.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import shutil
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from exporter.sim.node import SimClock
+from exporter.sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
+from exporter.sources.kube import PodMetadata, attribute_job
+
+NCCL_VERSION = "2.21.5"
+CUDA_VERSION = "12.4"
+GPUS_PER_NODE = 8
+
+
+def pytorchjob_labels(job_name: str, replica_type: str = "worker", index: int = 0) -> dict[str, str]:
+    """Labels the Kubeflow training-operator puts on a PyTorchJob pod."""
+    labels = {
+        "training.kubeflow.org/job-name": job_name,
+        "training.kubeflow.org/operator-name": "pytorchjob-controller",
+        "training.kubeflow.org/replica-type": replica_type,
+        "training.kubeflow.org/replica-index": str(index),
+    }
+    if index == 0 and replica_type == "master":
+        labels["training.kubeflow.org/job-role"] = "master"
+    return labels
+
+
+def batch_job_labels(job_name: str) -> dict[str, str]:
+    return {"batch.kubernetes.io/job-name": job_name, "job-name": job_name}
+
+
+@dataclass
+class SimJob:
+    """One simulated training pod on this node and how its NCCL is set up."""
+
+    namespace: str
+    pod: str
+    labels: dict[str, str]
+    network: str = "IB"  # "IB" or "Socket"
+    nnodes: int = 2
+    gdr: bool = True
+    nvls: bool = False
+    container: str = "pytorch"
+    node_index: int = 0  # this node's place in the job: ranks [node_index*8, node_index*8+8)
+    restarts: int = 0
+    step: int = 0
+    uid: str = field(default="")
+
+    def __post_init__(self) -> None:
+        if not self.uid:
+            digest = hashlib.sha1(f"{self.namespace}/{self.pod}".encode()).hexdigest()
+            self.uid = f"{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+
+    @property
+    def comm_id(self) -> str:
+        digest = hashlib.sha1(f"{self.namespace}/{self.labels}/{self.restarts}".encode()).hexdigest()
+        return "0x" + digest[:16]
+
+
+def _cri(line: str, stream: str = "stdout") -> str:
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f000Z")
+    return f"{stamp} {stream} F {line}\n"
+
+
+def nccl_init_lines(job: SimJob) -> list[str]:
+    """What NCCL 2.21 prints at INFO while the job's first communicator is built on this node."""
+    host = job.pod
+    nranks = job.nnodes * GPUS_PER_NODE
+    first = job.node_index * GPUS_PER_NODE
+    base_pid = 101 + 20 * job.restarts
+    lines = [f"NCCL version {NCCL_VERSION}+cuda{CUDA_VERSION}"] if first == 0 else []
+    comm_id = job.comm_id
+    nvls_note = "NVLS multicast support is available on dev {dev}"
+    for local in range(GPUS_PER_NODE):
+        rank, pid = first + local, base_pid + local
+        p = f"{host}:{pid}:{pid} [{local}] NCCL INFO "
+        comm = f"0x{0x55d4c0a1b000 + 0x1000 * local:x}"
+        bus = f"{0x18 + 0x10 * local:x}000"
+        lines += [
+            p + "cudaDriverVersion 12040",
+            p + "Bootstrap : Using eth0:10.0.3.17<0>",
+            p + "NET/Plugin: Could not find: libnccl-net.so. Using internal network plugin.",
+        ]
+        if job.network == "IB":
+            devices = " ".join(f"[{i}]mlx5_{i}:1/IB" for i in range(8))
+            lines.append(p + f"NET/IB : Using {devices} [RO]; OOB eth0:10.0.3.17<0>")
+        else:
+            lines += [p + "NET/IB : No device found.", p + "NET/Socket : Using [0]eth0:10.0.3.17<0>"]
+        lines += [
+            p + "Using non-device net plugin version 0",
+            p + f"Using network {job.network}",
+            p + f"ncclCommInitRank comm {comm} rank {rank} nranks {nranks} cudaDev {local} nvmlDev {local} "
+            f"busId {bus} commId {comm_id} - Init START",
+            p + f"comm {comm} rank {rank} nRanks {nranks} nNodes {job.nnodes} localRanks {GPUS_PER_NODE} "
+            f"localRank {local} MNNVL 0",
+        ]
+        if job.nvls:
+            lines.append(p + nvls_note.format(dev=local))
+        ring = " ".join(f"{r:4d}" for r in range(nranks))
+        for channel in range(2):
+            if local == 0:
+                lines.append(p + f"Channel {channel:02d}/02 : {ring}")
+            nxt = rank + 1 if local < GPUS_PER_NODE - 1 else (first + GPUS_PER_NODE) % nranks
+            prev = rank - 1 if local > 0 else (first - 1) % nranks
+            suffix = "/GDRDMA" if job.gdr and job.network == "IB" else ""
+            if local == GPUS_PER_NODE - 1 and job.nnodes > 1:
+                lines.append(p + f"Channel {channel:02d}/0 : {rank}[{local}] -> {nxt}[0] [send] via "
+                             f"NET/{job.network}/{channel}{suffix}")
+            else:
+                lines.append(p + f"Channel {channel:02d}/0 : {rank}[{local}] -> {nxt}[{(local + 1) % 8}] "
+                             f"via P2P/CUMEM/read")
+            if local == 0 and job.nnodes > 1:
+                lines.append(p + f"Channel {channel:02d}/0 : {prev}[7] -> {rank}[{local}] [receive] via "
+                             f"NET/{job.network}/{channel}{suffix}")
+        lines.append(p + "Connected all rings")
+        if job.nvls:
+            lines += [
+                p + f"NVLS comm {comm} headRank {local} nHeads {GPUS_PER_NODE} buffSize 4194304 memSize 2097152 "
+                "nvlsPerRankSize 201326592 nvlsTotalSize 1610612736",
+                p + "Connected NVLS tree",
+            ]
+        lines += [
+            p + "32 coll channels, 32 collnet channels, " + ("16" if job.nvls else "0")
+            + " nvls channels, 32 p2p channels, 32 p2p channels per peer",
+            p + f"ncclCommInitRank comm {comm} rank {rank} nranks {nranks} cudaDev {local} nvmlDev {local} "
+            f"busId {bus} commId {comm_id} - Init COMPLETE",
+        ]
+    return lines
+
+
+def default_jobs() -> list[SimJob]:
+    return [
+        SimJob(TRAINING_NAMESPACE, TRAINING_POD, pytorchjob_labels("llama-70b"), network="IB", nnodes=2),
+        SimJob("research", "bert-finetune-worker-0", pytorchjob_labels("bert-finetune"), network="Socket",
+               nnodes=2, gdr=False),
+        SimJob("vision", "resnet-eval-0", batch_job_labels("resnet-eval"), network="IB", nnodes=1, nvls=True),
+    ]
+
+
+@dataclass
+class SimPodLogs:
+    """The simulated node's pod logs and pod metadata; see the module docstring."""
+
+    rng: random.Random
+    jobs: list[SimJob] = field(default_factory=default_jobs)
+    root: Path | None = None
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: dict[tuple[str, str], SimJob] = {}
+
+    @property
+    def pod_logs(self) -> Path:
+        assert self.root is not None, "setup() first"
+        return self.root / "pods"
+
+    def _log_path(self, job: SimJob) -> Path:
+        folder = self.pod_logs / f"{job.namespace}_{job.pod}_{job.uid}" / job.container
+        return folder / f"{job.restarts}.log"
+
+    def _append(self, job: SimJob, lines: list[str], stream: str = "stdout") -> None:
+        path = self._log_path(job)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as handle:
+            handle.write("".join(_cri(line, stream) for line in lines))
+
+    def setup(self, root: Path) -> None:
+        self.root = root
+        self.pod_logs.mkdir(parents=True, exist_ok=True)
+        for job in self.jobs:
+            self.start_job(job)
+
+    def start_job(self, job: SimJob) -> SimJob:
+        """Start a pod: its log folder appears with startup output and NCCL's init lines."""
+        with self._lock:
+            self._running[(job.namespace, job.pod)] = job
+        self._append(job, [f"[rank{job.node_index * GPUS_PER_NODE}]: starting {job.pod}, "
+                           f"world size {job.nnodes * GPUS_PER_NODE}"])
+        self._append(job, nccl_init_lines(job))
+        return job
+
+    def restart_job(self, namespace: str, pod: str, *, network: str | None = None, gdr: bool | None = None) -> SimJob:
+        """The container restarts (``<n+1>.log``) and NCCL comes back, on ``network`` if given.
+
+        ``restart_job(ns, pod, network="Socket", gdr=False)`` is how a healthy job is made to
+        fall back to TCP in a demo.
+        """
+        with self._lock:
+            job = self._running[(namespace, pod)]
+            job.restarts += 1
+            job.step = 0
+            if network is not None:
+                job.network = network
+            if gdr is not None:
+                job.gdr = gdr
+        self._append(job, nccl_init_lines(job))
+        return job
+
+    def stop_job(self, namespace: str, pod: str) -> None:
+        """The pod is deleted: the kubelet removes its log folder."""
+        with self._lock:
+            job = self._running.pop((namespace, pod), None)
+        if job is not None:
+            shutil.rmtree(self._log_path(job).parent.parent, ignore_errors=True)
+
+    def advance(self, clock: SimClock) -> None:
+        with self._lock:
+            running = list(self._running.values())
+        for job in running:
+            job.step += 1
+            loss = 2.5 / (1 + 0.01 * job.step) + self.rng.uniform(-0.02, 0.02)
+            step_time = (12.4 if job.network == "Socket" and job.nnodes > 1 else 6.1) * self.rng.uniform(0.97, 1.03)
+            self._append(job, [f"[rank0]: step {job.step} loss {loss:.4f} step_time {step_time:.2f}s"])
+
+    # PodMetadataSource
+    def lookup(self, namespace: str, pod: str) -> PodMetadata | None:
+        with self._lock:
+            job = self._running.get((namespace, pod))
+        if job is None:
+            return None
+        job_name, job_kind = attribute_job(job.labels, ())
+        return PodMetadata(namespace, pod, job.uid, job_name, job_kind)
+
+    def is_authoritative(self) -> bool:
+        return True

@@ -1,0 +1,288 @@
+"""Which training job a pod belongs to: labels of the pods on this node, from the API server.
+
+``attribute_job`` is the pure rule (label keys in a fixed order, then the controlling
+owner reference). ``KubePodCache`` lists and watches the pods of this node
+(``fieldSelector=spec.nodeName=<node>``) in a background thread with the ``kubernetes``
+client and keeps a small record per pod. Without API access (not in a cluster, no node
+name, API server down) it says so once in the log and answers "unknown": ``job_name`` is
+then empty, never guessed.
+
+Both this cache and the simulated node implement ``PodMetadataSource``, the one seam the
+NCCL collector depends on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+log = logging.getLogger(__name__)
+
+KUBEFLOW_JOB_NAME = "training.kubeflow.org/job-name"
+KUBEFLOW_OPERATOR = "training.kubeflow.org/operator-name"
+JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
+LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
+VOLCANO_JOB_NAME = "volcano.sh/job-name"
+BATCH_JOB_NAME = "batch.kubernetes.io/job-name"
+LEGACY_JOB_NAME = "job-name"
+POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
+POD_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
+KUEUE_POD_GROUP = "kueue.x-k8s.io/pod-group-name"
+TRAINER_PREFIX = "trainer.kubeflow.org/"
+
+# training.kubeflow.org/operator-name → the job's kind (training-operator, MPI operator v2).
+KUBEFLOW_OPERATOR_KINDS = {
+    "pytorchjob-controller": "PyTorchJob",
+    "tfjob-controller": "TFJob",
+    "mpijob-controller": "MPIJob",
+    "mpi-operator": "MPIJob",
+    "xgboostjob-controller": "XGBoostJob",
+    "paddlejob-controller": "PaddleJob",
+    "jaxjob-controller": "JAXJob",
+    "mxjob-controller": "MXJob",
+}
+
+
+def _owner_fields(owner: Any) -> tuple[str, str, bool]:
+    """(kind, name, controller) of an owner reference given as a dict or a client object."""
+    if isinstance(owner, Mapping):
+        return str(owner.get("kind") or ""), str(owner.get("name") or ""), bool(owner.get("controller"))
+    return str(getattr(owner, "kind", "") or ""), str(getattr(owner, "name", "") or ""), bool(
+        getattr(owner, "controller", False)
+    )
+
+
+def attribute_job(
+    labels: Mapping[str, str] | None,
+    owner_references: Iterable[Any] | None = (),
+    annotations: Mapping[str, str] | None = None,
+) -> tuple[str, str]:
+    """(job_name, job_kind) of a pod; ("", "") when nothing says.
+
+    Order: Kubeflow training-operator / MPI operator → JobSet (Kubeflow Trainer v2) →
+    LeaderWorkerSet → Volcano → batch Job → pod groups → the controlling ownerReference.
+    """
+    labels = labels or {}
+    annotations = annotations or {}
+    owners = [_owner_fields(o) for o in (owner_references or ())]
+    controller = next((o for o in owners if o[2]), owners[0] if owners else None)
+
+    name = labels.get(KUBEFLOW_JOB_NAME)
+    if name:
+        if controller and controller[1] == name and controller[0]:
+            return name, controller[0]
+        return name, KUBEFLOW_OPERATOR_KINDS.get(labels.get(KUBEFLOW_OPERATOR, ""), "KubeflowJob")
+    name = labels.get(JOBSET_NAME)
+    if name:
+        return name, "TrainJob" if any(k.startswith(TRAINER_PREFIX) for k in labels) else "JobSet"
+    name = labels.get(LWS_NAME)
+    if name:
+        return name, "LeaderWorkerSet"
+    name = labels.get(VOLCANO_JOB_NAME)
+    if name:
+        return name, "VolcanoJob"
+    name = labels.get(BATCH_JOB_NAME) or labels.get(LEGACY_JOB_NAME)
+    if name:
+        return name, "Job"
+    name = labels.get(POD_GROUP_LABEL) or annotations.get(POD_GROUP_ANNOTATION) or labels.get(KUEUE_POD_GROUP)
+    if name:
+        return name, "PodGroup"
+    if controller and controller[1]:
+        return controller[1], controller[0]
+    return "", ""
+
+
+@dataclass(frozen=True)
+class PodMetadata:
+    namespace: str
+    name: str
+    uid: str
+    job_name: str
+    job_kind: str
+
+
+@runtime_checkable
+class PodMetadataSource(Protocol):
+    """Where job attribution comes from: the Kubernetes API, or the simulated node."""
+
+    def lookup(self, namespace: str, pod: str) -> PodMetadata | None:
+        """The pod's record; None when unknown (not listed yet, or no source)."""
+        ...
+
+    def is_authoritative(self) -> bool:
+        """True when every pod of the node is listed, so an absent pod is gone."""
+        ...
+
+
+class NoPodMetadata:
+    """No attribution at all (the collector's default when nothing else is configured)."""
+
+    def lookup(self, namespace: str, pod: str) -> PodMetadata | None:
+        return None
+
+    def is_authoritative(self) -> bool:
+        return False
+
+
+def pod_metadata_from_object(pod: Any) -> PodMetadata | None:
+    """A ``V1Pod`` (or the same shape as dicts) → ``PodMetadata``; None if it has no name."""
+    meta = pod.get("metadata") if isinstance(pod, Mapping) else getattr(pod, "metadata", None)
+    if meta is None:
+        return None
+
+    def field(name: str) -> Any:
+        return meta.get(name) if isinstance(meta, Mapping) else getattr(meta, name, None)
+
+    namespace, name = field("namespace") or "", field("name") or ""
+    if not namespace or not name:
+        return None
+    owners = field("owner_references") if not isinstance(meta, Mapping) else meta.get("ownerReferences")
+    job_name, job_kind = attribute_job(field("labels") or {}, owners or (), field("annotations") or {})
+    return PodMetadata(namespace, name, field("uid") or "", job_name, job_kind)
+
+
+def in_cluster_api() -> Any:
+    """A ``CoreV1Api`` from the pod's service account; raises when not in a cluster."""
+    from kubernetes import client, config
+
+    config.load_incluster_config()
+    return client.CoreV1Api()
+
+
+class KubePodCache:
+    """Pods of this node, listed and watched in a daemon thread; see the module docstring."""
+
+    def __init__(
+        self,
+        node_name: str,
+        api_factory: Callable[[], Any] = in_cluster_api,
+        watch_seconds: int = 300,
+        max_pods: int = 5000,
+        min_cycle_seconds: float = 1.0,
+    ) -> None:
+        self.node_name = node_name
+        self._api_factory = api_factory
+        self._watch_seconds = watch_seconds
+        self._max_pods = max_pods
+        self._min_cycle = min_cycle_seconds
+        self._pods: dict[tuple[str, str], PodMetadata] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._synced = False
+        self._thread: threading.Thread | None = None
+        self.status = "not started"
+
+    def start(self) -> None:
+        """Start the list/watch thread (once; later calls do nothing)."""
+        if self._thread is not None or self.status != "not started":
+            return
+        if not self.node_name:
+            self.status = "no node name"
+            log.info("no node name (--kube.node-name / NODE_NAME): pods are not attributed to jobs; "
+                     "job_name and job_kind stay empty")
+            return
+        self._thread = threading.Thread(target=self._run, name="kube-pod-cache", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def lookup(self, namespace: str, pod: str) -> PodMetadata | None:
+        with self._lock:
+            return self._pods.get((namespace, pod))
+
+    def is_authoritative(self) -> bool:
+        return self._synced
+
+    def pods(self) -> list[PodMetadata]:
+        with self._lock:
+            return sorted(self._pods.values(), key=lambda p: (p.namespace, p.name))
+
+    def _replace(self, items: Iterable[Any]) -> None:
+        fresh: dict[tuple[str, str], PodMetadata] = {}
+        for item in items:
+            record = pod_metadata_from_object(item)
+            if record is not None and len(fresh) < self._max_pods:
+                fresh[(record.namespace, record.name)] = record
+        with self._lock:
+            self._pods = fresh
+
+    def _apply(self, kind: str, obj: Any) -> None:
+        record = pod_metadata_from_object(obj)
+        if record is None:
+            return
+        with self._lock:
+            if kind == "DELETED":
+                self._pods.pop((record.namespace, record.name), None)
+            elif len(self._pods) < self._max_pods or (record.namespace, record.name) in self._pods:
+                self._pods[(record.namespace, record.name)] = record
+
+    def _run(self) -> None:
+        try:
+            api = self._api_factory()
+        except Exception as exc:  # noqa: BLE001 - no config, no token: run without attribution
+            log.info("no Kubernetes API access (%s): job_name and job_kind stay empty", exc)
+            self.status = f"no API access: {exc}"
+            return
+        from kubernetes import watch
+
+        selector = f"spec.nodeName={self.node_name}"
+        failing = False
+        backoff = self._min_cycle
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                listing = api.list_pod_for_all_namespaces(field_selector=selector, _request_timeout=30)
+                self._replace(listing.items or [])
+                self._synced = True
+                self.status = "synced"
+                if failing:
+                    log.info("Kubernetes API reachable again; attributing pods to jobs")
+                failing, backoff = False, self._min_cycle
+                watcher = watch.Watch()
+                for event in watcher.stream(
+                    api.list_pod_for_all_namespaces,
+                    field_selector=selector,
+                    resource_version=listing.metadata.resource_version,
+                    timeout_seconds=self._watch_seconds,
+                    _request_timeout=self._watch_seconds + 30,
+                ):
+                    if self._stop.is_set():
+                        watcher.stop()
+                        break
+                    kind = event.get("type")
+                    if kind == "ERROR":  # 410 Gone and friends: list again
+                        break
+                    self._apply(str(kind), event.get("object"))
+            except Exception as exc:  # noqa: BLE001 - API down, 403, bad JSON: keep the cache, retry
+                self._synced = False
+                if not failing:
+                    log.warning("Kubernetes API unavailable (%s); pods stay attributed from the last list, "
+                                "new pods get an empty job_name until it answers", exc)
+                self.status = f"API error: {exc}"
+                failing = True
+                backoff = min(backoff * 2, 60.0)
+                self._stop.wait(backoff)
+                continue
+            self._stop.wait(max(0.0, self._min_cycle - (time.monotonic() - started)))
+
+
+def shared_pod_metadata(node_name: str, extra: dict[str, object]) -> PodMetadataSource:
+    """One pod-metadata source per exporter process, shared by the collectors that label
+    series with jobs (one list/watch against the API server, not one per collector).
+
+    The simulated node's own pods when it is running; the Kubernetes API otherwise. Kept in
+    ``ServeConfig.extra`` under ``"pod_metadata"``; ``start()`` is idempotent.
+    """
+    existing = extra.get("pod_metadata")
+    if isinstance(existing, PodMetadataSource):
+        return existing
+    simulated = extra.get("simulated_node")
+    sim_sources = [p for p in getattr(simulated, "parts", ()) if isinstance(p, PodMetadataSource)]
+    source: PodMetadataSource = sim_sources[0] if sim_sources else KubePodCache(node_name)
+    extra["pod_metadata"] = source
+    return source

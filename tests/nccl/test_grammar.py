@@ -1,0 +1,167 @@
+"""Table-driven tests of wrapper stripping, record splitting and message events."""
+
+from __future__ import annotations
+
+import pytest
+
+from exporter.nccl import grammar as g
+
+PREFIX_CASES = [
+    # (physical line, host, pid, tid, cudaDev, level, message)
+    ("node1:123:456 [3] NCCL INFO Using network IB", "node1", 123, 456, 3, "INFO", "Using network IB"),
+    ("[1,26]<stdout>:ip-172-32-36-209:8716:9558 [2] NCCL INFO Using network Socket",
+     "ip-172-32-36-209", 8716, 9558, 2, "INFO", "Using network Socket"),
+    ("[155] crow-a:5330:5330 [3] NCCL INFO Using network IB", "crow-a", 5330, 5330, 3, "INFO", "Using network IB"),
+    ("gpu1505: gpu1505:22060:22174 [0] NCCL INFO Using network IB", "gpu1505", 22060, 22174, 0, "INFO",
+     "Using network IB"),
+    ("104.171.201.171: lambda-scalar02:77:78 [1] NCCL INFO Using network IB", "lambda-scalar02", 77, 78, 1, "INFO",
+     "Using network IB"),
+    ("        [1,0]<stdout>:h:1:2 [0] NCCL INFO Using network IB", "h", 1, 2, 0, "INFO", "Using network IB"),
+    ("[2026-05-05 06:16:47] node-01:189884:189884 [3] plugin/net.cc:334 NCCL WARN Failed to initialize any NET plugin",
+     "node-01", 189884, 189884, 3, "WARN", "Failed to initialize any NET plugin"),
+    ("  | 2025-05-16T16:39:51.208-07:00 | ip-10-0-0-1:79:79 [0] NCCL INFO Using network Libfabric",
+     "ip-10-0-0-1", 79, 79, 0, "INFO", "Using network Libfabric"),
+    ("  | 2025-05-16T16:39:51.208-07:00ip-10-0-0-1:79:79 [0] NCCL INFO Using network Libfabric |",
+     "ip-10-0-0-1", 79, 79, 0, "INFO", "Using network Libfabric"),
+    ("<cluster_name>:922:1158 [3] proxy.cc:1485 NCCL WARN [Service thread] Error encountered progressing",
+     "<cluster_name>", 922, 1158, 3, "WARN", "[Service thread] Error encountered progressing"),
+    ("h:1:2 [0] transport/net_ib.cc:1295 (ncclIbTest) NCCL WARN NET/IB: Got completion from peer 10.0.0.2<1>",
+     "h", 1, 2, 0, "WARN", "NET/IB: Got completion from peer 10.0.0.2<1>"),
+    ("h:1:2 [0] 12.345678 net.cc:10 NCCL TRACE x", "h", 1, 2, 0, "TRACE", "x"),
+]
+
+
+@pytest.mark.parametrize("line,host,pid,tid,dev,level,message", PREFIX_CASES)
+def test_prefix_and_wrappers(line: str, host: str, pid: int, tid: int, dev: int, level: str, message: str) -> None:
+    (record,) = g.split_records(line)
+    assert record.prefix is not None
+    assert (record.prefix.host, record.prefix.pid, record.prefix.tid, record.prefix.cuda_dev) == (host, pid, tid, dev)
+    assert (record.level, record.message) == (level, message)
+
+
+def test_warn_location_is_kept() -> None:
+    (record,) = g.split_records("h:1:2 [0] misc/ibvwrap.cc:63 NCCL WARN Failed to open libibverbs.so[.1]")
+    assert record.prefix is not None and record.prefix.location == "misc/ibvwrap.cc:63"
+    assert g.warning_category(record) == "ib_library_missing"
+
+
+def test_two_records_on_one_line() -> None:
+    records = g.split_records("a:1:1 [0] NCCL INFO Using network IB b:2:2 [1] NCCL INFO Using network Socket")
+    assert [(r.prefix.host, r.message) for r in records if r.prefix] == [("a", "Using network IB"),
+                                                                        ("b", "Using network Socket")]
+
+
+@pytest.mark.parametrize("line", ["Using network IBext_v8", "[1,0]<stdout>:Using network IBext_v8",
+                                  "2024-01-01T00:00:00Z Using network IBext_v8", "[12] Using network IBext_v8"])
+def test_bare_bodies(line: str) -> None:
+    (record,) = g.split_records(line)
+    assert record.prefix is None and record.level is None
+    assert g.parse_message(record.message) == g.NetworkEvent("IBext_v8")
+
+
+EVENT_CASES = [
+    ("NCCL version 2.18.3+cuda12.2", g.VersionEvent("2.18.3")),
+    ("NCCL version 2.19.0a0+cuda12.1", g.VersionEvent("2.19.0a0")),
+    ("Using internal Network IB", g.NetworkEvent("IB")),
+    ("Using network AWS Libfabric", g.NetworkEvent("AWS Libfabric")),
+    ("Assigned NET plugin IBext_v10 to comm", g.NetworkEvent("IBext_v10")),
+    ("NET/IB : No device found.", g.IbNoDeviceEvent()),
+    ("NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/RoCE [RO]; OOB eth0:10.0.0.1<0>",
+     g.IbDevicesEvent((g.IbDevice(0, "mlx5_0", 1, "IB"), g.IbDevice(1, "mlx5_1", 1, "RoCE")), "eth0", "10.0.0.1")),
+    ("NET/IB : Using [0]mlx5_0:1/IB/SHARP ; OOB ib0:10.0.0.1<0>",
+     g.IbDevicesEvent((g.IbDevice(0, "mlx5_0", 1, "IB/SHARP"),), "ib0", "10.0.0.1")),
+    ("NET/Socket : Using [0]ib0:192.168.11.1<0> [1]eth0:10.0.0.1<0>",
+     g.SocketDevicesEvent((("ib0", "192.168.11.1"), ("eth0", "10.0.0.1")))),
+    ("Bootstrap : Using eth0:10.1.2.3<0>", g.BootstrapEvent("eth0", "10.1.2.3")),
+    ("Bootstrap: Using [0]enp71s0:10.1.2.3<0>", g.BootstrapEvent("enp71s0", "10.1.2.3")),
+    ("comm 0x55d rank 3 nranks 16 cudaDev 3 busId 1c000 - Init COMPLETE",
+     g.CommInitEvent("0x55d", 3, 16, None, "COMPLETE", "1c000")),
+    ("ncclCommSplit comm 0x1 rank 0 nranks 8 cudaDev 0 nvmlDev 0 busId 18000 parent 0x2 color 1 key 0 "
+     "commId 0xABCDEF - Init START", g.CommInitEvent("0x1", 0, 8, "0xabcdef", "START", "0")),
+    ("[Rank 4] ncclCommInitRankConfig comm 0x9 rank 4 nranks 8 cudaDev 4 nvmlDev 4 busId 9b000 commId 0x12 - Init START",
+     g.CommInitEvent("0x9", 4, 8, "0x12", "START", "4")),
+    ("comm 0x5 rank 1 nranks 8 cudaDev 1 nvmlDev 1 - Init COMPLETE", g.CommInitEvent("0x5", 1, 8, None, "COMPLETE")),
+    ("comm 0x7f12 rank 1 nranks 4", g.CommInitEvent("0x7f12", 1, 4, None, None)),
+    ("comm 0x1 rank 0 nranks 8 cudaDev 0 busId 1b000 - Destroy COMPLETE", None),
+    ("comm 0x1 rank 5 nRanks 16 nNodes 2 localRanks 8 localRank 5 MNNVL 0", g.CommNodesEvent("0x1", 5, 16, 2, 8, 5, False)),
+    ("24 coll channels, 0 collnet channels, 16 nvls channels, 32 p2p channels, 32 p2p channels per peer",
+     g.ChannelSummaryEvent(24, 0, 16)),
+    ("NET/IB : GPU Direct RDMA Disabled for HCA 0 'mlx5_0' (no module)", g.GdrEvent(False, "IB", "HCA 0 'mlx5_0' (no module)")),
+    ("GPU Direct RDMA Enabled for GPU 1b000 / HCA 0 (distance 4 <= 5), read 1",
+     g.GdrEvent(True, None, "GPU 1b000 / HCA 0 (distance 4 <= 5), read 1")),
+    ("NCCL_IB_DISABLE set by environment to 1.", g.EnvEvent("NCCL_IB_DISABLE", "1")),
+    ("#  Rank  8 Group  0 Pid   4567 on node-2.cluster.local device  0 [0x1b] NVIDIA H100", g.TestRankEvent(8, 4567, "node-2")),
+    ("Channel 00 :    0   1   2   3", None),  # ring listing, not a connection
+    ("Ring 00 : 0 -> 1 -> 0", None),
+    ("Trees [0] 1/-1/-1->0->-1 [1] -1/-1/-1->0->1", None),
+    ("Allocated 4194656 bytes of shared memory in /dev/shm/nccl-x", None),
+    ("Init timings: rank 0 nranks 16 total 1.08 (kernels 0.51)", None),
+]
+
+
+@pytest.mark.parametrize("message,event", EVENT_CASES)
+def test_events(message: str, event: object) -> None:
+    assert g.parse_message(message) == event
+
+
+CONNECTION_CASES = [
+    # message, kind, network, src, dst, direction, gdr, ids_are_devices, mnnvl
+    ("Ring 00 : 1 -> 2 via NET/IB/0/GDRDMA", "net", "IB", 1, 2, None, True, False, False),
+    ("Ring 00 : 3 -> 4 [send] via NET/IB/0/GDRDMA", "net", "IB", 3, 4, "send", True, False, False),
+    ("Ring 00 : 0[0] -> 1[1] via P2P/IPC", "p2p", None, 0, 1, None, False, False, False),
+    ("Ring 01 : 7[1b000] -> 0[3d000] [receive] via NET/Socket/1", "net", "Socket", 7, 0, "receive", False, True, False),
+    ("Channel 00 : 3[3d000] -> 4[1b000] [send] via NET/Socket/0", "net", "Socket", 3, 4, "send", False, True, False),
+    ("Channel 02/1 : 8[0] -> 0[0] [receive] via NET/IB/2(1)/GDRDMA", "net", "IB", 8, 0, "receive", True, True, False),
+    ("Channel 00/0 : 1[1] -> 0[0] [send] via NET/AWS Libfabric/1/GDRDMA", "net", "AWS Libfabric", 1, 0, "send", True,
+     True, False),
+    ("Channel 00/1 : 0[0] -> 2[0] [send] via NET/IBext_v10/0/GDRDMA(PCI)/Shared", "net", "IBext_v10", 0, 2, "send", True,
+     True, False),
+    ("Channel 00 : 2[1] -> 0[0] via SHM/direct/direct", "shm", None, 2, 0, None, False, True, False),
+    ("Channel 00 : 2[1] -> 0[0] via direct shared memory", "shm", None, 2, 0, None, False, True, False),
+    ("Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read", "p2p", None, 0, 1, None, False, True, False),
+    ("Channel 00/0 : 0[0] -> 4[0] via P2P/MNNVL/read", "p2p", None, 0, 4, None, False, True, True),
+    ("Channel 01/0 : 9[1] -> 10[2] via P2P/indirect/8[0]", "p2p", None, 9, 10, None, False, True, False),
+    ("CollNet 00/0 : 3 [send] via COLLNET/SHARP/1/GDRDMA", "collnet", "SHARP", 3, 3, "send", True, False, False),
+]
+
+
+@pytest.mark.parametrize("message,kind,network,src,dst,direction,gdr,ids,mnnvl", CONNECTION_CASES)
+def test_connections(message: str, kind: str, network: str | None, src: int, dst: int, direction: str | None,
+                     gdr: bool, ids: bool, mnnvl: bool) -> None:
+    event = g.parse_message(message)
+    assert isinstance(event, g.ConnectionEvent)
+    assert (event.kind, event.network, event.src, event.dst, event.direction, event.gdr, event.ids_are_devices,
+            event.mnnvl) == (kind, network, src, dst, direction, gdr, ids, mnnvl)
+
+
+def test_receive_line_is_logged_by_its_destination() -> None:
+    event = g.parse_message("Channel 00/0 : 15[7] -> 0[0] [receive] via NET/Socket/0")
+    assert isinstance(event, g.ConnectionEvent) and event.logging_rank == 0
+
+
+WARNING_CASES = [
+    ("misc/ibvwrap.cc:63", "Failed to open libibverbs.so[.1]", "ib_library_missing"),
+    ("plugin/net.cc:334", "Failed to initialize any NET plugin", "net_plugin_failure"),
+    ("nccl_net_ofi_rdma_init:7978", "NET/OFI OFI fi_getinfo() call failed: No data available", "net_plugin_failure"),
+    ("transport/net_ib.cc:1295", "NET/IB : Got completion from peer 10.0.0.2<1> with error 12", "ib_completion_error"),
+    ("transport/net_ib.cc:90", "NET/IB : Got async event : port error", "ib_async_event"),
+    ("misc/ibvwrap.cc:200", "Call to ibv_modify_qp failed with error Connection timed out", "ib_verbs_error"),
+    ("misc/socket.cc:49", "socketProgress: Connection closed by remote peer n0<1>", "socket_connection_closed"),
+    ("proxy.cc:1485", "[Service thread] Error encountered progressing operation=Connect", "proxy_error"),
+    ("enqueue.cc:1", "Cuda failure 'out of memory'", "cuda_error"),
+    ("init.cc:1", "something nobody expected", "other"),
+]
+
+
+@pytest.mark.parametrize("location,message,category", WARNING_CASES)
+def test_warning_categories(location: str, message: str, category: str) -> None:
+    (record,) = g.split_records(f"h:1:2 [0] {location} NCCL WARN {message}")
+    assert g.warning_category(record) == category
+    assert category in g.WARNING_CATEGORIES
+
+
+def test_info_lines_that_explain_a_missing_rdma_path_count_as_warnings() -> None:
+    (record,) = g.split_records("h:1:2 [0] NCCL INFO NET/IB : No device found.")
+    assert g.warning_category(record) == "ib_no_device"
+    (record,) = g.split_records("h:1:2 [0] NCCL INFO Using network IB")
+    assert g.warning_category(record) is None

@@ -1,0 +1,127 @@
+"""How ranks are placed on nodes and connections attributed to communicators (small logs, one rule each)."""
+
+from __future__ import annotations
+
+from tests.nccl.conftest import analyze_text
+
+
+def _socket_pair(host_a: str, host_b: str, extra_a: str = "", extra_b: str = "") -> str:
+    lines = []
+    for rank, (host, extra) in enumerate(((host_a, extra_a), (host_b, extra_b))):
+        pid = 100 + rank
+        if extra:
+            lines.append(f"{host}:{pid}:{pid} [0] NCCL INFO {extra}")
+        lines.append(f"{host}:{pid}:{pid} [0] NCCL INFO Using network Socket")
+        lines.append(f"{host}:{pid}:{pid} [0] NCCL INFO Channel 00/0 : {rank}[{rank + 1}000] -> {1 - rank}[{2 - rank}000] "
+                     f"[send] via NET/Socket/0")
+        lines.append(f"{host}:{pid}:{pid} [0] NCCL INFO comm 0x{rank} rank {rank} nranks 2 cudaDev 0 busId {rank + 1}000 "
+                     f"- Init COMPLETE")
+    return "\n".join(lines)
+
+
+def test_two_hostnames_are_two_nodes() -> None:
+    verdict = analyze_text(_socket_pair("a", "b")).result()
+    assert verdict.verdict == "tcp_fallback" and verdict.nodes == 2
+
+
+def test_one_hostname_is_one_node() -> None:
+    verdict = analyze_text(_socket_pair("a", "a")).result()
+    assert verdict.verdict == "single_node" and verdict.inter_node_tcp is False and verdict.nodes == 1
+
+
+def test_one_hostname_with_two_bootstrap_addresses_is_two_nodes() -> None:
+    log = _socket_pair("worker", "worker", "Bootstrap : Using eth0:10.0.0.1<0>", "Bootstrap : Using eth0:10.0.0.2<0>")
+    verdict = analyze_text(log).result()
+    assert verdict.verdict == "tcp_fallback" and verdict.nodes == 2
+
+
+def test_bootstrap_and_ib_oob_addresses_are_never_compared() -> None:
+    """One process shows its bootstrap address, the other only NET/IB's OOB one: still one node."""
+    log = _socket_pair("worker", "worker", "Bootstrap : Using eth0:10.0.0.1<0>",
+                       "NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:192.168.0.1<0>")
+    verdict = analyze_text(log).result()
+    assert verdict.verdict == "single_node" and verdict.nodes == 1
+
+
+def test_loopback_addresses_do_not_name_nodes() -> None:
+    log = _socket_pair("worker", "worker", "Bootstrap : Using lo:127.0.0.1<0>", "Bootstrap : Using lo:127.0.0.1<0>")
+    assert analyze_text(log).result().verdict == "single_node"
+
+
+def test_same_gpu_on_both_ends_beats_an_identical_hostname() -> None:
+    """Two ranks on one GPU cannot share a node, whatever the (redacted) hostnames say."""
+    log = "\n".join([
+        "<cluster_name>:1:1 [0] NCCL INFO Using network Socket",
+        "<cluster_name>:1:1 [0] NCCL INFO Channel 00/0 : 8[0] -> 0[0] [send] via NET/Socket/0",
+        "<cluster_name>:2:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/Socket/0",
+    ])
+    verdict = analyze_text(log).result()
+    assert verdict.verdict == "tcp_fallback"
+
+
+def test_net_between_different_gpus_of_an_unknown_peer_stays_unknown() -> None:
+    log = "\n".join([
+        "h:1:1 [0] NCCL INFO Using network Socket",
+        "h:1:1 [0] NCCL INFO Channel 00/0 : 0[1b000] -> 1[3d000] [send] via NET/Socket/0",
+    ])
+    verdict = analyze_text(log).result()
+    assert verdict.verdict == "unknown" and verdict.inter_node_tcp is None
+    assert verdict.communicators[0].transports == {("net_socket", "unknown", "0"): 1}
+
+
+def test_runtime_connect_lines_after_init_complete_stay_with_their_communicator() -> None:
+    """2.22+: connections are made at the first collective, after Init COMPLETE."""
+    log = "\n".join([
+        "a:1:5 [0] NCCL INFO comm 0x1 rank 0 nranks 2 cudaDev 0 nvmlDev 0 busId 1000 commId 0xaa - Init START",
+        "a:1:5 [0] NCCL INFO comm 0x1 rank 0 nranks 2 cudaDev 0 nvmlDev 0 busId 1000 commId 0xaa - Init COMPLETE",
+        "a:1:5 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/0/GDRDMA",
+    ])
+    verdict = analyze_text(log).result()
+    (comm,) = verdict.communicators
+    assert comm.comm_id == "0xaa" and comm.transports == {("net_ib", "inter_node", "1"): 1}
+    assert verdict.gdr is True and verdict.verdict == "rdma"
+
+
+def test_connections_before_init_complete_belong_to_it_on_older_versions() -> None:
+    log = "\n".join([
+        "a:1:5 [0] NCCL INFO Channel 00 : 0[1b000] -> 1[1b000] [send] via NET/IB/0",
+        "a:1:5 [0] NCCL INFO comm 0x1 rank 0 nranks 2 cudaDev 0 busId 1b000 - Init COMPLETE",
+        "a:1:5 [0] NCCL INFO Channel 00 : 0[1b000] -> 1[3d000] [send] via NET/IB/0",
+        "a:1:5 [0] NCCL INFO comm 0x2 rank 0 nranks 4 cudaDev 0 busId 1b000 - Init COMPLETE",
+    ])
+    verdict = analyze_text(log).result()
+    by_id = {c.comm_id: c for c in verdict.communicators}
+    assert by_id["nranks:2"].transports == {("net_ib", "inter_node", "0"): 1}
+    assert by_id["nranks:4"].transports == {("net_ib", "unknown", "0"): 1}
+    assert verdict.gdr is False
+
+
+def test_nnodes_line_before_the_commid_line_is_merged() -> None:
+    log = "\n".join([
+        "comm 0x7 rank 0 nRanks 16 nNodes 2 localRanks 8 localRank 0 MNNVL 0",
+        "Using network Socket",
+        "comm 0x7 rank 0 nranks 16 cudaDev 0 nvmlDev 0 busId 18000 commId 0x51 - Init COMPLETE",
+    ])
+    verdict = analyze_text(log).result()
+    assert [c.comm_id for c in verdict.communicators] == ["0x51"]
+    assert verdict.nodes == 2 and verdict.verdict == "tcp_fallback"
+
+
+def test_socket_line_alone_is_not_a_network_choice_in_2_4() -> None:
+    log = "\n".join([
+        "a:1:1 [0] NCCL INFO NET/Socket : Using [0]ib0:192.168.11.1<0>",
+        "b:2:2 [0] NCCL INFO NET/Socket : Using [0]ib0:192.168.11.2<0>",
+    ])
+    verdict = analyze_text(log).result()
+    assert verdict.network is None and verdict.inter_node_tcp is None
+
+
+def test_disagreeing_ranks_are_judged_by_the_tcp_one() -> None:
+    log = "\n".join([
+        "a:1:1 [0] NCCL INFO Using network IB",
+        "b:2:2 [0] NCCL INFO Using network Socket",
+        "a:1:1 [0] NCCL INFO comm 0x1 rank 0 nRanks 2 nNodes 2 localRanks 1 localRank 0 MNNVL 0",
+        "b:2:2 [0] NCCL INFO comm 0x2 rank 1 nRanks 2 nNodes 2 localRanks 1 localRank 0 MNNVL 0",
+    ])
+    verdict = analyze_text(log).result()
+    assert verdict.inter_node_tcp is True and verdict.network == "Socket"

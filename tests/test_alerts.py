@@ -1,0 +1,167 @@
+"""The alert rules: promtool checks them and runs their unit tests; a lint holds every alert to
+the conventions (three annotations, a known severity, a runbook that exists, known metrics)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, require_tool
+from tests.promql_names import (
+    EXTERNAL_METRICS,
+    RULES_FILE,
+    documented_metric_names,
+    recording_rule_names,
+    referenced_names,
+    rules,
+    unknown_names,
+)
+
+TESTS_DIR = REPO / "alerts" / "tests"
+RUNBOOKS = REPO / "docs" / "runbooks"
+SEVERITIES = {"critical", "warning", "info"}
+
+ALERTS = [rule for rule in rules() if "alert" in rule]
+
+
+def test_promtool_check_rules_is_clean() -> None:
+    promtool = require_tool("promtool")
+    result = subprocess.run([promtool, "check", "rules", str(RULES_FILE)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+    # promtool prints lint warnings (e.g. unused labels) without failing; there must be none.
+    assert "WARNING" not in (result.stdout + result.stderr).upper().replace("SUCCESS", "")
+
+
+def test_promtool_unit_tests_pass() -> None:
+    promtool = require_tool("promtool")
+    files = sorted(TESTS_DIR.glob("*.yaml"))
+    assert files
+    result = subprocess.run([promtool, "test", "rules", *map(str, files)], capture_output=True, text=True,
+                            timeout=300, cwd=TESTS_DIR)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_broken_rule_fails_its_unit_test(tmp_path: Path) -> None:
+    """The unit tests can fail: rename the TCP-fallback alert and its test must break."""
+    promtool = require_tool("promtool")
+    broken = RULES_FILE.read_text().replace(
+        "      - alert: CclNcclTcpFallback\n", "      - alert: CclNcclTcpFallbackRenamed\n", 1
+    )
+    (tmp_path / "alerts").mkdir()
+    (tmp_path / "alerts" / RULES_FILE.name).write_text(broken)
+    (tmp_path / "alerts" / "tests").mkdir()
+    test_file = tmp_path / "alerts" / "tests" / "nccl-test.yaml"
+    test_file.write_text((TESTS_DIR / "nccl-test.yaml").read_text())
+    result = subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True, text=True,
+                            timeout=60, cwd=test_file.parent)
+    assert result.returncode != 0
+    assert "CclNcclTcpFallback" in result.stdout + result.stderr
+
+
+def _unit_test_cases() -> dict[str, list[list[dict]]]:  # type: ignore[type-arg]
+    cases: dict[str, list[list[dict]]] = {}  # type: ignore[type-arg]
+    for path in TESTS_DIR.glob("*.yaml"):
+        for test in yaml.safe_load(path.read_text())["tests"]:
+            for case in test.get("alert_rule_test", []):
+                cases.setdefault(case["alertname"], []).append(case.get("exp_alerts") or [])
+    return cases
+
+
+@pytest.mark.parametrize("alert", ALERTS, ids=[a["alert"] for a in ALERTS])
+def test_every_alert_is_tested_firing_and_silent(alert: dict) -> None:  # type: ignore[type-arg]
+    cases = _unit_test_cases().get(alert["alert"], [])
+    assert any(expected for expected in cases), f"{alert['alert']}: no case where it fires"
+    assert any(not expected for expected in cases), f"{alert['alert']}: no case where it stays silent"
+    for expected in cases:
+        for firing in expected:
+            assert firing["exp_labels"]["severity"] == alert["labels"]["severity"]
+            assert set(firing["exp_annotations"]) == {"summary", "description", "runbook_url"}
+
+
+@pytest.mark.parametrize("alert", ALERTS, ids=[a["alert"] for a in ALERTS])
+def test_alert_follows_the_conventions(alert: dict) -> None:  # type: ignore[type-arg]
+    name = alert["alert"]
+    assert re.fullmatch(r"Ccl(?:[A-Z][a-z0-9]+)+", name), f"{name}: CamelCase with the Ccl prefix"
+    assert alert["labels"]["severity"] in SEVERITIES
+    annotations = alert["annotations"]
+    assert set(annotations) >= {"summary", "description", "runbook_url"}
+    assert annotations["summary"].endswith("."), "a summary is one static sentence"
+    assert "{{" not in annotations["summary"]
+    assert "$labels.node" in annotations["description"], "the description names the node"
+    assert annotations["runbook_url"].endswith(f"/{name}.md")
+    runbook = RUNBOOKS / f"{name}.md"
+    assert runbook.is_file(), f"missing runbook {runbook.relative_to(REPO)}"
+    text = runbook.read_text()
+    for section in ("## Meaning", "## Confirm", "## Causes", "## Fix", "## Verify"):
+        assert section in text, f"{runbook.name}: no '{section}' section"
+    assert "for" in alert, f"{name}: no `for`"
+
+
+def test_pod_level_alerts_name_namespace_pod_and_job() -> None:
+    for alert in ALERTS:
+        if "pod" in alert["expr"] and "job_name" in alert["expr"] and "ccl_nccl" in alert["expr"]:
+            description = alert["annotations"]["description"]
+            for label in ("namespace", "pod", "job_name", "node"):
+                assert f"$labels.{label}" in description, f"{alert['alert']} lacks {label}"
+
+
+def test_tcp_fallback_is_critical_and_fast() -> None:
+    (fallback,) = [a for a in ALERTS if a["alert"] == "CclNcclTcpFallback"]
+    assert fallback["labels"]["severity"] == "critical"
+    assert fallback["for"] in ("0s", "30s", "1m")
+
+
+def test_rules_reference_only_known_metrics() -> None:
+    assert documented_metric_names(), "docs/metrics.md lists no ccl_ metric"
+    for rule in rules():
+        unknown = unknown_names(rule["expr"])
+        assert not unknown, f"{rule.get('alert') or rule.get('record')}: unknown metrics {sorted(unknown)}"
+
+
+def test_name_extraction_sees_what_it_must() -> None:
+    expr = ('sum by (node) (rate(ccl_rdma_port_transmit_bytes_total{counter="ccl_not_a_metric"}[5m]))'
+            ' > on (node) node:ccl_rdma_ports:count and max_over_time(x:y:z[7d:1h]) unless up{job="a"}')
+    assert referenced_names(expr) == {"ccl_rdma_port_transmit_bytes_total", "node:ccl_rdma_ports:count", "x:y:z", "up"}
+    assert "x:y:z" in unknown_names(expr)
+
+
+def test_external_metrics_are_used() -> None:
+    used = set().union(*(referenced_names(rule["expr"]) for rule in rules()))
+    assert set(EXTERNAL_METRICS) <= used, "drop external metrics no rule uses"
+
+
+def test_recording_rules_follow_level_metric_operations() -> None:
+    for name in recording_rule_names():
+        assert re.fullmatch(r"[a-z_]+:[a-z0-9_]+:[a-z0-9_]+", name), name
+
+
+def test_runbook_urls_and_prometheus_rule_are_in_sync() -> None:
+    result = subprocess.run([sys.executable, str(REPO / "alerts" / "sync.py"), "--check"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+
+
+def test_prometheus_rule_spec_equals_the_rules_file() -> None:
+    manifest = yaml.safe_load((REPO / "manifests" / "base" / "prometheusrule.yaml").read_text())
+    assert manifest["kind"] == "PrometheusRule"
+    assert manifest["spec"] == yaml.safe_load(RULES_FILE.read_text())
+
+
+def test_every_runbook_belongs_to_an_alert() -> None:
+    names = {a["alert"] for a in ALERTS}
+    orphans = {p.stem for p in RUNBOOKS.glob("*.md")} - names
+    assert not orphans, f"runbooks without an alert: {sorted(orphans)}"
+
+
+def test_alerts_doc_lists_every_alert() -> None:
+    doc = (REPO / "docs" / "alerts.md").read_text()
+    for alert in ALERTS:
+        row = [line for line in doc.splitlines() if line.startswith(f"| `{alert['alert']}`")]
+        assert row, f"docs/alerts.md has no row for {alert['alert']}"
+        assert alert["labels"]["severity"] in row[0] and alert["for"] in row[0]

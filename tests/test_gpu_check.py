@@ -1,0 +1,97 @@
+"""scripts/gpu-check where no GPU exists: it must run, write its folder and say clearly what
+it skipped. NVML is the fake libnvidia-ml; nvidia-smi is either absent or a stand-in script
+printing canned `nvidia-smi nvlink` text (the real tool needs a GPU), which checks the
+side-by-side comparison and its mismatch flag. The real comparison happens on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from exporter.cli import build_parser
+from tests.conftest import REPO, require_tool
+from tests.fakenvml import build_fake_nvml, fake_nvml_env
+
+SCRIPT = REPO / "scripts" / "gpu-check"
+
+FAKE_SMI = """#!/bin/sh
+case "$*" in
+  "nvlink --status -i 0") printf 'GPU 0: NVIDIA H200 (UUID: GPU-x)\\n\\t Link 0: 26.562 GB/s\\n\\t Link 1: 25.000 GB/s\\n\\t Link 2: <inactive>\\n' ;;
+  "nvlink -e -i 0") printf 'GPU 0: NVIDIA H200 (UUID: GPU-x)\\n\\t Link 0: Replay Errors: 0\\n\\t Link 0: Recovery Errors: 0\\n\\t Link 0: CRC Errors: 0\\n' ;;
+  *) echo "nvidia-smi stand-in: $*" ;;
+esac
+"""
+
+
+@pytest.fixture(scope="module")
+def fake_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_fake_nvml(require_tool("gcc"), tmp_path_factory.mktemp("fakenvml"))
+
+
+def run_check(out: Path, lib: Path, *args: str, **fake: object) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **fake_nvml_env(lib, **fake)}
+    return subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), *args], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def summary_rows(out: Path) -> dict[str, tuple[str, str]]:
+    rows = {}
+    for line in (out / "summary.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 3 and cells[1] in ("OK", "SKIPPED", "FAILED"):
+            rows[cells[0]] = (cells[1], cells[2])
+    return rows
+
+
+def test_degrades_clearly_without_nvidia_smi_torch_or_gpu(fake_lib: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = run_check(out, fake_lib, "--nvidia-smi", str(tmp_path / "no-such-nvidia-smi"), down_links="0:2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = summary_rows(out)
+    assert rows["ccl NVML collector"] == ("OK", "8 GPUs, 144 NVLinks")
+    assert rows["nvidia-smi"][0] == "SKIPPED" and "not found" in rows["nvidia-smi"][1]
+    assert rows["compare"][0] == "SKIPPED"
+    # here torch is absent or CPU-only: either way the NCCL step is skipped with its reason
+    assert rows["NCCL init"][0] == "SKIPPED" and ("torch" in rows["NCCL init"][1])
+    assert rows["ccl-exporter analyze"] == ("SKIPPED", "no NCCL log to analyze")
+    metrics = (out / "ccl-nvml-metrics.txt").read_text()
+    assert ('ccl_gpu_info{gpu="0",name="NVIDIA H200",pci_bus_id="00000000:18:00.0",'
+            'uuid="GPU-fa4e0000-0000-4000-8000-000000000000"} 1.0') in metrics
+    assert 'ccl_nvlink_state{gpu="0",link="2"} 0.0' in metrics
+    assert "link  2: inactive, 0.000 GB/s" in (out / "compare.txt").read_text()
+
+
+def test_compares_with_nvidia_smi_and_flags_differences(fake_lib: Path, tmp_path: Path) -> None:
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(FAKE_SMI)
+    smi.chmod(0o755)
+    out = tmp_path / "out"
+    assert run_check(out, fake_lib, "--nvidia-smi", str(smi), down_links="0:2").returncode == 0
+    rows = summary_rows(out)
+    assert rows["nvidia-smi nvlink --status -i 0"] == ("OK", "exit 0, nvidia-smi-nvlink-status.txt")
+    assert rows["compare"] == ("FAILED", "3 links compared, 1 mismatches")
+    compare = (out / "compare.txt").read_text().splitlines()
+    assert compare[2].startswith("link  0: active, 26.562 GB/s") and "Replay Errors: 0" in compare[2]
+    assert compare[3].endswith("| 25.000 GB/s  <-- speed differs")
+    assert compare[4].endswith("| <inactive>")
+
+
+def test_analyzes_a_given_nccl_log_or_says_analyze_is_missing(fake_lib: Path, tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    log.write_text("node-a:100:100 [0] NCCL INFO NCCL version 2.21.5+cuda12.4\n"
+                   "node-a:100:100 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>\n")
+    out = tmp_path / "out"
+    assert run_check(out, fake_lib, "--nvidia-smi", str(tmp_path / "none"), "--nccl-log", str(log)).returncode == 0
+    rows = summary_rows(out)
+    assert (out / "nccl-init.log").read_text() == log.read_text()
+    has_analyze = "analyze" in build_parser({})._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    if has_analyze:
+        assert rows["ccl-exporter analyze"][0] == "OK" and (out / "analyze.json").exists()
+    else:
+        assert rows["ccl-exporter analyze"] == (
+            "SKIPPED", "this build of ccl-exporter has no analyze command; the log is kept")

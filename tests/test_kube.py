@@ -1,0 +1,197 @@
+"""Job attribution from pod labels, and the pod list/watch cache.
+
+No Kubernetes API server can run here, so the cache is tested with the real ``kubernetes``
+client against a recorded-response HTTP server on 127.0.0.1 that answers the node-filtered
+pod list and a watch stream (newline-delimited JSON events, chunked, as the API server sends
+them). The seam is only the ``CoreV1Api`` the cache is given.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+
+from exporter.sources.kube import KubePodCache, PodMetadata, attribute_job
+
+CONTROLLER = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "llama", "controller": True,
+              "uid": "6f1e2d3c-0000-4000-8000-000000000001"}
+
+
+@pytest.mark.parametrize(
+    ("labels", "owners", "annotations", "expected"),
+    [
+        ({"training.kubeflow.org/job-name": "llama", "training.kubeflow.org/operator-name": "pytorchjob-controller"},
+         [], {}, ("llama", "PyTorchJob")),
+        ({"training.kubeflow.org/job-name": "llama"}, [CONTROLLER], {}, ("llama", "PyTorchJob")),
+        ({"training.kubeflow.org/job-name": "pi", "training.kubeflow.org/operator-name": "mpi-operator",
+          "training.kubeflow.org/job-role": "launcher"}, [], {}, ("pi", "MPIJob")),
+        ({"training.kubeflow.org/job-name": "x"}, [], {}, ("x", "KubeflowJob")),
+        # Kubeflow wins over the JobSet and batch labels a pod may also carry
+        ({"training.kubeflow.org/job-name": "a", "jobset.sigs.k8s.io/jobset-name": "b", "job-name": "c",
+          "training.kubeflow.org/operator-name": "tfjob-controller"}, [], {}, ("a", "TFJob")),
+        ({"jobset.sigs.k8s.io/jobset-name": "js", "batch.kubernetes.io/job-name": "js-node-0"}, [], {}, ("js", "JobSet")),
+        ({"jobset.sigs.k8s.io/jobset-name": "tj", "trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}, [], {},
+         ("tj", "TrainJob")),
+        ({"leaderworkerset.sigs.k8s.io/name": "vllm", "job-name": "nope"}, [], {}, ("vllm", "LeaderWorkerSet")),
+        ({"volcano.sh/job-name": "vc", "volcano.sh/queue-name": "q"}, [], {"scheduling.k8s.io/group-name": "pg"},
+         ("vc", "VolcanoJob")),
+        ({"batch.kubernetes.io/job-name": "bj", "job-name": "bj"}, [{"kind": "Job", "name": "bj", "controller": True}],
+         {}, ("bj", "Job")),
+        ({"job-name": "legacy"}, [], {}, ("legacy", "Job")),
+        ({"scheduling.x-k8s.io/pod-group": "pg1"}, [], {}, ("pg1", "PodGroup")),
+        ({}, [], {"scheduling.k8s.io/group-name": "pg2"}, ("pg2", "PodGroup")),
+        ({"kueue.x-k8s.io/pod-group-name": "kg"}, [], {}, ("kg", "PodGroup")),
+        ({"app": "web"}, [{"kind": "ReplicaSet", "name": "web-5d9c", "controller": True}], {}, ("web-5d9c", "ReplicaSet")),
+        ({"app": "web"}, [{"kind": "Node", "name": "n1"}, {"kind": "StatefulSet", "name": "db", "controller": True}], {},
+         ("db", "StatefulSet")),
+        ({}, [], {}, ("", "")),
+        (None, None, None, ("", "")),
+    ],
+)
+def test_attribute_job(labels, owners, annotations, expected) -> None:  # type: ignore[no-untyped-def]
+    assert attribute_job(labels, owners, annotations) == expected
+
+
+def pod(namespace: str, name: str, uid: str, labels: dict[str, str], rv: str, owners: list | None = None) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "uid": uid, "labels": labels, "resourceVersion": rv,
+                     "ownerReferences": owners or []},
+        "spec": {"nodeName": "gpu-node-7", "containers": [{"name": "pytorch", "image": "pytorch:2"}]},
+        "status": {"phase": "Running"},
+    }
+
+
+LLAMA = pod("training", "llama-worker-0", "u1", {"training.kubeflow.org/job-name": "llama"}, "101", [CONTROLLER])
+BERT = pod("research", "bert-0", "u2", {"batch.kubernetes.io/job-name": "bert"}, "102")
+RESNET = pod("vision", "resnet-0", "u3", {"volcano.sh/job-name": "resnet"}, "105")
+
+
+class RecordedApi(BaseHTTPRequestHandler):
+    """Answers GET /api/v1/pods (list, then watch) from recorded JSON; logs each query."""
+
+    protocol_version = "HTTP/1.1"
+    queries: list[dict[str, list[str]]] = []
+    release = threading.Event()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        url = urlparse(self.path)
+        query = parse_qs(url.query)
+        type(self).queries.append(query)
+        if url.path != "/api/v1/pods":
+            self.send_error(404)
+            return
+        if query.get("watch") != ["true"]:
+            body = json.dumps({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "100"},
+                               "items": [LLAMA, BERT]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        modified = pod("research", "bert-0", "u2", {"volcano.sh/job-name": "bert-v2"}, "104")
+        for event in ({"type": "ADDED", "object": RESNET}, {"type": "MODIFIED", "object": modified},
+                      {"type": "DELETED", "object": LLAMA}):
+            data = (json.dumps(event) + "\n").encode()
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+        type(self).release.wait(5)  # hold the watch open like the API server does
+        self.wfile.write(b"0\r\n\r\n")
+
+
+@pytest.fixture
+def recorded_api():  # type: ignore[no-untyped-def]
+    RecordedApi.queries = []
+    RecordedApi.release = threading.Event()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), RecordedApi)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    RecordedApi.release.set()
+    server.shutdown()
+    server.server_close()
+
+
+def api_for(host: str):  # type: ignore[no-untyped-def]
+    from kubernetes import client
+
+    configuration = client.Configuration()
+    configuration.host = host
+    return lambda: client.CoreV1Api(client.ApiClient(configuration))
+
+
+def wait_for(predicate, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_cache_lists_and_watches_this_nodes_pods(recorded_api: str) -> None:
+    cache = KubePodCache("gpu-node-7", api_factory=api_for(recorded_api), watch_seconds=5)
+    cache.start()
+    try:
+        assert wait_for(lambda: cache.lookup("vision", "resnet-0") is not None)
+        assert wait_for(lambda: cache.lookup("training", "llama-worker-0") is None)
+        assert cache.is_authoritative()
+        assert cache.lookup("research", "bert-0") == PodMetadata("research", "bert-0", "u2", "bert-v2", "VolcanoJob")
+        assert cache.lookup("vision", "resnet-0") == PodMetadata("vision", "resnet-0", "u3", "resnet", "VolcanoJob")
+    finally:
+        cache.close()
+    listing, watching = RecordedApi.queries[0], RecordedApi.queries[1]
+    assert listing["fieldSelector"] == ["spec.nodeName=gpu-node-7"]
+    assert watching["fieldSelector"] == ["spec.nodeName=gpu-node-7"]
+    assert watching["resourceVersion"] == ["100"] and watching["watch"] == ["true"]
+
+
+def test_without_api_access_it_says_so_once_and_attributes_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    def no_config() -> None:
+        raise RuntimeError("Service host/port is not set.")
+
+    caplog.set_level(logging.INFO, logger="exporter.sources.kube")
+    cache = KubePodCache("gpu-node-7", api_factory=no_config)
+    cache.start()
+    cache.start()
+    assert wait_for(lambda: cache.status.startswith("no API access"))
+    assert cache.lookup("training", "llama-worker-0") is None
+    assert not cache.is_authoritative()
+    assert len([r for r in caplog.records if "no Kubernetes API access" in r.getMessage()]) == 1
+
+
+def test_api_down_is_retried_and_said_once(caplog: pytest.LogCaptureFixture) -> None:
+    from tests.conftest import free_port
+
+    caplog.set_level(logging.INFO, logger="exporter.sources.kube")
+    cache = KubePodCache("gpu-node-7", api_factory=api_for(f"http://127.0.0.1:{free_port()}"), min_cycle_seconds=0.01)
+    cache.start()
+    try:
+        assert wait_for(lambda: cache.status.startswith("API error"))
+        time.sleep(0.2)  # several retries
+    finally:
+        cache.close()
+    assert not cache.is_authoritative()
+    assert len([r for r in caplog.records if "Kubernetes API unavailable" in r.getMessage()]) == 1
+
+
+def test_no_node_name_means_no_watch(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="exporter.sources.kube")
+    cache = KubePodCache("")
+    cache.start()
+    assert cache.status == "no node name" and not cache.is_authoritative()

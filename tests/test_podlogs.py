@@ -1,0 +1,326 @@
+"""The pod-log / NCCL debug-file tailer on real files: rotation, truncation, partial lines,
+restarts, start caps and bounds. Every test checks that each NCCL line arrives exactly once."""
+
+from __future__ import annotations
+
+import os
+import tracemalloc
+from pathlib import Path
+
+from exporter.sources.podlogs import (
+    SOURCE_DEBUG_FILE,
+    SOURCE_POD_LOG,
+    PodLogTailer,
+    StreamKey,
+    TailBatch,
+    TailLimits,
+    parse_pod_folder,
+    pod_log_generation,
+)
+
+STAMP = "2026-03-01T10:00:00.123456789Z"
+UID = "0b7c5a1e-1111-2222-3333-444455556666"
+
+
+def cri(message: str, tag: str = "F", stream: str = "stdout") -> str:
+    return f"{STAMP} {stream} {tag} {message}\n"
+
+
+def nccl(n: int) -> str:
+    return f"host-0:41:41 [0] NCCL INFO line {n}"
+
+
+def append(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        handle.write(text)
+
+
+def container_dir(root: Path, namespace: str = "training", pod: str = "llama-worker-0", container: str = "pytorch") -> Path:
+    return root / f"{namespace}_{pod}_{UID}" / container
+
+
+def all_lines(batches: list[TailBatch], *, replayed: bool = False) -> list[str]:
+    out: list[str] = []
+    for batch in batches:
+        source = batch.replayed if replayed else batch.lines
+        for lines in source.values():
+            out.extend(lines)
+    return out
+
+
+def drain(tailer: PodLogTailer, rounds: int = 5) -> list[TailBatch]:
+    return [tailer.poll() for _ in range(rounds)]
+
+
+def test_path_conventions() -> None:
+    assert parse_pod_folder(f"training_llama-worker-0_{UID}") == ("training", "llama-worker-0", UID)
+    assert parse_pod_folder("no-uid_here") is None
+    assert pod_log_generation("0.log") == ("0", "")
+    assert pod_log_generation("2.log.20260301-100000") == ("2", "20260301-100000")
+    assert pod_log_generation("2.log.20260301-100000.gz") is None
+    assert pod_log_generation("2.log.20260301-100000.gz.tmp") is None
+    assert pod_log_generation("app.log") is None
+
+
+def test_only_nccl_lines_are_returned_with_their_stream(tmp_path: Path) -> None:
+    log = container_dir(tmp_path) / "0.log"
+    append(log, cri("epoch 1 loss 2.3") + cri(nccl(1)) + cri("NCCL WARN oops", stream="stderr"))
+    tailer = PodLogTailer(tmp_path, None)
+    batch = tailer.poll()
+    key = StreamKey(SOURCE_POD_LOG, "training", "llama-worker-0", UID, "pytorch", "0")
+    assert batch.lines == {key: [nccl(1), "NCCL WARN oops"]}
+    assert key in batch.opened
+    assert tailer.stats.files[SOURCE_POD_LOG] == 1
+
+
+def test_partial_cri_lines_are_joined_even_across_polls_and_streams(tmp_path: Path) -> None:
+    log = container_dir(tmp_path) / "0.log"
+    append(log, cri("host-0:41:41 [0] NC", tag="P") + cri("interleaved stderr NCCL F", stream="stderr"))
+    tailer = PodLogTailer(tmp_path, None)
+    first = all_lines([tailer.poll()])
+    append(log, cri("CL INFO Using net", tag="P") + cri("work IB"))
+    second = all_lines([tailer.poll()])
+    assert first == ["interleaved stderr NCCL F"]
+    assert second == ["host-0:41:41 [0] NCCL INFO Using network IB"]
+
+
+def test_incomplete_last_line_waits_for_its_newline(tmp_path: Path) -> None:
+    log = container_dir(tmp_path) / "0.log"
+    append(log, cri(nccl(1)) + cri(nccl(2))[:30])
+    tailer = PodLogTailer(tmp_path, None)
+    assert all_lines([tailer.poll()]) == [nccl(1)]
+    append(log, cri(nccl(2))[30:])
+    assert all_lines([tailer.poll()]) == [nccl(2)]
+
+
+def test_rotation_follows_the_renamed_file_to_its_end_first(tmp_path: Path) -> None:
+    folder = container_dir(tmp_path)
+    live = folder / "0.log"
+    append(live, cri(nccl(1)))
+    tailer = PodLogTailer(tmp_path, None)
+    got = all_lines([tailer.poll()])
+    append(live, cri(nccl(2)))
+    rotated = folder / "0.log.20260301-100500"
+    os.rename(live, rotated)  # kubelet rotates ...
+    append(rotated, cri(nccl(3)))  # ... the runtime still writes a line before reopening
+    append(live, cri(nccl(4)))  # the new live file
+    got += all_lines(drain(tailer, 2))
+    # kubelet compresses the rotated file and deletes the plain one
+    (folder / "0.log.20260301-100500.gz").write_bytes(b"\x1f\x8b compressed")
+    rotated.unlink()
+    append(live, cri(nccl(5)))
+    got += all_lines(drain(tailer, 2))
+    assert got == [nccl(n) for n in range(1, 6)]
+    assert tailer.stats.skipped_bytes.get("vanished", 0) == 0
+
+
+def test_copytruncate_restarts_a_pod_log_at_zero(tmp_path: Path) -> None:
+    log = container_dir(tmp_path) / "0.log"
+    append(log, cri(nccl(1)) + cri(nccl(2)))
+    tailer = PodLogTailer(tmp_path, None)
+    got = all_lines([tailer.poll()])
+    with open(log, "w") as handle:  # truncate in place, same inode
+        handle.write(cri(nccl(3)))
+    batch = tailer.poll()
+    got += all_lines([batch])
+    assert got == [nccl(1), nccl(2), nccl(3)]
+    assert tailer.stats.events["truncated"] == 1
+    assert batch.restarted == []  # a pod log goes on; only debug files start a new log
+
+
+def test_debug_file_rewritten_by_a_new_process_is_a_restarted_stream(tmp_path: Path) -> None:
+    debug = tmp_path / "nccl" / "training_llama-worker-0" / "nccl.llama-worker-0.41.log"
+    append(debug, "\n".join(nccl(n) for n in range(1, 40)) + "\n")
+    tailer = PodLogTailer(None, tmp_path / "nccl")
+    assert len(all_lines([tailer.poll()])) == 39
+    # A new process overwrites the file and writes more than we had read before we look.
+    with open(debug, "w") as handle:
+        handle.write("\n".join(f"host-0:77:77 [0] NCCL INFO new {n}" for n in range(80)) + "\n")
+    batch = tailer.poll()
+    key = StreamKey(SOURCE_DEBUG_FILE, "training", "llama-worker-0", "", "", "nccl.llama-worker-0.41.log")
+    assert batch.restarted == [key]
+    assert batch.lines[key][0] == "host-0:77:77 [0] NCCL INFO new 0"
+    assert len(batch.lines[key]) == 80
+
+
+def test_restart_resumes_at_saved_offsets_and_replays_the_head(tmp_path: Path) -> None:
+    pods, state = tmp_path / "pods", tmp_path / "state"
+    log = container_dir(pods) / "0.log"
+    append(log, cri(nccl(1)) + cri(nccl(2)) + cri("host-0:41:41 [0] NC", tag="P"))
+    first = PodLogTailer(pods, None, state)
+    assert all_lines([first.poll()]) == [nccl(1), nccl(2)]
+    key = next(iter(first._streams))
+    assert first.save_state({key: {"warnings": {"ib": 2}}})
+    append(log, cri("CL INFO line 3") + cri(nccl(4)))
+
+    second = PodLogTailer(pods, None, state)
+    batch = second.poll()
+    assert batch.opened == {key: {"warnings": {"ib": 2}}}
+    assert all_lines([batch], replayed=True) == [nccl(1), nccl(2)]
+    assert all_lines([batch]) == ["host-0:41:41 [0] NCCL INFO line 3", nccl(4)]
+    assert all_lines(drain(second, 2)) == []
+
+
+def test_restart_after_rotation_while_down(tmp_path: Path) -> None:
+    pods, state = tmp_path / "pods", tmp_path / "state"
+    folder = container_dir(pods)
+    append(folder / "0.log", cri(nccl(1)))
+    first = PodLogTailer(pods, None, state)
+    first.poll()
+    first.save_state()
+    append(folder / "0.log", cri(nccl(2)))
+    os.rename(folder / "0.log", folder / "0.log.20260301-110000")
+    append(folder / "0.log", cri(nccl(3)))
+    second = PodLogTailer(pods, None, state)
+    assert all_lines(drain(second, 2)) == [nccl(2), nccl(3)]
+
+
+def test_inode_reused_by_another_file_is_not_resumed(tmp_path: Path) -> None:
+    pods, state = tmp_path / "pods", tmp_path / "state"
+    log = container_dir(pods) / "0.log"
+    append(log, "".join(cri(nccl(n)) for n in range(20)))
+    first = PodLogTailer(pods, None, state)
+    first.poll()
+    first.save_state()
+    # Same path and inode, other bytes (e.g. the folder was recreated): read from 0.
+    with open(log, "r+") as handle:
+        handle.write(cri("host-9:1:1 [0] NCCL INFO other job"))
+    second = PodLogTailer(pods, None, state, TailLimits(start_bytes=1 << 20))
+    lines = all_lines(drain(second, 2))
+    assert lines[0] == "host-9:1:1 [0] NCCL INFO other job"
+    assert all_lines([second.poll()], replayed=True) == []
+
+
+def test_busy_log_at_first_start_reads_the_head_then_follows_the_end(tmp_path: Path) -> None:
+    log = container_dir(tmp_path) / "0.log"
+    append(log, cri(nccl(0)) + "".join(cri(f"noise {n} " + "x" * 100) for n in range(2000)) + cri(nccl(1))[:20])
+    limits = TailLimits(start_bytes=4096)
+    tailer = PodLogTailer(tmp_path, None, limits=limits)
+    got = all_lines([tailer.poll()])
+    assert got == [nccl(0)]  # the head (init lines) is read
+    assert tailer.stats.skipped_bytes["initial_cap"] > 200_000
+    append(log, cri(nccl(1))[20:] + cri(nccl(2)))  # the fragment at the end is skipped whole
+    assert all_lines([tailer.poll()]) == [nccl(2)]
+
+
+def test_small_log_at_first_start_is_read_whole_and_new_pods_from_zero(tmp_path: Path) -> None:
+    append(container_dir(tmp_path) / "0.log", "".join(cri(nccl(n)) for n in range(10)))
+    tailer = PodLogTailer(tmp_path, None, limits=TailLimits(start_bytes=1 << 20))
+    assert len(all_lines([tailer.poll()])) == 10
+    # A pod that appears later is read from byte 0 whatever its size.
+    late = container_dir(tmp_path, pod="late-0") / "0.log"
+    append(late, "".join(cri(nccl(n)) for n in range(5000)))
+    assert len(all_lines(drain(tailer, 3))) == 5000
+
+
+def test_removed_pod_is_reported(tmp_path: Path) -> None:
+    folder = container_dir(tmp_path)
+    append(folder / "0.log", cri(nccl(1)))
+    tailer = PodLogTailer(tmp_path, None)
+    tailer.poll()
+    for child in folder.iterdir():
+        child.unlink()
+    folder.rmdir()
+    folder.parent.rmdir()
+    batch = tailer.poll()
+    assert [k.pod for k in batch.removed] == ["llama-worker-0"]
+    assert tailer.stats.streams == 0
+
+
+def test_container_restart_is_a_new_stream(tmp_path: Path) -> None:
+    folder = container_dir(tmp_path)
+    append(folder / "0.log", cri(nccl(1)))
+    tailer = PodLogTailer(tmp_path, None)
+    tailer.poll()
+    append(folder / "1.log", cri(nccl(2)))
+    batch = tailer.poll()
+    assert [(k.name, v) for k, v in batch.lines.items()] == [("1", [nccl(2)])]
+    assert [k.generation for k in batch.opened] == [1]
+
+
+def test_debug_file_convention_and_unattributed_files(tmp_path: Path) -> None:
+    root = tmp_path / "nccl"
+    append(root / "research_bert-0" / "rank0" / "nccl.bert-0.12.log", nccl(1) + "\n")
+    append(root / "stray.log", nccl(2) + "\n")
+    append(root / "no-pod-folder" / "x.log", nccl(3) + "\n")
+    tailer = PodLogTailer(None, root)
+    batch = tailer.poll()
+    assert {(k.namespace, k.pod, k.name): v for k, v in batch.lines.items()} == {
+        ("research", "bert-0", "rank0/nccl.bert-0.12.log"): [nccl(1)]
+    }
+    assert tailer.stats.unattributed_files == 2
+
+
+def test_long_lines_are_cut_and_memory_stays_bounded(tmp_path: Path) -> None:
+    """A 100 MB line without a newline in a debug file, then a normal line."""
+    debug = tmp_path / "nccl" / "evil_pod-0" / "nccl.log"
+    debug.parent.mkdir(parents=True)
+    limits = TailLimits(tick_bytes=8 << 20, file_chunk_bytes=1 << 20, max_line_bytes=64 << 10)
+    tailer = PodLogTailer(None, tmp_path / "nccl", limits=limits)
+    tailer.poll()  # the file appears after the first scan: read from byte 0, no start cap
+    with open(debug, "wb") as handle:
+        handle.write(b"NCCL " + b"A" * (100 * 1024 * 1024))
+    tracemalloc.start()
+    try:
+        lines = all_lines(drain(tailer, 110))
+        with open(debug, "ab") as handle:
+            handle.write(b"\n" + nccl(1).encode() + b"\n")
+        lines += all_lines(drain(tailer, 2))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert lines == [nccl(1)]
+    assert tailer.stats.skipped_bytes["long_line"] >= 100 * 1024 * 1024
+    assert peak < 8 * 1024 * 1024, peak  # a few chunks, never the line
+
+
+def test_joined_partial_lines_are_capped(tmp_path: Path) -> None:
+    log = container_dir(tmp_path) / "0.log"
+    piece = "B" * 16384
+    append(log, cri("NCCL " + piece, tag="P") + "".join(cri(piece, tag="P") for _ in range(200)) + cri("end"))
+    tailer = PodLogTailer(tmp_path, None, limits=TailLimits(max_line_bytes=65536))
+    lines = all_lines(drain(tailer, 6))  # 3.3 MB at 1 MiB per file and poll
+    assert len(lines) == 1 and len(lines[0]) == 65536 and lines[0].startswith("NCCL ")
+    assert tailer.stats.events["long_line"] == 1
+
+
+def test_stream_caps_evict_the_least_recent_and_do_not_reread(tmp_path: Path) -> None:
+    folder = tmp_path / "nccl" / "evil_pod-0"
+    for n in range(30):
+        append(folder / f"f{n:02d}.log", nccl(n) + "\n")
+        os.utime(folder / f"f{n:02d}.log", (1_000_000 + n, 1_000_000 + n))
+    limits = TailLimits(max_streams_per_pod=8, max_streams=100)
+    tailer = PodLogTailer(None, tmp_path / "nccl", limits=limits)
+    lines = all_lines([tailer.poll()])
+    assert sorted(lines) == [nccl(n) for n in range(22, 30)]  # the 8 most recently written
+    assert tailer.stats.streams == 8
+    # Older files become the most recent: tracked ones are evicted, newcomers read once.
+    for n in range(0, 8):
+        append(folder / f"f{n:02d}.log", f"again {n} NCCL\n")
+        os.utime(folder / f"f{n:02d}.log", (2_000_000 + n, 2_000_000 + n))
+    lines = all_lines(drain(tailer, 2))
+    assert sorted(lines) == sorted([nccl(n) for n in range(8)] + [f"again {n} NCCL" for n in range(8)])
+    assert tailer.stats.events["stream_evicted"] == 8
+    # An evicted stream that comes back resumes where it was (its head replayed, nothing
+    # counted twice), so lines written while it was evicted are not lost.
+    for n in range(22, 30):
+        append(folder / f"f{n:02d}.log", f"late {n} NCCL\n")
+        os.utime(folder / f"f{n:02d}.log", (3_000_000 + n, 3_000_000 + n))
+    batches = drain(tailer, 2)
+    assert sorted(all_lines(batches)) == [f"late {n} NCCL" for n in range(22, 30)]
+    assert sorted(all_lines(batches, replayed=True)) == [nccl(n) for n in range(22, 30)]
+
+
+def test_tick_budget_bounds_each_poll(tmp_path: Path) -> None:
+    for pod in range(4):
+        append(container_dir(tmp_path, pod=f"p{pod}") / "0.log", "".join(cri(nccl(n)) for n in range(3000)))
+    limits = TailLimits(tick_bytes=64 * 1024, file_chunk_bytes=32 * 1024)
+    tailer = PodLogTailer(tmp_path, None, limits=limits)
+    tailer.poll()  # first scan: discovery plus bootstrap
+    before = sum(tailer.stats.bytes_read.values())
+    tailer.poll()
+    assert sum(tailer.stats.bytes_read.values()) - before <= 64 * 1024
+    assert tailer.stats.backlog_bytes > 0
+    total = len(all_lines(drain(tailer, 60)))
+    assert tailer.stats.backlog_bytes == 0 and total > 0
