@@ -174,3 +174,23 @@ def test_cache_parses_a_file_again_only_when_it_changes(tmp_path: Path) -> None:
     changed = read_probe_results(tmp_path, NOW, 86_400, cache=cache)
     assert [(r.pod, r.job_name) for r in changed.results] == [("b", "rerun")]
     assert set(cache) == {"job-team-a-b.json"}
+
+
+def test_simulated_node_result_files(tmp_path: Path) -> None:
+    """The files ``serve --simulate`` starts with, read back through the real reader."""
+    from exporter.sim.probe import SimProbeResults
+
+    SimProbeResults().setup(tmp_path)
+    samples = metric_samples(ProbeCollector(tmp_path / "probe-results", 86_400))
+    preflight = {(l["pod"], l["check"]): v for l, v in samples["ccl_preflight_result"]}
+    assert preflight[("llama-70b-worker-0", "probe_transport")] == 1.0
+    assert preflight[("gpt-neox-worker-1", "uverbs_devices")] == 0.0
+    assert preflight[("gpt-neox-worker-1", "probe_transport")] == 0.0
+    kinds = {(l["source"], l["pod"]): l["transport_kind"] for l, _ in samples["ccl_probe_transport_info"]}
+    assert kinds == {("preflight", "llama-70b-worker-0"): "rdma", ("preflight", "gpt-neox-worker-1"): "tcp",
+                     ("job", "ccl-probe-0"): "rdma"}
+    job_busbw = [v for l, v in samples["ccl_probe_bus_bandwidth_bytes_per_second"]
+                 if l["source"] == "job" and l["collective"] == "all_reduce"]
+    assert len(job_busbw) == 10 and job_busbw == sorted(job_busbw) and 3.0e11 < job_busbw[-1] < 3.55e11
+    files = {l["status"]: v for l, v in samples["ccl_probe_result_files"]}
+    assert files["valid"] == 3.0 and files["malformed"] == 0.0

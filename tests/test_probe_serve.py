@@ -45,13 +45,14 @@ def test_scheduled_probe_skips_while_gpus_are_held_then_runs(exporter_process) -
         return any(n == "ccl_probe_success" and l["source"] == "scheduled" for n, l, _ in current)
 
     current = wait_for(exporter, probed, timeout=60)
-    busbw = [(l, v) for n, l, v in current if n == "ccl_probe_bus_bandwidth_bytes_per_second"]
+    scheduled = [(n, l, v) for n, l, v in current if l.get("source") == "scheduled"]
+    busbw = [(l, v) for n, l, v in scheduled if n == "ccl_probe_bus_bandwidth_bytes_per_second"]
     assert sorted(int(l["size_bytes"]) for l, _ in busbw) == [65536, 131072, 262144, 524288, 1048576]
     assert all(l["source"] == "scheduled" and l["collective"] == "all_reduce" and l["scope"] == "intra_node"
                and v > 0 for l, v in busbw)
-    assert [v for n, l, v in current if n == "ccl_probe_success"] == [1.0]
-    assert [l["transport"] for n, l, _ in current if n == "ccl_probe_transport_info"] == ["gloo/tcp"]
-    assert any(n == "ccl_probe_last_run_timestamp_seconds" and v > time.time() - 120 for n, _, v in current)
+    assert [v for n, l, v in scheduled if n == "ccl_probe_success"] == [1.0]
+    assert [l["transport"] for n, l, _ in scheduled if n == "ccl_probe_transport_info"] == ["gloo/tcp"]
+    assert any(n == "ccl_probe_last_run_timestamp_seconds" and v > time.time() - 120 for n, _, v in scheduled)
 
     maps = Path(f"/proc/{exporter.proc.pid}/maps").read_text()
     assert "libtorch" not in maps, "the serving process loaded torch"
