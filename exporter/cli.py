@@ -22,7 +22,10 @@ from pathlib import Path
 from exporter import __version__, analyze
 from exporter.collectors import all_collectors
 from exporter.collectors.base import CollectorSpec
+from exporter.collectors.probe import probe_settings
 from exporter.config import DEFAULT_PORT, ServeConfig, env_name, parse_listen_address
+from exporter.probe import command as probe_command
+from exporter.probe import preflight
 
 log = logging.getLogger("exporter")
 
@@ -103,6 +106,18 @@ def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, s
     _add(nccl, environ, "--collector.nccl.grace-period", 300.0,
          "seconds the series of a pod whose logs are gone (or that left the node) stay exposed",
          type=float, dest="nccl_grace_period")
+    probe = parser.add_argument_group("idle-time bus-bandwidth probes (collector probe)")
+    _add(probe, environ, "--probe.interval", 0.0, "seconds between probes while the GPUs are idle; 0 = off",
+         type=float, dest="probe_interval")
+    _add(probe, environ, "--probe.timeout", 120.0, "seconds before a probe is killed", type=float, dest="probe_timeout")
+    _add(probe, environ, "--probe.backend", "auto", "auto, nccl or gloo (gloo with --simulate)", dest="probe_backend",
+         choices=["auto", "nccl", "gloo"])
+    _add(probe, environ, "--probe.collectives", "all_reduce", "comma-separated collectives", dest="probe_collectives")
+    _add(probe, environ, "--probe.min-bytes", "", "smallest size (default 1M; 64K with --simulate)", dest="probe_min_bytes")
+    _add(probe, environ, "--probe.max-bytes", "", "largest size (default 64M; 1M with --simulate)", dest="probe_max_bytes")
+    _add(probe, environ, "--probe.iters", 20, "timed iterations per size", type=int, dest="probe_iters")
+    _add(probe, environ, "--probe.max-age", 86400.0, "seconds after which a result file is stale (ignored)",
+         type=float, dest="probe_max_age")
 
     misc = parser.add_argument_group("misc")
     misc.add_argument("--simulate", action="store_true", default=_env_bool(environ, "--simulate", False),
@@ -112,6 +127,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, s
          type=int, dest="simulate_seed")
     _add(misc, environ, "--simulate.tick", 1.0, "seconds between updates of the simulated node",
          type=float, dest="simulate_tick")
+    _add(misc, environ, "--simulate.job-ends-after", 0.0,
+         "with --simulate: seconds after which the simulated training pod ends and frees its GPUs (0 = never)",
+         type=float, dest="simulate_job_ends_after")
     _add(misc, environ, "--log.level", "info", "debug, info, warning or error", dest="log_level",
          choices=["debug", "info", "warning", "error"])
 
@@ -131,7 +149,7 @@ def config_from_args(args: argparse.Namespace, specs: Sequence[CollectorSpec]) -
         parse_listen_address(listen)
     except ValueError as exc:
         raise SystemExit(f"ccl-exporter: --web.listen-address: {exc}") from exc
-    return ServeConfig(
+    config = ServeConfig(
         listen_address=listen,
         max_requests=int(args.max_requests),
         scrape_timeout_seconds=float(args.scrape_timeout),
@@ -146,7 +164,21 @@ def config_from_args(args: argparse.Namespace, specs: Sequence[CollectorSpec]) -
         enabled_collectors=tuple(enabled),
         log_level=str(args.log_level),
         nccl_grace_period_seconds=float(args.nccl_grace_period),
+        probe_interval_seconds=float(args.probe_interval),
+        probe_timeout_seconds=float(args.probe_timeout),
+        probe_backend=str(args.probe_backend),
+        probe_collectives=str(args.probe_collectives),
+        probe_min_bytes=str(args.probe_min_bytes) or ("64K" if args.simulate else "1M"),
+        probe_max_bytes=str(args.probe_max_bytes) or ("1M" if args.simulate else "64M"),
+        probe_iters=int(args.probe_iters),
+        probe_max_age_seconds=float(args.probe_max_age),
+        simulate_job_ends_after_seconds=float(args.simulate_job_ends_after),
     )
+    try:
+        probe_settings(config)
+    except ValueError as exc:
+        raise SystemExit(f"ccl-exporter: --probe.*: {exc}") from exc
+    return config
 
 
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
@@ -169,6 +201,8 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     # Other commands register themselves here, one line each: module.add_parser(sub, environ),
     # which sets ``handler`` (args -> exit code) on its subparser.
     analyze.add_parser(sub, environ)
+    probe_command.add_parser(sub, environ)
+    preflight.add_parser(sub, environ)
     return parser
 
 
@@ -204,7 +238,8 @@ def run_serve(args: argparse.Namespace) -> int:
         from exporter.sim.node import default_node
 
         sim_root = Path(tempfile.mkdtemp(prefix="ccl-exporter-sim-"))
-        node = default_node(sim_root, seed=int(args.simulate_seed))
+        node = default_node(sim_root, seed=int(args.simulate_seed),
+                            job_ends_after_seconds=config.simulate_job_ends_after_seconds)
         node.setup()
         node.advance(1.0)
         config.sysfs = node.sysfs

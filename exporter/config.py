@@ -43,4 +43,14 @@ class ServeConfig:
     enabled_collectors: tuple[str, ...] = ()
     log_level: str = "info"
     nccl_grace_period_seconds: float = 300.0
+    # idle-time bus-bandwidth probes (collector "probe"); interval 0 = off
+    probe_interval_seconds: float = 0.0
+    probe_timeout_seconds: float = 120.0
+    probe_backend: str = "auto"
+    probe_collectives: str = "all_reduce"
+    probe_min_bytes: str = "1M"
+    probe_max_bytes: str = "64M"
+    probe_iters: int = 20
+    probe_max_age_seconds: float = 86400.0
+    simulate_job_ends_after_seconds: float = 0.0  # 0 = the simulated training pod never ends
     extra: dict[str, object] = field(default_factory=dict)

@@ -70,12 +70,32 @@ class SimulatedNode:
                 close()
 
 
-def default_node(root: Path, seed: int = 7) -> SimulatedNode:
+@dataclass
+class SimJobEnd:
+    """The simulated training pod ends after ``after_seconds``: its GPUs become idle (no pod,
+    no compute process), which is when idle-time probes may run."""
+
+    nvml: "SimNvml"
+    after_seconds: float
+    ended: bool = False
+
+    def setup(self, root: Path) -> None:
+        """Nothing to lay out."""
+
+    def advance(self, clock: SimClock) -> None:
+        if not self.ended and clock.elapsed_seconds >= self.after_seconds:
+            self.nvml.release()
+            self.ended = True
+
+
+def default_node(root: Path, seed: int = 7, job_ends_after_seconds: float = 0.0) -> SimulatedNode:
     """The node ``serve --simulate`` runs: 8 NDR InfiniBand ports and 2 RoCE ports, 8 GPUs
     with 18 NVLinks each, held by one training pod that the pod-resources socket reports, and
-    training pods whose logs carry NCCL output (one of them fell back to TCP)."""
+    training pods whose logs carry NCCL output (one of them fell back to TCP), and probe /
+    pre-flight result files (one pod failed its pre-flight)."""
     from exporter.sim.nvml import SimNvml, SimPodResources
     from exporter.sim.podlogs import SimPodLogs
+    from exporter.sim.probe import SimProbeResults
     from exporter.sim.rdma import SimRdma
 
     node = SimulatedNode(root=root, seed=seed)
@@ -84,4 +104,7 @@ def default_node(root: Path, seed: int = 7) -> SimulatedNode:
     node.parts.append(node.nvml)
     node.parts.append(SimPodResources(node.nvml))
     node.parts.append(SimPodLogs(rng=node.rng))
+    node.parts.append(SimProbeResults())
+    if job_ends_after_seconds > 0:
+        node.parts.append(SimJobEnd(node.nvml, job_ends_after_seconds))
     return node

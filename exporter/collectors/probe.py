@@ -1,0 +1,188 @@
+"""Probe collector: ``ccl_probe_*`` and ``ccl_preflight_result`` from result files, and the
+idle-time probe scheduler (``--probe.interval``, off by default) as its background task.
+
+Result files come from three sources, told apart by the ``source`` label: ``scheduled``
+(this exporter's own idle-time probes), ``preflight`` (init containers of training pods on
+this node) and ``job`` (probe Jobs). A result names the pod that wrote it (downward API), so
+results of several pods never collide: ``namespace``, ``pod`` and ``job_name`` are labels
+too, empty for scheduled probes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from exporter.collectors.base import CollectorSpec
+from exporter.config import ServeConfig
+from exporter.probe.results import ProbeResult
+from exporter.probe.schedule import GpuOccupancy, ProbeScheduler, ProbeSettings
+from exporter.sources.probe_results import ParseCache, read_probe_results
+
+WHO = ["source", "namespace", "pod", "job_name"]
+SKIP_REASONS = ("gpu_held_by_pod", "gpu_compute_process", "occupancy_unknown", "probe_running")
+RUN_OUTCOMES = ("success", "failure", "timeout", "preempted")
+
+
+class ProbeCollector:
+    name = "probe"
+
+    def __init__(
+        self,
+        results_folder: Path,
+        max_age_seconds: float,
+        scheduler: ProbeScheduler | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._folder = results_folder
+        self._max_age = max_age_seconds
+        self._scheduler = scheduler
+        self._clock = clock
+        self._cache: ParseCache = {}  # files parse again only when they change
+
+    async def run(self) -> None:
+        if self._scheduler is not None:
+            await self._scheduler.run_forever()
+
+    def close(self) -> None:
+        if self._scheduler is not None:
+            for check in self._scheduler.occupancy:
+                close = getattr(check, "close", None)
+                if callable(close):
+                    close()
+
+    def collect(self) -> Iterable[Metric]:
+        reading = read_probe_results(self._folder, self._clock(), self._max_age, cache=self._cache)
+        yield from self.result_families(reading.results)
+        files = GaugeMetricFamily(
+            "ccl_probe_result_files",
+            "Result files in --path.probe-results at this scrape, by status: valid, stale (older "
+            "than --probe.max-age), malformed (unparseable, wrong schema, too large, not a regular "
+            "file) or not_read (beyond the newest 256).",
+            labels=["status"],
+        )
+        for status, count in (("valid", len(reading.results)), ("stale", len(reading.stale)),
+                              ("malformed", len(reading.malformed)), ("not_read", reading.not_read)):
+            files.add_metric([status], float(count))
+        yield files
+        if self._scheduler is not None:
+            yield from self.scheduler_families(self._scheduler)
+
+    @staticmethod
+    def result_families(results: Sequence[ProbeResult]) -> list[Metric]:
+        busbw = GaugeMetricFamily(
+            "ccl_probe_bus_bandwidth_bytes_per_second",
+            "Bus bandwidth of the last probe per collective and size (nccl-tests busbw: algbw x "
+            "2(n-1)/n for all_reduce, (n-1)/n for all_gather/reduce_scatter/alltoall, 1 for broadcast).",
+            labels=["collective", "scope", "size_bytes"] + WHO,
+        )
+        average = GaugeMetricFamily(
+            "ccl_probe_average_bus_bandwidth_bytes_per_second",
+            "Mean bus bandwidth over the last probe's sizes (nccl-tests' '# Avg bus bandwidth').",
+            labels=["collective", "scope"] + WHO,
+        )
+        success = GaugeMetricFamily(
+            "ccl_probe_success",
+            "1 if the last probe of this collective ran with correct data on every size, else 0.",
+            labels=["collective", "scope"] + WHO,
+        )
+        last_run = GaugeMetricFamily(
+            "ccl_probe_last_run_timestamp_seconds",
+            "Unix time the last probe of this collective finished.",
+            labels=["collective", "scope"] + WHO,
+        )
+        transport = GaugeMetricFamily(
+            "ccl_probe_transport_info",
+            "What the last probe's traffic ran on; always 1. transport_kind rdma, tcp, intra_node or "
+            "unknown (from NCCL's own log for nccl, tcp for gloo); transport e.g. net_ib, net_socket, gloo/tcp.",
+            labels=WHO + ["backend", "transport", "transport_kind", "network"],
+        )
+        preflight = GaugeMetricFamily(
+            "ccl_preflight_result",
+            "1 if the pre-flight check passed in the pod's init container, 0 if it failed.",
+            labels=["namespace", "pod", "job_name", "check"],
+        )
+        for result in results:
+            who = [result.source, result.namespace, result.pod, result.job_name]
+            scope = result.scope or "unknown"
+            if result.collectives or result.backend:
+                t = result.transport
+                transport.add_metric(who + [result.backend, t.name, t.kind, t.network or ""], 1.0)
+            for collective in result.collectives:
+                labels = [collective.collective, scope] + who
+                success.add_metric(labels, 1.0 if collective.success and result.error is None else 0.0)
+                last_run.add_metric(labels, result.finished_at)
+                if collective.average_busbw is not None:
+                    average.add_metric(labels, collective.average_busbw)
+                for row in collective.rows:
+                    busbw.add_metric([collective.collective, scope, str(row.size_bytes)] + who,
+                                     row.busbw_bytes_per_second)
+            if result.source == "preflight":
+                for check in result.checks:
+                    preflight.add_metric([result.namespace, result.pod, result.job_name, check.check],
+                                         1.0 if check.ok else 0.0)
+        return [busbw, average, success, last_run, transport, preflight]
+
+    @staticmethod
+    def scheduler_families(scheduler: ProbeScheduler) -> list[Metric]:
+        state = scheduler.state
+        skipped = CounterMetricFamily(
+            "ccl_probe_skipped",
+            "Scheduled probes not run (or preempted) because the GPUs were in use, by reason: "
+            "gpu_held_by_pod (pod-resources), gpu_compute_process (NVML), occupancy_unknown "
+            "(a check could not answer), probe_running.",
+            labels=["reason"],
+        )
+        for reason in sorted(set(SKIP_REASONS) | set(state.skipped)):
+            skipped.add_metric([reason], float(state.skipped[reason]))
+        runs = CounterMetricFamily(
+            "ccl_probe_runs",
+            "Scheduled probes started, by outcome: success, failure, timeout, preempted.",
+            labels=["outcome"],
+        )
+        for outcome in sorted(set(RUN_OUTCOMES) | set(state.runs)):
+            runs.add_metric([outcome], float(state.runs[outcome]))
+        running = GaugeMetricFamily("ccl_probe_running", "1 while a scheduled probe runs.")
+        running.add_metric([], 1.0 if state.running else 0.0)
+        return [skipped, runs, running]
+
+
+def occupancy_checks(config: ServeConfig) -> list[GpuOccupancy]:
+    """How this node tells that its GPUs are in use (pod-resources, NVML)."""
+    from exporter.probe.occupancy import default_checks
+
+    return default_checks(config)
+
+
+def probe_settings(config: ServeConfig) -> ProbeSettings | None:
+    """The idle-time probe settings of ``serve`` (None when off); ValueError on bad flags."""
+    if config.probe_interval_seconds <= 0:
+        return None
+    return ProbeSettings(
+        interval_seconds=config.probe_interval_seconds,
+        timeout_seconds=config.probe_timeout_seconds,
+        backend="gloo" if config.simulate else config.probe_backend,
+        collectives=config.probe_collectives,
+        min_bytes=config.probe_min_bytes,
+        max_bytes=config.probe_max_bytes,
+        iters=config.probe_iters,
+        warmup_iters=min(config.probe_iters, 5),
+    )
+
+
+def build(config: ServeConfig) -> ProbeCollector:
+    settings = probe_settings(config)
+    scheduler = None if settings is None else ProbeScheduler(settings, config.probe_results, occupancy_checks(config))
+    return ProbeCollector(config.probe_results, config.probe_max_age_seconds, scheduler)
+
+
+SPEC = CollectorSpec(
+    name="probe",
+    help="bus-bandwidth probe and pre-flight results (ccl_probe_*, ccl_preflight_result); "
+    "idle-time probes with --probe.interval",
+    default_enabled=True,
+    factory=build,
+)

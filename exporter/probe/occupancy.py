@@ -1,0 +1,65 @@
+"""Is anything using this node's GPUs? The scheduler's occupancy checks.
+
+* ``PodResourcesOccupancy``: the kubelet's pod-resources API assigns a GPU to a pod (reason
+  ``gpu_held_by_pod``), even one that has not started computing yet. No socket, or a failed
+  call, raises: the scheduler cannot tell, so it does not probe.
+* ``NvmlOccupancy``: NVML lists compute processes on a GPU (reason ``gpu_compute_process``).
+  A node where NVML is absent has no GPUs NVML can see: nothing to be busy.
+
+Each check answers ``busy_reason() -> str | None`` (``exporter.probe.schedule.GpuOccupancy``);
+an exception means "cannot tell" and the scheduler skips the probe (``occupancy_unknown``).
+"""
+
+from __future__ import annotations
+
+from exporter.config import ServeConfig
+from exporter.probe.schedule import GpuOccupancy
+from exporter.sources.nvml import NvmlBackend, busy_gpus, nvml_backend
+from exporter.sources.podresources import PodResourcesClient
+
+MAX_NAMED = 4
+
+
+class PodResourcesOccupancy:
+    reason = "gpu_held_by_pod"
+
+    def __init__(self, client: PodResourcesClient) -> None:
+        self._client = client
+
+    def busy_reason(self) -> str | None:
+        assignments = self._client.list_gpus()  # raises when the kubelet cannot be asked
+        if not assignments:
+            return None
+        pods = sorted({f"{a.namespace}/{a.pod}" for a in assignments})
+        shown = ", ".join(pods[:MAX_NAMED]) + (f" and {len(pods) - MAX_NAMED} more" if len(pods) > MAX_NAMED else "")
+        return f"{len(assignments)} GPU(s) assigned to pod(s) {shown}"
+
+    def close(self) -> None:
+        self._client.close()
+
+
+class NvmlOccupancy:
+    reason = "gpu_compute_process"
+
+    def __init__(self, backend: NvmlBackend, owned: bool = True) -> None:
+        self._backend = backend
+        self._owned = owned  # the simulated node's backend is shared with the nvml collector
+
+    def busy_reason(self) -> str | None:
+        busy = busy_gpus(self._backend)
+        if not busy:
+            return None
+        named = [f"{uuid} (pids {', '.join(str(p.pid) for p in procs[:MAX_NAMED])})"
+                 for uuid, procs in sorted(busy.items())[:MAX_NAMED]]
+        return f"{len(busy)} GPU(s) run compute processes: {'; '.join(named)}"
+
+    def close(self) -> None:
+        if self._owned:
+            self._backend.close()
+
+
+def default_checks(config: ServeConfig) -> list[GpuOccupancy]:
+    return [
+        PodResourcesOccupancy(PodResourcesClient(config.pod_resources)),
+        NvmlOccupancy(nvml_backend(config.extra), owned=config.extra.get("simulated_node") is None),
+    ]

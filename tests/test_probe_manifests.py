@@ -1,0 +1,75 @@
+"""The example manifests: every ccl-exporter command in them parses with the real CLI, pod
+templates validate against the Kubernetes schema (kubernetes-validate, strict), and results
+go to the hostPath the exporter reads. PyTorchJob and JobSet are CRDs without schemas here:
+their pod templates are validated as Pods, the CRD wrapper is checked for the fields used."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from exporter.cli import build_parser
+from exporter.probe.command import DEFAULT_RESULTS
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "manifests" / "examples"
+K8S_VERSION = "1.30.0"
+
+
+def documents() -> list[tuple[str, dict[str, Any]]]:
+    return [(path.name, doc) for path in sorted(EXAMPLES.glob("*.yaml"))
+            for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def pod_templates(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    kind = doc["kind"]
+    if kind == "Job":
+        yield doc["spec"]["template"]
+    elif kind == "PyTorchJob":
+        for replica in doc["spec"]["pytorchReplicaSpecs"].values():
+            yield replica["template"]
+    elif kind == "JobSet":
+        for replicated in doc["spec"]["replicatedJobs"]:
+            yield replicated["template"]["spec"]["template"]
+
+
+def exporter_containers(template: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = template["spec"]
+    return [c for c in spec.get("initContainers", []) + spec["containers"] if c["image"].startswith("ccl-health-exporter")]
+
+
+def test_examples_exist() -> None:
+    kinds = sorted(doc["kind"] for _, doc in documents())
+    assert kinds == ["Job", "JobSet", "PyTorchJob", "Service"]
+
+
+@pytest.mark.parametrize(("name", "doc"), documents(), ids=lambda v: v if isinstance(v, str) else v["kind"])
+def test_manifest_is_valid(name: str, doc: dict[str, Any]) -> None:
+    if doc["kind"] in ("Job", "Service"):
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    templates = list(pod_templates(doc))
+    for template in templates:
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "example", **template.get("metadata", {})},
+               "spec": template["spec"]}
+        kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+    if doc["kind"] != "Service":
+        assert templates and all(exporter_containers(t) for t in templates)
+
+
+@pytest.mark.parametrize(("name", "doc"), [d for d in documents() if d[1]["kind"] != "Service"],
+                         ids=lambda v: v if isinstance(v, str) else v["kind"])
+def test_commands_parse_and_write_where_the_exporter_reads(name: str, doc: dict[str, Any]) -> None:
+    parser = build_parser({})
+    for template in pod_templates(doc):
+        volumes = {v["name"]: v for v in template["spec"]["volumes"]}
+        for container in exporter_containers(template):
+            args = parser.parse_args(container["args"])  # exits (fails the test) on an unknown flag
+            assert args.command in ("probe", "preflight")
+            mount = next(m for m in container["volumeMounts"] if m["mountPath"] == args.probe_results)
+            assert volumes[mount["name"]]["hostPath"]["path"] == DEFAULT_RESULTS
+            assert not mount.get("readOnly", False)
+            env = {e["name"] for e in container["env"]}
+            assert {"POD_NAMESPACE", "POD_NAME", "JOB_NAME"} <= env

@@ -1,0 +1,196 @@
+"""Result files: round trip, atomic writes, and every way a file on the hostPath can be bad."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from exporter.collectors.probe import ProbeCollector
+from exporter.probe.results import (
+    MAX_FILE_BYTES,
+    Check,
+    CollectiveResult,
+    MalformedResult,
+    ProbeResult,
+    Row,
+    Transport,
+    parse_result,
+    write_result,
+)
+from exporter.sources.probe_results import read_probe_results
+
+NOW = 1_800_000_000.0
+
+
+def sample(source: str = "job", finished_at: float = NOW - 60, pod: str = "p-0", **kw: object) -> ProbeResult:
+    row = Row(size_bytes=1048576, count=262144, type="float", time_seconds=0.002,
+              algbw_bytes_per_second=5.2e8, busbw_bytes_per_second=5.2e8, wrong=0)
+    fields: dict[str, object] = dict(
+        source=source, started_at=finished_at - 5, finished_at=finished_at, hostname="node-1",
+        namespace="team-a", pod=pod, job_name="llama", backend="nccl", world_size=16, nnodes=2,
+        scope="inter_node", transport=Transport("rdma", "net_ib", "IB", True, ("Using network IB",)),
+        collectives=(CollectiveResult("all_reduce", (row,)),),
+    )
+    fields.update(kw)
+    return ProbeResult(**fields)  # type: ignore[arg-type]
+
+
+def test_round_trip_and_file_name(tmp_path: Path) -> None:
+    result = sample(checks=(Check("port_state", True, "2 port(s) ACTIVE/LinkUp"),))
+    path = write_result(tmp_path, result)
+    assert path.name == "job-team-a-p-0.json"
+    assert parse_result(path.read_text()) == result
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temp file left behind
+    assert write_result(tmp_path, sample(source="scheduled", pod="")).name == "scheduled.json"
+    assert write_result(tmp_path, sample(namespace="../../etc", pod="a/b")).name == "job-.._.._etc-a_b.json"
+
+
+def test_success_needs_every_collective_and_check() -> None:
+    assert sample().success
+    assert not sample(error="timed out").success
+    assert not sample(checks=(Check("nccl_env", False, "NCCL_IB_DISABLE=1"),)).success
+    wrong = Row(1024, 256, "float", 0.001, 1e6, 1e6, wrong=3)
+    assert not sample(collectives=(CollectiveResult("all_reduce", (wrong,)),)).success
+    assert not sample(collectives=(CollectiveResult("alltoall", (), "unsupported"),)).success
+
+
+def good_document() -> dict:  # type: ignore[type-arg]
+    return json.loads(sample().to_json())
+
+
+@pytest.mark.parametrize(
+    ("mutate", "reason"),
+    [
+        (lambda d: d.update(schema="ccl-probe-result/v0"), "schema"),
+        (lambda d: d.update(source="cron"), "source 'cron'"),
+        (lambda d: d.pop("finished_at"), "missing 'finished_at'"),
+        (lambda d: d.update(world_size="16"), "'world_size' has type str"),
+        (lambda d: d.update(world_size=True), "'world_size' is a boolean"),
+        (lambda d: d["transport"].update(kind="infiniband"), "transport kind"),
+        (lambda d: d["transport"].update(gdr="yes"), "transport gdr"),
+        (lambda d: d["collectives"][0]["rows"][0].update(busbw_bytes_per_second=-1), "negative"),
+        (lambda d: d["collectives"][0]["rows"].append("row"), "rows[1]: not an object"),
+        (lambda d: d["collectives"][0].update(rows=[{}] * 300), "more than 64"),
+        (lambda d: d["collectives"][0].update(collective="x" * 40), "is not one of"),
+        (lambda d: d.update(collectives=d["collectives"] * 6), "more than 5"),
+        (lambda d: d.update(checks=[{"check": "c", "ok": True, "message": ""}] * 33), "more than 32"),
+        (lambda d: d.update(pod="x" * 5000), "longer than"),
+        (lambda d: d["checks"].append({"check": "x", "ok": 1, "message": ""}), "'ok' has type int"),
+    ],
+)
+def test_malformed_documents_say_why(mutate, reason: str) -> None:  # type: ignore[no-untyped-def]
+    document = good_document()
+    mutate(document)
+    with pytest.raises(MalformedResult, match=reason.replace("[", r"\[").replace("(", r"\(")):
+        parse_result(json.dumps(document))
+
+
+@given(st.text(max_size=300) | st.binary(max_size=300).map(lambda b: b.decode("latin-1")))
+@settings(max_examples=200, deadline=None)
+def test_garbage_never_crashes_the_parser(text: str) -> None:
+    try:
+        parse_result(text)
+    except MalformedResult:
+        pass
+
+
+def test_deeply_nested_json_is_malformed_not_a_crash() -> None:
+    with pytest.raises(MalformedResult):
+        parse_result("[" * 100_000 + "]" * 100_000)
+
+
+def test_reader_sorts_files_into_valid_stale_malformed(tmp_path: Path) -> None:
+    write_result(tmp_path, sample(pod="fresh"))
+    write_result(tmp_path, sample(pod="old", finished_at=NOW - 90_000))
+    (tmp_path / "garbage.json").write_text("{not json")
+    (tmp_path / "huge.json").write_bytes(b" " * (MAX_FILE_BYTES + 1))
+    (tmp_path / "folder.json").mkdir()
+    os.symlink("/etc/hostname", tmp_path / "link.json")
+    (tmp_path / ".tmp-half.json").write_text("{")  # a writer's temp file: not ours to read
+    (tmp_path / "notes.txt").write_text("ignored")
+    reading = read_probe_results(tmp_path, NOW, max_age_seconds=86_400)
+    assert [r.pod for r in reading.results] == ["fresh"]
+    assert reading.stale == ["job-team-a-old.json"]
+    reasons = dict(reading.malformed)
+    assert set(reasons) == {"garbage.json", "huge.json", "folder.json", "link.json"}
+    assert reasons["garbage.json"].startswith("not JSON")
+    assert "byte limit" in reasons["huge.json"]
+    assert reasons["folder.json"] == "not a regular file"
+    assert reasons["link.json"].startswith("cannot open")  # O_NOFOLLOW
+
+
+def test_reader_caps_files_and_survives_a_missing_folder(tmp_path: Path) -> None:
+    for i in range(5):
+        write_result(tmp_path, sample(pod=f"p-{i}"))
+    reading = read_probe_results(tmp_path, NOW, 86_400, max_files=3)
+    assert (len(reading.results), reading.not_read) == (3, 2)
+    missing = read_probe_results(tmp_path / "absent", NOW, 86_400)
+    assert (missing.results, missing.folder_present) == ([], False)
+
+
+def metric_samples(collector: ProbeCollector) -> dict[str, list[tuple[dict[str, str], float]]]:
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in collector.collect():
+        for s in family.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+def test_collector_exposes_results_and_counts_bad_files(tmp_path: Path) -> None:
+    write_result(tmp_path, sample(source="job", pod="bench-0"))
+    write_result(tmp_path, sample(source="preflight", pod="llama-0", collectives=(),
+                                  checks=(Check("port_state", False, "mlx5_1 port 1 is DOWN/Disabled"),
+                                          Check("nccl_env", True, "ok"))))
+    write_result(tmp_path, sample(source="job", pod="stale", finished_at=NOW - 7200))
+    (tmp_path / "bad.json").write_text("[]")
+    samples = metric_samples(ProbeCollector(tmp_path, max_age_seconds=3600, clock=lambda: NOW))
+    assert samples["ccl_probe_bus_bandwidth_bytes_per_second"] == [(
+        {"collective": "all_reduce", "scope": "inter_node", "size_bytes": "1048576", "source": "job",
+         "namespace": "team-a", "pod": "bench-0", "job_name": "llama"}, 5.2e8)]
+    assert [v for _, v in samples["ccl_probe_success"]] == [1.0]
+    assert [v for _, v in samples["ccl_probe_last_run_timestamp_seconds"]] == [NOW - 60]
+    assert samples["ccl_probe_transport_info"][0][0]["transport_kind"] == "rdma"
+    assert sorted((labels["check"], v) for labels, v in samples["ccl_preflight_result"]) == [
+        ("nccl_env", 1.0), ("port_state", 0.0)]
+    assert samples["ccl_preflight_result"][0][0]["pod"] == "llama-0"
+    files = {labels["status"]: v for labels, v in samples["ccl_probe_result_files"]}
+    assert files == {"valid": 2.0, "stale": 1.0, "malformed": 1.0, "not_read": 0.0}
+
+
+def test_cache_parses_a_file_again_only_when_it_changes(tmp_path: Path) -> None:
+    cache: dict = {}  # type: ignore[type-arg]
+    write_result(tmp_path, sample(pod="a"))
+    write_result(tmp_path, sample(pod="b"))
+    first = read_probe_results(tmp_path, NOW, 86_400, cache=cache)
+    again = read_probe_results(tmp_path, NOW, 86_400, cache=cache)
+    assert [id(r) for r in again.results] == [id(r) for r in first.results]  # not parsed again
+    write_result(tmp_path, sample(pod="b", job_name="rerun"))
+    (tmp_path / "job-team-a-a.json").unlink()
+    changed = read_probe_results(tmp_path, NOW, 86_400, cache=cache)
+    assert [(r.pod, r.job_name) for r in changed.results] == [("b", "rerun")]
+    assert set(cache) == {"job-team-a-b.json"}
+
+
+def test_simulated_node_result_files(tmp_path: Path) -> None:
+    """The files ``serve --simulate`` starts with, read back through the real reader."""
+    from exporter.sim.probe import SimProbeResults
+
+    SimProbeResults().setup(tmp_path)
+    samples = metric_samples(ProbeCollector(tmp_path / "probe-results", 86_400))
+    preflight = {(l["pod"], l["check"]): v for l, v in samples["ccl_preflight_result"]}
+    assert preflight[("llama-70b-worker-0", "probe_transport")] == 1.0
+    assert preflight[("gpt-neox-worker-1", "uverbs_devices")] == 0.0
+    assert preflight[("gpt-neox-worker-1", "probe_transport")] == 0.0
+    kinds = {(l["source"], l["pod"]): l["transport_kind"] for l, _ in samples["ccl_probe_transport_info"]}
+    assert kinds == {("preflight", "llama-70b-worker-0"): "rdma", ("preflight", "gpt-neox-worker-1"): "tcp",
+                     ("job", "ccl-probe-0"): "rdma"}
+    job_busbw = [v for l, v in samples["ccl_probe_bus_bandwidth_bytes_per_second"]
+                 if l["source"] == "job" and l["collective"] == "all_reduce"]
+    assert len(job_busbw) == 10 and job_busbw == sorted(job_busbw) and 3.0e11 < job_busbw[-1] < 3.55e11
+    files = {l["status"]: v for l, v in samples["ccl_probe_result_files"]}
+    assert files["valid"] == 3.0 and files["malformed"] == 0.0

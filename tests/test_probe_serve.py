@@ -1,0 +1,60 @@
+"""``serve --simulate`` with idle-time probes: skipped while the simulated training pod holds
+the GPUs (real pod-resources gRPC server of the simulated node), then a real gloo probe runs
+once the pod ends, and its ``ccl_probe_*`` series are served. The serving process never loads
+torch."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+pytest.importorskip("torch")
+
+
+def samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    return [(s.name, s.labels, s.value) for f in text_string_to_metric_families(text) for s in f.samples]
+
+
+def wait_for(exporter, predicate, timeout: float) -> list[tuple[str, dict[str, str], float]]:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while True:
+        current = samples(exporter.metrics())
+        if predicate(current):
+            return current
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s; probe series: "
+                                 f"{[s for s in current if s[0].startswith('ccl_probe')]}")
+        time.sleep(0.5)
+
+
+def test_scheduled_probe_skips_while_gpus_are_held_then_runs(exporter_process) -> None:  # type: ignore[no-untyped-def]
+    exporter = exporter_process("--simulate", "--probe.interval", "1", "--probe.iters", "3",
+                                "--simulate.job-ends-after", "4", "--collector.disable-defaults",
+                                "--collector.probe")
+
+    def skipped_for_pod(current: list) -> bool:  # type: ignore[type-arg]
+        return any(n == "ccl_probe_skipped_total" and l["reason"] == "gpu_held_by_pod" and v >= 1
+                   for n, l, v in current)
+
+    wait_for(exporter, skipped_for_pod, timeout=20)
+
+    def probed(current: list) -> bool:  # type: ignore[type-arg]
+        return any(n == "ccl_probe_success" and l["source"] == "scheduled" for n, l, _ in current)
+
+    current = wait_for(exporter, probed, timeout=60)
+    scheduled = [(n, l, v) for n, l, v in current if l.get("source") == "scheduled"]
+    busbw = [(l, v) for n, l, v in scheduled if n == "ccl_probe_bus_bandwidth_bytes_per_second"]
+    assert sorted(int(l["size_bytes"]) for l, _ in busbw) == [65536, 131072, 262144, 524288, 1048576]
+    assert all(l["source"] == "scheduled" and l["collective"] == "all_reduce" and l["scope"] == "intra_node"
+               and v > 0 for l, v in busbw)
+    assert [v for n, l, v in scheduled if n == "ccl_probe_success"] == [1.0]
+    assert [l["transport"] for n, l, _ in scheduled if n == "ccl_probe_transport_info"] == ["gloo/tcp"]
+    assert any(n == "ccl_probe_last_run_timestamp_seconds" and v > time.time() - 120 for n, _, v in scheduled)
+
+    maps = Path(f"/proc/{exporter.proc.pid}/maps").read_text()
+    assert "libtorch" not in maps, "the serving process loaded torch"
+    log = exporter.stop()
+    assert "scheduled probe skipped (gpu_held_by_pod): 8 GPU(s) assigned to pod(s) ml-training/llama-70b-worker-0" in log
