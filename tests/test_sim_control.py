@@ -183,3 +183,16 @@ async def test_hw_counter_errors_and_garbage_attributes(controlled) -> None:  # 
     with pytest.raises(PartialCollection):
         list(collector.collect())
     assert (await client.post("/-/sim/rdma-garbage", params={"attribute": "board_id"})).status == 400
+
+
+async def test_probe_result_lands_where_the_probe_collector_reads(controlled) -> None:  # type: ignore[no-untyped-def]
+    from exporter.probe.results import parse_result
+
+    client, control, _ = controlled
+    response = await client.post("/-/sim/probe-result", params={"busbw_gbps": "120"})
+    assert response.status == 200
+    written = control.node.root / "probe-results" / (await response.json())["file"]
+    result = parse_result(written.read_text())
+    peak = max(row.busbw_bytes_per_second for row in result.collectives[0].rows)
+    assert 100e9 < peak <= 120e9 and result.source == "job"
+    assert (await client.post("/-/sim/probe-result", params={"busbw_gbps": "-3"})).status == 400

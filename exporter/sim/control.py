@@ -19,6 +19,8 @@ Actions:
   (a ``counters/`` or ``hw_counters/`` file) jumps by ``count`` (a flapping cable, retransmits).
 - ``rdma-garbage`` ``[device=mlx5_0] [attribute=state]``: a port attribute becomes unparsable (a driver
   bug); the RDMA collector then reports a partial read (``ccl_exporter_collector_success`` 0).
+- ``probe-result`` ``[busbw_gbps=150] [collective=all_reduce] [namespace=ccl-exporter] [pod=ccl-probe-0]``:
+  a two-node probe Job's result file lands, its bus bandwidth peaking at ``busbw_gbps``.
 - ``gpu-release`` / ``gpu-assign`` ``[namespace= pod= container=]``: the simulated GPUs are freed
   (no pod holds them, no traffic) or handed to a pod (default: the simulated training pod).
 - ``nvlink-down`` / ``nvlink-up`` ``gpu=<index> link=<index>``: one NVLink goes inactive or back.
@@ -231,6 +233,30 @@ def rdma_garbage(node: SimulatedNode, params: Params) -> dict[str, Any]:
     return {"device": device, "attribute": attribute}
 
 
+def probe_result(node: SimulatedNode, params: Params) -> dict[str, Any]:
+    from exporter.probe.results import CollectiveResult, ProbeResult, Transport, write_result
+    from exporter.sim.probe import sweep
+
+    try:
+        peak = float(params.get("busbw_gbps", "150")) * 1e9
+    except ValueError:
+        raise ActionError("busbw_gbps must be a number") from None
+    if not 0 < peak < 1e13:
+        raise ActionError("busbw_gbps must be in (0, 10000)")
+    collective = params.get("collective", "all_reduce")
+    if collective not in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "alltoall"):
+        raise ActionError(f"unknown collective {collective!r}")
+    now = time.time()
+    result = ProbeResult(
+        source="job", started_at=now - 60, finished_at=now, namespace=params.get("namespace", "ccl-exporter"),
+        pod=params.get("pod", "ccl-probe-0"), job_name="ccl-probe", backend="nccl", world_size=16, nnodes=2,
+        scope="inter_node", transport=Transport("rdma", "net_ib", "IB", True),
+        collectives=(CollectiveResult(collective, sweep(collective, peak, 8 << 20, 4 << 30)),),
+    )
+    path = write_result(node.root / "probe-results", result)
+    return {"file": path.name, "collective": collective, "peak_busbw_bytes_per_second": peak}
+
+
 def advance(node: SimulatedNode, params: Params) -> dict[str, Any]:
     try:
         seconds = float(params.get("seconds", "1"))
@@ -250,6 +276,7 @@ def builtin_actions() -> dict[str, ActionFunc]:
         "rdma-traffic-start": rdma_traffic(True),
         "rdma-errors": rdma_errors,
         "rdma-garbage": rdma_garbage,
+        "probe-result": probe_result,
         "gpu-release": gpu_release,
         "gpu-assign": gpu_assign,
         "nvlink-down": nvlink_state(False),

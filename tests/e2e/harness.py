@@ -113,10 +113,12 @@ def cluster(
     rule_files: Sequence[Path] | None = None,
     exporter_args: Sequence[str] = EXPORTER_ARGS,
     before_scrape: Callable[[list[SimulatedExporter]], None] | None = make_healthy,
+    backfill: str = "",
 ) -> Iterator[Cluster]:
     """``rule_files`` None: our shipped rules, time-compressed 60x (``compress_time``).
     ``before_scrape`` runs on the started exporters before Prometheus starts (sets the scene;
-    by default removes the simulator's built-in TCP-fallback pod so the fleet starts healthy)."""
+    by default removes the simulator's built-in TCP-fallback pod so the fleet starts healthy).
+    ``backfill``: OpenMetrics history written into the TSDB first (see ``Prometheus.backfill``)."""
     prometheus_binary, alertmanager_binary = require_stack()
     if rule_files is None:
         rule_files = [compressed_rules(workdir)]
@@ -130,7 +132,7 @@ def cluster(
         stack = Stack(
             workdir, [e.target for e in exporters], rule_files=rule_files, intervals=intervals or Intervals(),
             other_jobs={"kube-state-metrics": [ScrapeTarget(kube_state_metrics.address)]},
-            prometheus_binary=prometheus_binary, alertmanager_binary=alertmanager_binary,
+            prometheus_binary=prometheus_binary, alertmanager_binary=alertmanager_binary, backfill=backfill,
         )
         with stack:
             result = Cluster(exporters, stack, kube_state_metrics=kube_state_metrics)

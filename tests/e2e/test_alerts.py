@@ -104,3 +104,34 @@ def test_tcp_fallback_fires_with_the_job_named_and_resolves_when_the_job_is_gone
 
     node.act("nccl-job-stop", namespace=TRAINING_NAMESPACE, pod=TRAINING_POD)
     assert cluster.receiver.wait_alert("CclNcclTcpFallback", "resolved", timeout=60, match=want)
+
+
+def probe_history(node: str, peak: float, minutes: int, now: float) -> str:
+    """The node's probe peak, recorded once a minute for ``minutes`` (the compressed rules' baseline
+    samples hourly -> every minute over 7 days -> 168 minutes, and wants 24 points)."""
+    series = f'node:ccl_probe_bus_bandwidth_bytes_per_second:max{{node="{node}",collective="all_reduce",' \
+             f'scope="inter_node",source="job"}}'
+    lines = ["# TYPE node:ccl_probe_bus_bandwidth_bytes_per_second:max gauge"]
+    lines += [f"{series} {peak:.6e} {int(now) - 60 * i}" for i in range(minutes, 1, -1)]
+    return "\n".join(lines) + "\n# EOF\n"
+
+
+def test_probe_below_its_baseline_fires_for_that_node(start_cluster) -> None:  # type: ignore[no-untyped-def]
+    """Three hours of probe history at ~350 GB/s (backfilled: the real rule wants a 7-day median),
+    then a probe Job result peaking at 150 GB/s: 43 % of the baseline, under the 80 % threshold,
+    above the 20 GB/s floor."""
+    cluster = start_cluster(nodes=2, intervals=Intervals(), backfill=probe_history("gpu-node-01", 350e9, 180, time.time()))
+    prometheus = cluster.prometheus
+    baseline = prometheus.wait_until(
+        lambda: prometheus.values('node:ccl_probe_bus_bandwidth_bytes_per_second:median7d{node="gpu-node-01",source="job"}'),
+        timeout=30, what="the probe baseline",
+    )
+    assert baseline[0] > 300e9
+    cluster.node("gpu-node-01").act("probe-result", busbw_gbps=150)
+    want = {"node": "gpu-node-01", "collective": "all_reduce", "scope": "inter_node", "source": "job"}
+    got = cluster.receiver.wait_alert("CclProbeBusBandwidthBelowBaseline", "firing", timeout=60, match=want)
+    assert got is not None, prometheus.alerts()
+    _, alert = got
+    assert alert["labels"]["severity"] == "warning"
+    assert not _alerts_named(cluster, "CclProbeBusBandwidthBelowFloor"), "150 GB/s is above the floor"
+    assert [a["labels"]["node"] for a in _alerts_named(cluster, "CclProbeBusBandwidthBelowBaseline")] == ["gpu-node-01"]
