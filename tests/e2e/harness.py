@@ -50,13 +50,13 @@ def compress_time(rules_text: str, factor: float) -> str:
     shipped one. Used with 1 s scrape and evaluation intervals."""
 
     def window(match: re.Match[str]) -> str:
-        range_part, step = match.group(1), match.group(2)
+        range_part, colon, step = match.group(1), match.group(2), match.group(3)
         out = _format(duration_seconds(range_part) / factor)
-        if step is not None:
+        if colon:
             out += ":" + (_format(duration_seconds(step) / factor) if step else "")
         return f"[{out}]"
 
-    text = re.sub(rf"\[({_DURATION})(?::({_DURATION})?)?\]", window, rules_text)
+    text = re.sub(rf"\[({_DURATION})(:({_DURATION})?)?\]", window, rules_text)
     return re.sub(
         rf"(?m)^(\s+for:\s*)({_DURATION})\s*$",
         lambda m: m.group(1) + _format(duration_seconds(m.group(2)) / factor),

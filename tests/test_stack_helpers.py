@@ -1,0 +1,53 @@
+"""Pure helpers of the e2e stack: durations, time compression of rules, Prometheus timestamps, configs."""
+
+from __future__ import annotations
+
+import pytest
+
+from exporter.sim.stack import Intervals, ScrapeTarget, alertmanager_config, duration_seconds, prometheus_config
+from exporter.sim.timeline import parse_timestamp
+from tests.e2e.harness import compress_time
+
+
+def test_durations() -> None:
+    assert duration_seconds("1h30m") == 5400
+    assert duration_seconds("250ms") == 0.25
+    assert duration_seconds("7d") == 7 * 86400
+    for bad in ("", "5", "m5", "5x", "1h 30m"):
+        with pytest.raises(ValueError):
+            duration_seconds(bad)
+
+
+def test_compress_time_divides_for_windows_and_subquery_steps_only() -> None:
+    rules = (
+        "      - alert: A\n"
+        "        expr: rate(x_total[5m]) > 1 and max_over_time(y[7d:10m]) == 1 and z[1h:] > 0\n"
+        "        for: 15m\n"
+        "        labels: {severity: warning}\n"
+        "        annotations: {summary: 'for: 15m in text stays'}\n"
+    )
+    out = compress_time(rules, 60)
+    assert "rate(x_total[5000ms])" in out
+    assert "max_over_time(y[10080000ms:10000ms])" in out
+    assert "z[60000ms:]" in out
+    assert "        for: 15000ms\n" in out
+    assert "'for: 15m in text stays'" in out
+
+
+def test_parse_timestamp() -> None:
+    assert parse_timestamp("2026-11-29T23:20:01.5Z") == parse_timestamp("2026-11-30T00:20:01.5+01:00")
+    assert parse_timestamp("2026-11-29T23:20:01.123456789Z") % 1 == pytest.approx(0.123456789, abs=1e-6)
+    with pytest.raises(ValueError):
+        parse_timestamp("yesterday")
+
+
+def test_configs_scrape_like_the_podmonitor_and_stay_on_loopback() -> None:
+    config = prometheus_config([ScrapeTarget("127.0.0.1:9400", {"node": "n1"})], [], "127.0.0.1:9093",
+                               Intervals(scrape_seconds=30, evaluation_seconds=30))
+    job = config["scrape_configs"][0]
+    assert job["job_name"] == "ccl-exporter" and job["honor_labels"] is True
+    assert job["static_configs"] == [{"targets": ["127.0.0.1:9400"], "labels": {"node": "n1"}}]
+    assert config["global"]["scrape_timeout"] == "10000ms"
+    route = alertmanager_config("http://127.0.0.1:1/alerts", Intervals.shipped())["route"]
+    assert route["group_wait"] == "30000ms"
+    assert {"alertname", "namespace", "job_name", "node"} <= set(route["group_by"])
