@@ -84,10 +84,8 @@ def missing_parts() -> list[str]:
     return missing
 
 
-def run_chain(exporter: SimulatedExporter, workdir: Path, timeout: float, stops: ExitStack) -> Timeline:
+def run_chain(exporter: SimulatedExporter, rules: Path, workdir: Path, timeout: float, stops: ExitStack) -> Timeline:
     """Start the stack (its stops registered on ``stops``), make the job fall back, print the timeline."""
-    rules = find_rules_file()
-    assert rules is not None
     kube_state_metrics = StaticMetricsServer(gpu_node_capacity_metrics([NODE]))
     stops.callback(kube_state_metrics.stop)
     stack = Stack(
@@ -141,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-monitoring", action="store_true", help="only the simulated node, no Prometheus")
     parser.add_argument("--exit-after-timeline", action="store_true", help="stop once the timeline is printed")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the notification")
+    parser.add_argument("--rules", type=Path, default=None,
+                        help="alert rules to load (default: alerts/ccl-health-rules.yaml of the working folder "
+                        "or the source checkout)")
     args = parser.parse_args(argv)
     _stop_on_sigterm()
     exporter = SimulatedExporter(NODE, port=port_if_free(args.port),
@@ -155,8 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         make_healthy([exporter])
         missing = [] if not args.no_monitoring else ["--no-monitoring given"]
         missing += missing_parts() if not args.no_monitoring else []
-        if not missing and find_rules_file() is None:
-            missing.append("alerts/ccl-health-rules.yaml (run from a source checkout)")
+        rules = args.rules or find_rules_file()
+        if not missing and (rules is None or not rules.is_file()):
+            missing.append(f"{rules or 'alerts/ccl-health-rules.yaml'} (run from a source checkout, or pass --rules)")
         if missing:
             say(f"Skipped Prometheus, Alertmanager and the alert timeline: {', '.join(missing)} not available.")
             if not args.no_monitoring:
@@ -168,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
             say("Ctrl-C stops it.")
             _wait_forever()
         workdir = Path(stops.enter_context(tempfile.TemporaryDirectory(prefix="ccl-demo-")))
-        timeline = run_chain(exporter, workdir, args.timeout, stops)
+        assert rules is not None
+        timeline = run_chain(exporter, rules, workdir, args.timeout, stops)
         if args.exit_after_timeline:
             return 0 if timeline.complete else 1
         say()

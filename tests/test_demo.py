@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 
-from tests.conftest import REPO, free_port, http_get, wait_http
+from tests.conftest import REPO, free_port, http_get, require_tool, wait_http
 
 
 def _demo(port: int, *args: str, path: str = "") -> subprocess.Popen[str]:
@@ -52,3 +52,14 @@ def test_ctrl_c_stops_the_exporter_it_started() -> None:
     except OSError:
         status = None
     assert status is None, "the exporter outlived the demo"
+
+
+def test_a_missing_rules_file_is_named(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """With the binaries present but no rule file, the demo says which file it lacks."""
+    prometheus, alertmanager = require_tool("prometheus"), require_tool("prometheus-alertmanager")
+    port = free_port()
+    path = os.pathsep.join({os.path.dirname(prometheus), os.path.dirname(alertmanager)})
+    demo = _demo(port, "--exit-after-timeline", "--rules", str(tmp_path / "nowhere.yaml"), path=path)
+    out, _ = demo.communicate(timeout=60)
+    assert demo.returncode == 0, out
+    assert f"{tmp_path / 'nowhere.yaml'} (run from a source checkout, or pass --rules) not available" in out
