@@ -39,7 +39,7 @@ from exporter.sim.stack import (
     ALERTMANAGER_NAMES,
     PROMETHEUS_NAMES,
 )
-from exporter.sim.timeline import Timeline, follow, parse_timestamp, tcp_fallback_watch
+from exporter.sim.timeline import Timeline, exporter_has, follow, tcp_fallback_watch
 
 REFERENCE_ALERT = "ReferenceTcpFallbackNoHold"
 REFERENCE_RULES = {
@@ -83,9 +83,11 @@ def measure_once(intervals: Intervals, workdir: Path, timeout: float = 400.0) ->
             stack.prometheus.wait_targets_up(2, timeout=120)
             time.sleep(intervals.scrape_seconds)  # at least one healthy scrape first
             node = exporters[0]
+            watch = tcp_fallback_watch(TRAINING_NAMESPACE, TRAINING_POD, node.node)
+            if exporter_has(node, watch):
+                raise RuntimeError("the pod already reports a TCP fallback before the restart: nothing to time")
             written = node.act("nccl-job-restart", namespace=TRAINING_NAMESPACE, pod=TRAINING_POD,
                                network="Socket")["at"]
-            watch = tcp_fallback_watch(TRAINING_NAMESPACE, TRAINING_POD, node.node)
             ours = follow(written, watch, node, stack.prometheus, stack.receiver, timeout)
             got = stack.receiver.wait_alert(REFERENCE_ALERT, "firing", timeout=5, match=watch.alert_labels)
             hold = next((float(rule.get("duration", 0)) for group in stack.prometheus.rule_groups()
@@ -107,8 +109,9 @@ def _fmt(values: list[float | None]) -> str:
     return f"{statistics.median(present):.1f} s (min {min(present):.1f}, max {max(present):.1f})"
 
 
-def run(runs: int = 1, fast: bool = False) -> BenchResult:
-    intervals = FAST if fast else Intervals.shipped()
+def run(runs: int = 1, fast: bool = False, intervals: Intervals | None = None) -> BenchResult:
+    custom = intervals is not None
+    intervals = intervals or (FAST if fast else Intervals.shipped())
     results = []
     for _ in range(runs):
         with tempfile.TemporaryDirectory(prefix="ccl-detect-") as workdir:
@@ -131,7 +134,7 @@ def run(runs: int = 1, fast: bool = False) -> BenchResult:
                f"Alertmanager group_wait {intervals.group_wait_seconds:g} s, CclNcclTcpFallback `for:` {hold:g} s")
     table = "\n".join(f"| {name} | {_fmt(values)} |" for name, values in hops)
     markdown = f"""
-Settings: {setting} ({'fast test settings' if fast else 'what the shipped PodMonitor, the Prometheus Operator defaults and Alertmanager defaults give'}).
+Settings: {setting} ({'custom settings' if custom else 'fast test settings' if fast else 'what the shipped PodMonitor, the Prometheus Operator defaults and Alertmanager defaults give'}).
 {runs} run(s); times from the NCCL lines being written to the pod's log. Labels on the notification
 (namespace, pod, job_name, node) {'all correct' if all(r.labels_ok for r in results) else 'NOT all correct'}.
 
@@ -144,9 +147,13 @@ pipeline: up to one scrape interval, up to one evaluation interval, the rule's `
 Alertmanager's group_wait. The expected worst case is scrape + evaluation + `for:` + group_wait
 = {intervals.scrape_seconds + intervals.evaluation_seconds + hold + intervals.group_wait_seconds:g} s.
 """
+    flags = (f" --scrape {intervals.scrape_seconds:g} --evaluation {intervals.evaluation_seconds:g} "
+             f"--group-wait {intervals.group_wait_seconds:g}") if custom else (" --fast" if fast else "")
     return BenchResult(
-        title="Detection latency: TCP fallback lines to notification" + (" (fast settings)" if fast else ""),
-        command="python -m bench.detection_latency" + (" --fast" if fast else "") + (f" --runs {runs}" if runs != 1 else ""),
+        title="Detection latency: TCP fallback lines to notification"
+        + (f" (scrape {intervals.scrape_seconds:g} s, evaluation {intervals.evaluation_seconds:g} s, "
+           f"group_wait {intervals.group_wait_seconds:g} s)" if custom else " (fast settings)" if fast else ""),
+        command="python -m bench.detection_latency" + flags + (f" --runs {runs}" if runs != 1 else ""),
         peer="the same pipeline with a reference rule without `for:` (same run, same log lines)",
         ratio=ratio,
         summary=f"CclNcclTcpFallback reached the receiver {_fmt(ours)} after the NCCL lines; "
@@ -159,10 +166,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--fast", action="store_true", help="1 s intervals instead of the shipped ones")
+    parser.add_argument("--scrape", type=float, help="scrape interval (s); with --evaluation and --group-wait")
+    parser.add_argument("--evaluation", type=float, help="rule evaluation interval (s)")
+    parser.add_argument("--group-wait", type=float, help="Alertmanager group_wait (s)")
     args = parser.parse_args(argv)
     if not 1 <= args.runs <= 10:
         parser.error("--runs must be 1..10")
-    print(run(args.runs, args.fast).section())
+    custom = None
+    if args.scrape or args.evaluation or args.group_wait:
+        if not (args.scrape and args.evaluation and args.group_wait):
+            parser.error("--scrape, --evaluation and --group-wait go together")
+        custom = Intervals(scrape_seconds=args.scrape, evaluation_seconds=args.evaluation,
+                           group_wait_seconds=args.group_wait, group_interval_seconds=60.0)
+    print(run(args.runs, args.fast, custom).section())
     return 0
 
 

@@ -3,7 +3,8 @@
 Every ``bench/<name>.py`` that defines ``run()`` is a benchmark (``run() -> BenchResult``,
 measuring us against a peer in the same run). Each result replaces the section of
 docs/benchmarks.md with the same ``## <title>``; sections whose benchmark was skipped (its
-peer is not installed) or failed keep their previous text, with a note saying so.
+peer is not installed) or failed keep their previous text, with a note saying so. The text
+above the first section is kept (a new file gets ``HEADER``).
 
     python -m bench.run_all [--only NAME ...] [--skip NAME ...] [--list]
 """
@@ -90,7 +91,7 @@ def _unfresh(section: str, why: str) -> str:
 
 
 def render(previous: str, outcomes: list[Outcome]) -> str:
-    _, sections = split_sections(previous)
+    head, sections = split_sections(previous)
     fresh = {o.result.title: o.result.section() for o in outcomes if o.result is not None}
     stale = {o.name: (o.skipped and f"skipped ({o.skipped})") or f"failed ({o.failed})"
              for o in outcomes if o.result is None}
@@ -104,7 +105,7 @@ def render(previous: str, outcomes: list[Outcome]) -> str:
         owner = next((name for name in stale if f"python -m bench.{name}" in text), None)
         out.append(_unfresh(text, stale[owner]) if owner else text)
     out += [text for title, text in fresh.items() if title not in seen]
-    return HEADER + "\n" + "\n".join(section.rstrip() + "\n" for section in out)
+    return (head.rstrip() + "\n" if head.strip() else HEADER) + "\n" + "\n".join(section.rstrip() + "\n" for section in out)
 
 
 def main(argv: list[str] | None = None) -> int:

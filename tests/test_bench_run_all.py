@@ -41,7 +41,8 @@ def test_fresh_results_replace_their_sections_and_skipped_ones_keep_old_numbers_
         Outcome("fleet", result=_result("Simulated fleet", "fleet", "32")),
     ]
     text = render(PREVIOUS, outcomes)
-    assert text.startswith(HEADER) and "old header" not in text
+    assert text.startswith("# Benchmarks\n\nold header\n"), "the text above the sections is kept"
+    assert render("", outcomes[:1]).startswith(HEADER), "a new file gets the standard header"
     assert "| x | 9 |" in text and "| x | 1 |" not in text
     assert "| x | 5 |" in text and "Not re-run by the last `make bench`: skipped (grep not installed)" in text
     assert "kept as is" in text
