@@ -48,13 +48,24 @@ _ISO_TIME_RE = re.compile(
 # One wrapper at the start of a bare line; stripped repeatedly.
 _WRAPPER_RE = re.compile(
     r"\s+"
-    r"|\|\s?"
+    r"|[|\u2502\u2503\u2551]\s?"
     r"|\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?\s?"
-    r"|\[[^\]]{0,64}\](?:<std(?:out|err)>)?:?\s?"
-    r"|[A-Za-z0-9][\w.-]{0,253}: (?=\S)"
+    r"|\[[^\]]{0,256}\](?:<std(?:out|err)>)?:?\s?"
+    r"|\([^()]{0,200}pid=\d+[^()]{0,200}\)\s?"  # Ray: "(RayTrainWorker pid=285, ip=10.0.0.2) "
+    r"|[A-Za-z0-9][\w.-]{0,253}(?:: (?=\S)|\s+\|\s?)"  # pdsh/srun --label "host: ", compose "svc-1  | "
 )
 _PREFIX_WINDOW = 512
-_TRAILER = " \t\r\n|"
+# Trailing padding and frames: log viewers pad lines to the terminal width and close them with
+# a box-drawing bar (│ ┃ ║); CloudWatch rows end in " |".
+_TRAILER = " \t\r\n|\u2502\u2503\u2551"
+# ANSI SGR/CSI sequences (coloured console output, kubectl/k9s/stern colours).
+_RAY_REPEATED_RE = re.compile(r"\s*\[repeated \d{1,9}x across cluster\]$")
+_ANSI_RE = re.compile(r"\x1b\[[0-9;?]{0,32}[A-Za-z]|\x1b\][^\x07\x1b]{0,256}(?:\x07|\x1b\\)")
+
+
+def strip_ansi(text: str) -> str:
+    """``text`` without terminal escape sequences (only called when it holds an ESC)."""
+    return _ANSI_RE.sub("", text).replace("\x1b", "")
 
 
 def strip_wrappers(text: str) -> str:
@@ -96,6 +107,10 @@ def _prefix_before(line: str, start: int, floor: int) -> tuple[Prefix | None, in
 
 def split_records(line: str) -> list[Record]:
     """Every NCCL record on one physical line (already cut to the caller's length cap)."""
+    if "\x1b" in line:
+        line = strip_ansi(line)
+    if line.endswith("cluster]"):  # Ray's log deduplication: "... [repeated 7x across cluster]"
+        line = _RAY_REPEATED_RE.sub("", line)
     first = _LEVEL_RE.search(line)
     if first is None:
         body = strip_wrappers(line).rstrip(_TRAILER)

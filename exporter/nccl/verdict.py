@@ -450,6 +450,45 @@ def _only_communicator(analyzer: LogAnalyzer, process: Process) -> str:
     return keys.pop() if len(keys) == 1 else UNATTRIBUTED
 
 
+def _adopt_strays(analyzer: LogAnalyzer, buckets: dict[str, list[Connection]], nodes_of: dict[int, object]) -> None:
+    """Give the log's only communicator the unattributed connection lines of processes that
+    never logged an init line, when they can only be its own: logged on a node where its ranks
+    are, naming ranks inside its size, never a rank another process holds. Placement then adds no
+    node it did not have, so adopting a line cannot make a connection inter-node by itself."""
+    strays = buckets.get(UNATTRIBUTED)
+    named = [k for k in analyzer.communicators if k != UNATTRIBUTED]
+    if not strays or len(named) != 1:
+        return
+    comm = analyzer.communicators[named[0]]
+    if comm.mixed or not comm.nranks or not comm.rank_process:
+        return
+    comm_nodes = {nodes_of.get(id(p)) for p in comm.rank_process.values()} - {None}
+    by_process: dict[int, list[Connection]] = {}
+    for c in strays:
+        by_process.setdefault(id(c.process), []).append(c)
+    adopted: list[Connection] = []
+    for conns in by_process.values():
+        process = conns[0].process
+        if process.pointers or nodes_of.get(id(process)) not in comm_nodes:
+            continue
+        fits = all(
+            c.event.kind != "collnet" and c.event.src < comm.nranks and c.event.dst < comm.nranks
+            and comm.rank_process.get(c.event.logging_rank, process) is process
+            for c in conns
+        )
+        if fits:
+            adopted.extend(conns)
+    if not adopted:
+        return
+    taken = {id(c) for c in adopted}
+    buckets.setdefault(named[0], []).extend(adopted)
+    rest = [c for c in strays if id(c) not in taken]
+    if rest:
+        buckets[UNATTRIBUTED] = rest
+    else:
+        del buckets[UNATTRIBUTED]
+
+
 def _facts(analyzer: LogAnalyzer, only: str | None = None) -> list[_CommFacts]:
     buckets: dict[str, list[Connection]] = {}
     if only is not None:
@@ -457,18 +496,29 @@ def _facts(analyzer: LogAnalyzer, only: str | None = None) -> list[_CommFacts]:
         found = (analyzer.connections.get(k) for k in (comm.connections if comm is not None else ()))
         buckets[only] = [c for c in found if c is not None]
         keys = [only]
-    else:
+    nodes_of = node_keys(_all_processes(analyzer))
+    if only is None:
         for c in analyzer.connections.values():
             buckets.setdefault(c.comm or _only_communicator(analyzer, c.process), []).append(c)
-        keys = list(analyzer.communicators) + [k for k in buckets if k not in analyzer.communicators]
+        _adopt_strays(analyzer, buckets, nodes_of)
+        keys = [k for k in analyzer.communicators if k != UNATTRIBUTED or k in buckets]
+        keys += [k for k in buckets if k not in analyzer.communicators]
     version = analyzer.versions.most_common(1)[0][0] if analyzer.versions else None
-    nodes_of = node_keys(_all_processes(analyzer))
     return [_analyze(analyzer, k, analyzer.communicators.get(k), buckets.get(k, []), nodes_of, version)
             for k in keys]
 
 
 def summarize_communicators(analyzer: LogAnalyzer, only: str | None = None) -> list[tuple[CommunicatorSummary, list[str]]]:
     return [(f.summary, f.reasons) for f in _facts(analyzer, only)]
+
+
+def _log_network_classes(analyzer: LogAnalyzer, facts: list[_CommFacts],
+                         selected: list[tuple[str, str | None]]) -> set[str | None]:
+    """The classes of every network the log names: connection lines, selections, communicators."""
+    names = {c.event.network for c in analyzer.connections.values() if c.event.network}
+    names |= {f.summary.network for f in facts if f.summary.network}
+    names |= {n for n, _ in selected}
+    return {network_class(n) for n in names}
 
 
 def decide(analyzer: LogAnalyzer) -> Verdict:
@@ -510,8 +560,13 @@ def decide(analyzer: LogAnalyzer) -> Verdict:
                 inter_node_tcp = None
                 reasons.extend(r for f in facts for r in f.reasons[:1])
         else:
-            open_tcp = [f for f in facts if f.summary.inter_node_tcp is None
-                        and network_class(f.summary.network) in (TCP, None) and f.summary.transports]
+            # A communicator with no network of its own is open unless every network the log
+            # names (connection lines, selections) is RDMA-class: a process uses one network.
+            rdma_only = _log_network_classes(analyzer, facts, selected) == {RDMA}
+            open_tcp = [f for f in facts if f.summary.inter_node_tcp is None and f.summary.transports
+                        and (network_class(f.summary.network) == TCP
+                             or (network_class(f.summary.network) is None
+                                 and (f.summary.network is not None or not rdma_only)))]
             inter_node_tcp = None if open_tcp else False
             deciding = [f for f in facts if f.summary.inter_node_tcp is False]
             for f in (open_tcp or deciding)[:3]:
