@@ -266,7 +266,7 @@ def _analyze(analyzer: LogAnalyzer, key: str, comm: Communicator | None, conns: 
     host_links = [(r, nodes_of[id(p)]) for r, p in rank_process.items() if id(p) in nodes_of]
     table = analyzer.test_ranks
     if table and (key == UNATTRIBUTED or (comm is not None and comm.nranks == len(table))):
-        all_processes = _all_processes(analyzer)
+        all_processes, _ = analyzer.process_nodes()
         for rank, (host, _) in table.items():
             node = host_node_key(host, all_processes)
             if node is not None:
@@ -435,13 +435,6 @@ def _analyze_mixed(analyzer: LogAnalyzer, key: str, comm: Communicator | None, c
                       "ranks logged from several nodes" if len(hosts) > 1 else None, version)
 
 
-def _all_processes(analyzer: LogAnalyzer) -> list[Process]:
-    seen = {id(p): p for p in analyzer.processes.values()}
-    for c in analyzer.connections.values():
-        seen.setdefault(id(c.process), c.process)
-    return list(seen.values())
-
-
 def _only_communicator(analyzer: LogAnalyzer, process: Process) -> str:
     """Where a connection line logged outside any init context goes: the process's communicator
     when it only ever initialised one (the line may come from another thread than the init
@@ -469,7 +462,7 @@ def _adopt_strays(analyzer: LogAnalyzer, buckets: dict[str, list[Connection]], n
     adopted: list[Connection] = []
     for conns in by_process.values():
         process = conns[0].process
-        if process.pointers or nodes_of.get(id(process)) not in comm_nodes:
+        if process.named_comm or nodes_of.get(id(process)) not in comm_nodes:
             continue
         fits = all(
             c.event.kind != "collnet" and c.event.src < comm.nranks and c.event.dst < comm.nranks
@@ -496,7 +489,7 @@ def _facts(analyzer: LogAnalyzer, only: str | None = None) -> list[_CommFacts]:
         found = (analyzer.connections.get(k) for k in (comm.connections if comm is not None else ()))
         buckets[only] = [c for c in found if c is not None]
         keys = [only]
-    nodes_of = node_keys(_all_processes(analyzer))
+    _, nodes_of = analyzer.process_nodes()
     if only is None:
         for c in analyzer.connections.values():
             buckets.setdefault(c.comm or _only_communicator(analyzer, c.process), []).append(c)
@@ -525,7 +518,7 @@ def decide(analyzer: LogAnalyzer) -> Verdict:
     facts = _facts(analyzer)
     retired = analyzer.retired
     reasons: list[str] = []
-    processes = _all_processes(analyzer)
+    processes, nodes_of = analyzer.process_nodes()
     version = analyzer.versions.most_common(1)[0][0] if analyzer.versions else None
 
     values = [f.summary.inter_node_tcp for f in facts]
@@ -540,7 +533,6 @@ def decide(analyzer: LogAnalyzer) -> Verdict:
             reasons.extend(retired.reasons[:1])
     else:
         selected = [(n, line) for n, line in (p.selected_network() for p in processes) if n]
-        nodes_of = node_keys(processes)
         tcp_selected = [(n, line) for n, line in selected if network_class(n) == TCP]
         distinct_hosts = {nodes_of[id(p)] for p in processes if id(p) in nodes_of}
         table_nodes = {host_node_key(h, processes) for h, _ in analyzer.test_ranks.values()}
