@@ -59,7 +59,8 @@ _PREFIX_WINDOW = 512
 # a box-drawing bar (│ ┃ ║); CloudWatch rows end in " |".
 TRAILER = " \t\r\n|\u2502\u2503\u2551"
 # ANSI SGR/CSI sequences (coloured console output, kubectl/k9s/stern colours).
-_RAY_REPEATED_RE = re.compile(r"\s*\[repeated \d{1,9}x across cluster\]$")
+# The first folded line also carries Ray's explanation after the marker: drop both.
+_RAY_REPEATED_RE = re.compile(r"\s*\[repeated \d{1,9}x across cluster\].*$")
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]{0,32}[A-Za-z]|\x1b\][^\x07\x1b]{0,256}(?:\x07|\x1b\\)")
 
 
@@ -132,7 +133,7 @@ def split_records(line: str, prefixes: dict[str, Prefix | None] | None = None) -
     """
     if "\x1b" in line:
         line = strip_ansi(line)
-    if line.endswith("cluster]"):  # Ray's log deduplication: "... [repeated 7x across cluster]"
+    if "across cluster]" in line:  # Ray's log deduplication: "... [repeated 7x across cluster]"
         line = _RAY_REPEATED_RE.sub("", line)
     first = _LEVEL_RE.search(line)
     if first is None:

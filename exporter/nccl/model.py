@@ -215,7 +215,7 @@ class LogAnalyzer:
             if " via " not in line and "Using" not in line and "comm " not in line and " Pid " not in line:
                 return
         elif (line.startswith("INFO ", marker + 5) and line.find("NCCL ", marker + 10) < 0 and "\x1b" not in line
-              and not line.endswith("cluster]")):
+              and "across cluster]" not in line):
             # The common line: one INFO record, no escape codes (what split_records would find).
             message = line[marker + 10:].rstrip(g.TRAILER)
             if not g.info_matters(message):

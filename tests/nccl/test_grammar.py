@@ -39,6 +39,9 @@ PREFIX_CASES = [
      "h", 1, 2, 0, "INFO", "Using network IB"),
     ("(EngineCore pid=1088) (RayWorkerWrapper pid=285, ip=10.0.0.2) h:285:285 [0] NCCL INFO Using network IB "
      "[repeated 3x across cluster]", "h", 285, 285, 0, "INFO", "Using network IB"),  # Ray, deduplicated
+    ("(RayWorkerWrapper pid=285) h:285:285 [0] NCCL INFO Using network IB [repeated 12x across cluster] (Ray "
+     "deduplicates logs by default. Set RAY_DEDUP_LOGS=0 to disable log deduplication.)      [615/4138]",
+     "h", 285, 285, 0, "INFO", "Using network IB"),
 ]
 
 
