@@ -384,6 +384,8 @@ class LogAnalyzer:
         oldest_key = next(iter(self.communicators))
         oldest = self.communicators[oldest_key]
         decisive = oldest.connections or oldest.nnodes is not None or oldest.network is not None
+        if decisive and self.retired.inter_node_rdma and self._only_rdma_lines(oldest):
+            decisive = False  # it can only tell what is already kept: RDMA carried inter-node traffic
         for summary, reasons in summarize_communicators(self, only=oldest_key) if decisive else ():
             if summary.inter_node_tcp is True:
                 self.retired.inter_node_tcp = True
@@ -401,6 +403,16 @@ class LogAnalyzer:
                 del process.pointers[pointer]
         self.retired.count += 1
         self._count("communicators")
+
+    def _only_rdma_lines(self, comm: Communicator) -> bool:
+        """The communicator shows NET lines and all are on RDMA-class networks (then its network is
+        that one and none of its traffic can be TCP)."""
+        names = set()
+        for key in comm.connections:
+            connection = self.connections.get(key)
+            if connection is not None and connection.event.kind == "net":
+                names.add(connection.event.network)
+        return bool(names) and all(network_class(name) == RDMA for name in names)
 
     def _point(self, process: Process, pointer: str, comm: Communicator) -> None:
         """Remember that ``pointer`` of ``process`` names ``comm`` (bounded per process)."""
