@@ -36,10 +36,10 @@ PODS = [
     Pod("kube-system", "coredns-1", [Container("coredns", {})]),
 ]
 EXPECTED = [
-    {"gpu": "0", "uuid": uuid(0), "namespace": "ml-training", "pod": "llama-worker-0", "container": "trainer", "resource": "nvidia.com/gpu"},
-    {"gpu": "1", "uuid": uuid(1), "namespace": "ml-training", "pod": "llama-worker-0", "container": "trainer", "resource": "nvidia.com/gpu"},
-    {"gpu": "2", "uuid": uuid(2), "namespace": "ml-training", "pod": "llama-worker-1", "container": "trainer", "resource": "nvidia.com/gpu.shared"},
-    {"gpu": "", "uuid": MIG, "namespace": "inference", "pod": "llm-0", "container": "server", "resource": "nvidia.com/mig-1g.18gb"},
+    {"gpu": "0", "uuid": uuid(0), "namespace": "ml-training", "pod": "llama-worker-0", "container": "trainer", "resource": "nvidia.com/gpu", "job_name": "", "job_kind": ""},
+    {"gpu": "1", "uuid": uuid(1), "namespace": "ml-training", "pod": "llama-worker-0", "container": "trainer", "resource": "nvidia.com/gpu", "job_name": "", "job_kind": ""},
+    {"gpu": "2", "uuid": uuid(2), "namespace": "ml-training", "pod": "llama-worker-1", "container": "trainer", "resource": "nvidia.com/gpu.shared", "job_name": "", "job_kind": ""},
+    {"gpu": "", "uuid": MIG, "namespace": "inference", "pod": "llm-0", "container": "server", "resource": "nvidia.com/mig-1g.18gb", "job_name": "", "job_kind": ""},
 ]
 
 

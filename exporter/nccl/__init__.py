@@ -9,6 +9,7 @@ One analyzer follows one log stream (a container's log, or one job's NCCL debug 
 """
 
 from exporter.nccl.model import LogAnalyzer, Limits
+from exporter.nccl.networks import RDMA, TCP, network_class
 from exporter.nccl.verdict import CommunicatorSummary, NcclWarning, Verdict
 
-__all__ = ["CommunicatorSummary", "Limits", "LogAnalyzer", "NcclWarning", "Verdict"]
+__all__ = ["RDMA", "TCP", "CommunicatorSummary", "Limits", "LogAnalyzer", "NcclWarning", "Verdict", "network_class"]

@@ -48,13 +48,25 @@ _ISO_TIME_RE = re.compile(
 # One wrapper at the start of a bare line; stripped repeatedly.
 _WRAPPER_RE = re.compile(
     r"\s+"
-    r"|\|\s?"
+    r"|[|\u2502\u2503\u2551]\s?"
     r"|\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?\s?"
-    r"|\[[^\]]{0,64}\](?:<std(?:out|err)>)?:?\s?"
-    r"|[A-Za-z0-9][\w.-]{0,253}: (?=\S)"
+    r"|\[[^\]]{0,256}\](?:<std(?:out|err)>)?:?\s?"
+    r"|\([^()]{0,200}pid=\d+[^()]{0,200}\)\s?"  # Ray: "(RayTrainWorker pid=285, ip=10.0.0.2) "
+    r"|[A-Za-z0-9][\w.-]{0,253}(?:: (?=\S)|\s+\|\s?)"  # pdsh/srun --label "host: ", compose "svc-1  | "
 )
 _PREFIX_WINDOW = 512
-_TRAILER = " \t\r\n|"
+# Trailing padding and frames: log viewers pad lines to the terminal width and close them with
+# a box-drawing bar (│ ┃ ║); CloudWatch rows end in " |".
+TRAILER = " \t\r\n|\u2502\u2503\u2551"
+# ANSI SGR/CSI sequences (coloured console output, kubectl/k9s/stern colours).
+# The first folded line also carries Ray's explanation after the marker: drop both.
+_RAY_REPEATED_RE = re.compile(r"\s*\[repeated \d{1,9}x across cluster\].*$")
+_ANSI_RE = re.compile(r"\x1b\[[0-9;?]{0,32}[A-Za-z]|\x1b\][^\x07\x1b]{0,256}(?:\x07|\x1b\\)")
+
+
+def strip_ansi(text: str) -> str:
+    """``text`` without terminal escape sequences (only called when it holds an ESC)."""
+    return _ANSI_RE.sub("", text).replace("\x1b", "")
 
 
 def strip_wrappers(text: str) -> str:
@@ -94,15 +106,46 @@ def _prefix_before(line: str, start: int, floor: int) -> tuple[Prefix | None, in
     return Prefix(host, int(pid), int(tid), int(dev), loc), begin
 
 
-def split_records(line: str) -> list[Record]:
-    """Every NCCL record on one physical line (already cut to the caller's length cap)."""
+_PREFIX_CACHE_SIZE = 4096
+
+
+def _cached_prefix(line: str, start: int, prefixes: dict[str, Prefix | None]) -> Prefix | None:
+    """The prefix before the level marker at ``start``, looked up by the text before it (the
+    same few ``host:pid:tid [dev] `` heads repeat on every line of a process)."""
+    head = line[:start]
+    try:
+        return prefixes[head]
+    except KeyError:
+        pass
+    prefix, _ = _prefix_before(line, start, 0)
+    if len(head) <= _PREFIX_WINDOW:  # the prefix depends on nothing else then
+        if len(prefixes) >= _PREFIX_CACHE_SIZE:
+            prefixes.clear()
+        prefixes[head] = prefix
+    return prefix
+
+
+def split_records(line: str, prefixes: dict[str, Prefix | None] | None = None) -> list[Record]:
+    """Every NCCL record on one physical line (already cut to the caller's length cap).
+
+    ``prefixes`` is the caller's cache of parsed prefixes by the text before ``NCCL <LEVEL>``
+    (bounded here); without it every prefix is parsed.
+    """
+    if "\x1b" in line:
+        line = strip_ansi(line)
+    if "across cluster]" in line:  # Ray's log deduplication: "... [repeated 7x across cluster]"
+        line = _RAY_REPEATED_RE.sub("", line)
     first = _LEVEL_RE.search(line)
     if first is None:
-        body = strip_wrappers(line).rstrip(_TRAILER)
+        body = strip_wrappers(line).rstrip(TRAILER)
         return [Record(None, None, body)] if body else []
-    if _LEVEL_RE.search(line, first.end()) is None:  # the common case: one record
-        prefix, _ = _prefix_before(line, first.start(), 0)
-        return [Record(prefix, first.group(1), line[first.end():].rstrip(_TRAILER))]
+    start, end = first.span()
+    if line.find("NCCL ", end) == -1 or _LEVEL_RE.search(line, end) is None:  # the common case: one record
+        if prefixes is None:
+            prefix, _ = _prefix_before(line, start, 0)
+        else:
+            prefix = _cached_prefix(line, start, prefixes)
+        return [Record(prefix, first.group(1), line[end:].rstrip(TRAILER))]
     found: list[tuple[int, int, Prefix | None, str]] = []  # (record start, message start, prefix, level)
     previous_end = 0
     for marker in _LEVEL_RE.finditer(line):
@@ -112,7 +155,7 @@ def split_records(line: str) -> list[Record]:
     records = []
     for i, (_, msg_start, prefix, level) in enumerate(found):
         msg_end = found[i + 1][0] if i + 1 < len(found) else len(line)
-        records.append(Record(prefix, level, line[msg_start:msg_end].rstrip(_TRAILER)))
+        records.append(Record(prefix, level, line[msg_start:msg_end].rstrip(TRAILER)))
     return records
 
 
@@ -413,6 +456,15 @@ _WARNING_CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("timeout", ("timeout", "Timeout", "timed out")),
 )
 WARNING_CATEGORIES: tuple[str, ...] = tuple(c for c, _ in _WARNING_CATEGORIES) + ("other",)
+
+
+def info_matters(message: str) -> bool:
+    """False for an INFO message that neither :func:`parse_message` nor :func:`warning_category`
+    uses (most INFO lines: trees, rings, tuning, allocations); one substring test per event kind."""
+    return (" via " in message or "comm " in message or "Using" in message or "set by environment to" in message
+            or "NCCL version" in message or "GPU Direct RDMA" in message or " coll channels, " in message
+            or "No device found" in message or "Assigned NET plugin" in message or " Pid " in message
+            or "Failed to open libibverbs" in message)
 
 
 def warning_category(record: Record) -> str | None:

@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 
 from exporter.nccl import grammar as g
 from exporter.nccl.networks import RDMA, network_class
-from exporter.nccl.verdict import NcclWarning, Verdict, decide, summarize_communicators
+from exporter.nccl.verdict import NcclWarning, Verdict, decide, node_keys, summarize_communicators
 
 UNATTRIBUTED = "unattributed"
+_MEMO_ENTRIES = 4096  # parsed messages remembered per stream (cleared when full)
+_MEMO_MESSAGE_CHARS = 512  # longer messages are parsed every time
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,7 @@ class Process:
 
     __slots__ = ("key", "host", "address", "oob_address", "network", "network_line", "ib_devices", "ib_failed",
                  "socket_seen", "threads", "saw_start", "pointers", "env", "version", "gdr_hca",
-                 "ib_datapath_line")
+                 "ib_datapath_line", "named_comm")
 
     def __init__(self, key: tuple[str, int] | None) -> None:
         self.key = key
@@ -60,6 +62,7 @@ class Process:
         self.version: str | None = None
         self.gdr_hca: dict[bool, str] = {}  # GDR enabled/disabled per HCA on an RDMA net -> cited line
         self.ib_datapath_line: str | None = None  # a NET/IB completion/async WARN: IB carries traffic
+        self.named_comm = False  # logged an init or nNodes line (its pointers may since be evicted)
 
     def label(self) -> str:
         return f"{self.key[0]}:{self.key[1]}" if self.key else "(no prefix)"
@@ -98,7 +101,7 @@ class Thread:
 
 class Communicator:
     __slots__ = ("key", "comm_id", "nranks", "nnodes", "nnodes_line", "mnnvl", "network", "network_line",
-                 "rank_process", "rank_gpu", "nvls_channels", "connections", "order", "mixed")
+                 "rank_process", "rank_gpu", "nvls_channels", "connections", "order", "mixed", "pointer_refs")
 
     def __init__(self, key: str, comm_id: str | None, order: int) -> None:
         self.key = key
@@ -114,19 +117,36 @@ class Communicator:
         self.nvls_channels: dict[int, int] = {}  # rank -> NVLS channels
         self.connections: set[tuple] = set()
         self.order = order
+        self.pointer_refs: set[tuple[Process, str]] = set()  # process.pointers entries naming this key
         # Several communicators under one key (before commIds, same-size communicators share
         # "nranks:N"): rank numbers then name different GPUs, so ranks are not placed on nodes.
         self.mixed = False
 
 
-class Connection:
-    __slots__ = ("event", "process", "comm", "cited")
+def cite(record: g.Record, cap: int) -> str:
+    """The record as one log line (wrappers dropped), cut to ``cap`` characters."""
+    text = record.message
+    if record.prefix is not None:
+        p = record.prefix
+        location = f"{p.location} " if p.location else ""
+        text = f"{p.host}:{p.pid}:{p.tid} [{p.cuda_dev}] {location}NCCL {record.level} {text}"
+    return text if len(text) <= cap else text[: cap - 3] + "..."
 
-    def __init__(self, event: g.ConnectionEvent, process: Process, comm: str | None, cited: str) -> None:
+
+class Connection:
+    __slots__ = ("event", "process", "comm", "record", "cap")
+
+    def __init__(self, event: g.ConnectionEvent, process: Process, comm: str | None, record: g.Record,
+                 cap: int) -> None:
         self.event = event
         self.process = process
         self.comm = comm
-        self.cited = cited
+        self.record = record  # cited only when a reason names this line
+        self.cap = cap
+
+    @property
+    def cited(self) -> str:
+        return cite(self.record, self.cap)
 
 
 @dataclass
@@ -159,6 +179,16 @@ class LogAnalyzer:
         self.lines = 0
         self._comm_order = 0
         self._cached: Verdict | None = None
+        self._prefixes: dict[str, g.Prefix | None] = {}  # parsed line prefixes by their text
+        self._events: dict[str, g.Event | None] = {}  # parsed messages by their text
+        self._nodes: tuple[list[Process], dict[int, object]] | None = None  # see process_nodes()
+        self._handlers = {
+            g.VersionEvent: self._on_version, g.NetworkEvent: self._on_network, g.IbDevicesEvent: self._on_ib_devices,
+            g.IbNoDeviceEvent: self._on_ib_no_device, g.SocketDevicesEvent: self._on_socket_devices,
+            g.BootstrapEvent: self._on_bootstrap, g.EnvEvent: self._on_env, g.GdrEvent: self._on_gdr,
+            g.CommInitEvent: self._on_comm_init, g.CommNodesEvent: self._on_comm_nodes,
+            g.ChannelSummaryEvent: self._on_channel_summary, g.ConnectionEvent: self._on_connection,
+        }
 
     # -- input ------------------------------------------------------------------------------
 
@@ -180,10 +210,28 @@ class LogAnalyzer:
         if len(line) > limit:
             self._count("long_lines")
             line = line[:limit]
-        if ("NCCL" not in line and " via " not in line and "Using" not in line and "comm " not in line
-                and " Pid " not in line):
+        marker = line.find("NCCL ")
+        if marker < 0:
+            if " via " not in line and "Using" not in line and "comm " not in line and " Pid " not in line:
+                return
+        elif (line.startswith("INFO ", marker + 5) and line.find("NCCL ", marker + 10) < 0 and "\x1b" not in line
+              and "across cluster]" not in line):
+            # The common line: one INFO record, no escape codes (what split_records would find).
+            message = line[marker + 10:].rstrip(g.TRAILER)
+            if not g.info_matters(message):
+                return
+            head = line[:marker]
+            prefix = self._prefixes.get(head)
+            if prefix is None:
+                prefix = g.split_records(line, self._prefixes)[0].prefix
+            if prefix is not None and " via " in message:
+                process = self.processes.get((prefix.host, prefix.pid))
+                thread = process.threads.get(prefix.tid) if process is not None else None
+                if thread is not None and self._connection_key(process, thread, message) in self.connections:
+                    return  # a connection line seen before changes nothing
+            self._record(g.Record(prefix, "INFO", message))
             return
-        records = g.split_records(line.rstrip("\r\n"))
+        records = g.split_records(line.rstrip("\r\n"), self._prefixes)
         if len(records) > self.limits.max_records_per_line:
             self._count("records", len(records) - self.limits.max_records_per_line)
             records = records[: self.limits.max_records_per_line]
@@ -205,16 +253,25 @@ class LogAnalyzer:
                 del self.processes[oldest]
                 self._count("processes")
             process = self.processes[key] = Process(key)
+            self._nodes = None
         return process
 
     def _cite(self, record: g.Record) -> str:
-        text = record.message
-        if record.prefix is not None:
-            p = record.prefix
-            location = f"{p.location} " if p.location else ""
-            text = f"{p.host}:{p.pid}:{p.tid} [{p.cuda_dev}] {location}NCCL {record.level} {text}"
-        cap = self.limits.max_cited_chars
-        return text if len(text) <= cap else text[: cap - 3] + "..."
+        return cite(record, self.limits.max_cited_chars)
+
+    def _parse(self, message: str) -> g.Event | None:
+        """``parse_message``, remembered for messages that repeat (every process prints the same
+        ``Using network``, every init the same lines); events are immutable."""
+        try:
+            return self._events[message]
+        except KeyError:
+            pass
+        event = g.parse_message(message)
+        if len(message) <= _MEMO_MESSAGE_CHARS:
+            if len(self._events) >= _MEMO_ENTRIES:
+                self._events.clear()
+            self._events[message] = event
+        return event
 
     def _record(self, record: g.Record) -> None:
         category = g.warning_category(record)
@@ -231,7 +288,7 @@ class LogAnalyzer:
             self._cached = None
         if record.level == "TRACE":
             return
-        event = g.parse_message(record.message)
+        event = self._parse(record.message)
         if event is None:
             return
         if record.prefix is None and isinstance(event, (g.EnvEvent, g.GdrEvent, g.BootstrapEvent)):
@@ -245,8 +302,13 @@ class LogAnalyzer:
             return
         process = self._process(record.prefix)
         thread = self._thread(process, record.prefix.tid if record.prefix else 0)
-        handler = getattr(self, "_on_" + type(event).__name__)
-        handler(process, thread, event, record)
+        self._handlers[type(event)](process, thread, event, record)
+
+    def _connection_key(self, process: Process, thread: Thread, message: str) -> tuple:
+        """Identical lines of one process in one communicator (or, outside any, one init) are one
+        connection; the line's text names everything the connection event holds."""
+        context = thread.context if thread.context in self.communicators else None
+        return (process.key, context or thread.inits, message)
 
     def _thread(self, process: Process, tid: int) -> Thread:
         thread = process.threads.get(tid)
@@ -259,7 +321,7 @@ class LogAnalyzer:
 
     # -- events -----------------------------------------------------------------------------
 
-    def _on_VersionEvent(self, process: Process, thread: Thread, event: g.VersionEvent, record: g.Record) -> None:
+    def _on_version(self, process: Process, thread: Thread, event: g.VersionEvent, record: g.Record) -> None:
         if event.version in self.versions or len(self.versions) < self.limits.max_versions:
             self.versions[event.version] += 1
         else:
@@ -267,38 +329,44 @@ class LogAnalyzer:
         if record.prefix is not None:
             process.version = event.version
 
-    def _on_NetworkEvent(self, process: Process, thread: Thread, event: g.NetworkEvent, record: g.Record) -> None:
-        cited = self._cite(record)
+    def _on_network(self, process: Process, thread: Thread, event: g.NetworkEvent, record: g.Record) -> None:
+        # Printed at every init: the process's first line naming this network is cited.
+        cited = process.network_line if process.network == event.name else None
+        if cited is None:
+            cited = self._cite(record)
         process.network, process.network_line = event.name, cited
         thread.pending_network = event.name
         comm = self.communicators.get(thread.context) if thread.context else None
         if comm is not None and comm.network is None and process.saw_start:
             comm.network, comm.network_line = event.name, cited
 
-    def _on_IbDevicesEvent(self, process: Process, thread: Thread, event: g.IbDevicesEvent, record: g.Record) -> None:
+    def _on_ib_devices(self, process: Process, thread: Thread, event: g.IbDevicesEvent, record: g.Record) -> None:
         process.ib_devices = event.devices or process.ib_devices or ()
-        if event.oob_address and not event.oob_address.startswith("127."):
+        if event.oob_address and not event.oob_address.startswith("127.") and process.oob_address != event.oob_address:
             process.oob_address = event.oob_address
+            self._nodes = None
 
-    def _on_IbNoDeviceEvent(self, process: Process, thread: Thread, event: g.IbNoDeviceEvent, record: g.Record) -> None:
+    def _on_ib_no_device(self, process: Process, thread: Thread, event: g.IbNoDeviceEvent, record: g.Record) -> None:
         process.ib_failed = True
 
-    def _on_SocketDevicesEvent(self, process: Process, thread: Thread, event: g.SocketDevicesEvent,
+    def _on_socket_devices(self, process: Process, thread: Thread, event: g.SocketDevicesEvent,
                                record: g.Record) -> None:
         process.socket_seen = self._cite(record)
 
-    def _on_BootstrapEvent(self, process: Process, thread: Thread, event: g.BootstrapEvent, record: g.Record) -> None:
-        if not event.address.startswith("127."):
+    def _on_bootstrap(self, process: Process, thread: Thread, event: g.BootstrapEvent, record: g.Record) -> None:
+        if not event.address.startswith("127.") and process.address != event.address:
             process.address = event.address
+            self._nodes = None
 
-    def _on_EnvEvent(self, process: Process, thread: Thread, event: g.EnvEvent, record: g.Record) -> None:
+    def _on_env(self, process: Process, thread: Thread, event: g.EnvEvent, record: g.Record) -> None:
         if event.variable in process.env or len(process.env) < self.limits.max_env:
             process.env[event.variable] = event.value[:200]
 
-    def _on_GdrEvent(self, process: Process, thread: Thread, event: g.GdrEvent, record: g.Record) -> None:
+    def _on_gdr(self, process: Process, thread: Thread, event: g.GdrEvent, record: g.Record) -> None:
         if event.network is not None and network_class(event.network) != RDMA:
             return  # "NET/Socket : GPU Direct RDMA Disabled for HCA 0 'lo'" says nothing about RDMA
-        process.gdr_hca.setdefault(event.enabled, self._cite(record))
+        if event.enabled not in process.gdr_hca:
+            process.gdr_hca[event.enabled] = self._cite(record)
 
     def _communicator(self, key: str, comm_id: str | None) -> Communicator:
         comm = self.communicators.get(key)
@@ -310,9 +378,14 @@ class LogAnalyzer:
         return comm
 
     def _evict_oldest_communicator(self) -> None:
+        """Drop the oldest communicator, keeping what it showed in ``retired``. Costs its own size:
+        threads still naming it as their context find it gone (every use checks), and the pointers
+        naming it are found through its own references."""
         oldest_key = next(iter(self.communicators))
         oldest = self.communicators[oldest_key]
         decisive = oldest.connections or oldest.nnodes is not None or oldest.network is not None
+        if decisive and self.retired.inter_node_rdma and self._only_rdma_lines(oldest):
+            decisive = False  # it can only tell what is already kept: RDMA carried inter-node traffic
         for summary, reasons in summarize_communicators(self, only=oldest_key) if decisive else ():
             if summary.inter_node_tcp is True:
                 self.retired.inter_node_tcp = True
@@ -322,13 +395,42 @@ class LogAnalyzer:
                 self.retired.inter_node_rdma = True
         comm = self.communicators.pop(oldest_key)
         for key in comm.connections:
-            self.connections.pop(key, None)
-        for process in self.processes.values():
-            for thread in process.threads.values():
-                if thread.context == oldest_key:
-                    thread.context = None
+            connection = self.connections.pop(key, None)
+            if connection is not None and self.processes.get(connection.process.key) is not connection.process:
+                self._nodes = None  # it held the last reference to a process evicted earlier
+        for process, pointer in comm.pointer_refs:
+            if process.pointers.get(pointer) == oldest_key:
+                del process.pointers[pointer]
         self.retired.count += 1
         self._count("communicators")
+
+    def _only_rdma_lines(self, comm: Communicator) -> bool:
+        """The communicator shows NET lines and all are on RDMA-class networks (then its network is
+        that one and none of its traffic can be TCP)."""
+        names = set()
+        for key in comm.connections:
+            connection = self.connections.get(key)
+            if connection is not None and connection.event.kind == "net":
+                names.add(connection.event.network)
+        return bool(names) and all(network_class(name) == RDMA for name in names)
+
+    def _point(self, process: Process, pointer: str, comm: Communicator) -> None:
+        """Remember that ``pointer`` of ``process`` names ``comm`` (bounded per process)."""
+        if pointer in process.pointers or len(process.pointers) < self.limits.max_pointers:
+            process.pointers[pointer] = comm.key
+            if len(comm.pointer_refs) < self.limits.max_ranks:
+                comm.pointer_refs.add((process, pointer))
+
+    def process_nodes(self) -> tuple[list[Process], dict[int, object]]:
+        """Every process the state refers to, and ``id(process) -> node key``; recomputed only
+        after a process appears, goes or shows a new address."""
+        if self._nodes is None:
+            seen = {id(p): p for p in self.processes.values()}
+            for c in self.connections.values():
+                seen.setdefault(id(c.process), c.process)
+            processes = list(seen.values())
+            self._nodes = (processes, node_keys(processes))
+        return self._nodes
 
     def _add_rank(self, comm: Communicator, rank: int, process: Process) -> None:
         known = comm.rank_process.get(rank)
@@ -339,7 +441,7 @@ class LogAnalyzer:
         else:
             self._count("ranks")
 
-    def _on_CommInitEvent(self, process: Process, thread: Thread, event: g.CommInitEvent, record: g.Record) -> None:
+    def _on_comm_init(self, process: Process, thread: Thread, event: g.CommInitEvent, record: g.Record) -> None:
         key = event.comm_id or f"nranks:{event.nranks}"
         comm = self._communicator(key, event.comm_id)
         placeholder = process.pointers.get(event.pointer)
@@ -352,8 +454,8 @@ class LogAnalyzer:
         if event.gpu_id is not None and (event.rank in comm.rank_gpu or len(comm.rank_gpu) < self.limits.max_ranks):
             if comm.rank_gpu.setdefault(event.rank, event.gpu_id) != event.gpu_id:
                 comm.mixed = True
-        if event.pointer in process.pointers or len(process.pointers) < self.limits.max_pointers:
-            process.pointers[event.pointer] = key
+        process.named_comm = True
+        self._point(process, event.pointer, comm)
         if thread.pending_network and comm.network is None:
             comm.network, comm.network_line = thread.pending_network, process.network_line
         thread.pending_network = None
@@ -390,10 +492,10 @@ class LogAnalyzer:
                 connection.comm = new.key
                 new.connections.add(conn_key)
         del self.communicators[old.key]
+        for process, pointer in old.pointer_refs:
+            if process.pointers.get(pointer) == old.key:
+                self._point(process, pointer, new)
         for process in self.processes.values():
-            for pointer, key in process.pointers.items():
-                if key == old.key:
-                    process.pointers[pointer] = new.key
             for thread in process.threads.values():
                 if thread.context == old.key:
                     thread.context = new.key
@@ -409,12 +511,14 @@ class LogAnalyzer:
                 comm.connections.add(conn_key)
         thread.pending = []
 
-    def _on_CommNodesEvent(self, process: Process, thread: Thread, event: g.CommNodesEvent, record: g.Record) -> None:
+    def _on_comm_nodes(self, process: Process, thread: Thread, event: g.CommNodesEvent, record: g.Record) -> None:
+        process.named_comm = True
         key = process.pointers.get(event.pointer) or thread.context
         if key is None or key not in self.communicators:
             key = f"nranks:{event.nranks}"
+            comm = self._communicator(key, None)
             if len(process.pointers) < self.limits.max_pointers:
-                process.pointers[event.pointer] = key
+                self._point(process, event.pointer, comm)
         comm = self._communicator(key, None)
         comm.nranks = comm.nranks or event.nranks
         if comm.nnodes is None or event.nnodes > comm.nnodes:
@@ -423,7 +527,7 @@ class LogAnalyzer:
         if record.prefix is not None:
             self._add_rank(comm, event.rank, process)
 
-    def _on_ChannelSummaryEvent(self, process: Process, thread: Thread, event: g.ChannelSummaryEvent,
+    def _on_channel_summary(self, process: Process, thread: Thread, event: g.ChannelSummaryEvent,
                                 record: g.Record) -> None:
         comm = self.communicators.get(thread.context) if thread.context else None
         if comm is None or event.nvls_channels <= 0:
@@ -433,17 +537,16 @@ class LogAnalyzer:
         if rank in comm.nvls_channels or len(comm.nvls_channels) < self.limits.max_ranks:
             comm.nvls_channels[rank] = event.nvls_channels
 
-    def _on_ConnectionEvent(self, process: Process, thread: Thread, event: g.ConnectionEvent,
+    def _on_connection(self, process: Process, thread: Thread, event: g.ConnectionEvent,
                             record: g.Record) -> None:
-        context = thread.context if thread.context in self.communicators else None
-        key = (process.key, context or thread.inits, event.kind, event.channel, event.conn_index, event.src,
-               event.dst, event.src_id, event.dst_id, event.direction, event.via)
+        key = self._connection_key(process, thread, record.message)
+        context = key[1] if isinstance(key[1], str) else None
         if key in self.connections:
             return
         if len(self.connections) >= self.limits.max_connections:
             self._count("connections")
             return
-        self.connections[key] = Connection(event, process, context, self._cite(record))
+        self.connections[key] = Connection(event, process, context, record, self.limits.max_cited_chars)
         if context is not None:
             self.communicators[context].connections.add(key)
         elif len(thread.pending) < self.limits.max_connections:

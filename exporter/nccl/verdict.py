@@ -266,7 +266,7 @@ def _analyze(analyzer: LogAnalyzer, key: str, comm: Communicator | None, conns: 
     host_links = [(r, nodes_of[id(p)]) for r, p in rank_process.items() if id(p) in nodes_of]
     table = analyzer.test_ranks
     if table and (key == UNATTRIBUTED or (comm is not None and comm.nranks == len(table))):
-        all_processes = _all_processes(analyzer)
+        all_processes, _ = analyzer.process_nodes()
         for rank, (host, _) in table.items():
             node = host_node_key(host, all_processes)
             if node is not None:
@@ -435,19 +435,51 @@ def _analyze_mixed(analyzer: LogAnalyzer, key: str, comm: Communicator | None, c
                       "ranks logged from several nodes" if len(hosts) > 1 else None, version)
 
 
-def _all_processes(analyzer: LogAnalyzer) -> list[Process]:
-    seen = {id(p): p for p in analyzer.processes.values()}
-    for c in analyzer.connections.values():
-        seen.setdefault(id(c.process), c.process)
-    return list(seen.values())
-
-
 def _only_communicator(analyzer: LogAnalyzer, process: Process) -> str:
     """Where a connection line logged outside any init context goes: the process's communicator
     when it only ever initialised one (the line may come from another thread than the init
     line), else the unattributed bucket."""
     keys = {k for k in process.pointers.values() if k in analyzer.communicators}
     return keys.pop() if len(keys) == 1 else UNATTRIBUTED
+
+
+def _adopt_strays(analyzer: LogAnalyzer, buckets: dict[str, list[Connection]], nodes_of: dict[int, object]) -> None:
+    """Give the log's only communicator the unattributed connection lines of processes that
+    never logged an init line, when they can only be its own: logged on a node where its ranks
+    are, naming ranks inside its size, never a rank another process holds. Placement then adds no
+    node it did not have, so adopting a line cannot make a connection inter-node by itself."""
+    strays = buckets.get(UNATTRIBUTED)
+    named = [k for k in analyzer.communicators if k != UNATTRIBUTED]
+    if not strays or len(named) != 1:
+        return
+    comm = analyzer.communicators[named[0]]
+    if comm.mixed or not comm.nranks or not comm.rank_process:
+        return
+    comm_nodes = {nodes_of.get(id(p)) for p in comm.rank_process.values()} - {None}
+    by_process: dict[int, list[Connection]] = {}
+    for c in strays:
+        by_process.setdefault(id(c.process), []).append(c)
+    adopted: list[Connection] = []
+    for conns in by_process.values():
+        process = conns[0].process
+        if process.named_comm or nodes_of.get(id(process)) not in comm_nodes:
+            continue
+        fits = all(
+            c.event.kind != "collnet" and c.event.src < comm.nranks and c.event.dst < comm.nranks
+            and comm.rank_process.get(c.event.logging_rank, process) is process
+            for c in conns
+        )
+        if fits:
+            adopted.extend(conns)
+    if not adopted:
+        return
+    taken = {id(c) for c in adopted}
+    buckets.setdefault(named[0], []).extend(adopted)
+    rest = [c for c in strays if id(c) not in taken]
+    if rest:
+        buckets[UNATTRIBUTED] = rest
+    else:
+        del buckets[UNATTRIBUTED]
 
 
 def _facts(analyzer: LogAnalyzer, only: str | None = None) -> list[_CommFacts]:
@@ -457,12 +489,14 @@ def _facts(analyzer: LogAnalyzer, only: str | None = None) -> list[_CommFacts]:
         found = (analyzer.connections.get(k) for k in (comm.connections if comm is not None else ()))
         buckets[only] = [c for c in found if c is not None]
         keys = [only]
-    else:
+    _, nodes_of = analyzer.process_nodes()
+    if only is None:
         for c in analyzer.connections.values():
             buckets.setdefault(c.comm or _only_communicator(analyzer, c.process), []).append(c)
-        keys = list(analyzer.communicators) + [k for k in buckets if k not in analyzer.communicators]
+        _adopt_strays(analyzer, buckets, nodes_of)
+        keys = [k for k in analyzer.communicators if k != UNATTRIBUTED or k in buckets]
+        keys += [k for k in buckets if k not in analyzer.communicators]
     version = analyzer.versions.most_common(1)[0][0] if analyzer.versions else None
-    nodes_of = node_keys(_all_processes(analyzer))
     return [_analyze(analyzer, k, analyzer.communicators.get(k), buckets.get(k, []), nodes_of, version)
             for k in keys]
 
@@ -471,11 +505,20 @@ def summarize_communicators(analyzer: LogAnalyzer, only: str | None = None) -> l
     return [(f.summary, f.reasons) for f in _facts(analyzer, only)]
 
 
+def _log_network_classes(analyzer: LogAnalyzer, facts: list[_CommFacts],
+                         selected: list[tuple[str, str | None]]) -> set[str | None]:
+    """The classes of every network the log names: connection lines, selections, communicators."""
+    names = {c.event.network for c in analyzer.connections.values() if c.event.network}
+    names |= {f.summary.network for f in facts if f.summary.network}
+    names |= {n for n, _ in selected}
+    return {network_class(n) for n in names}
+
+
 def decide(analyzer: LogAnalyzer) -> Verdict:
     facts = _facts(analyzer)
     retired = analyzer.retired
     reasons: list[str] = []
-    processes = _all_processes(analyzer)
+    processes, nodes_of = analyzer.process_nodes()
     version = analyzer.versions.most_common(1)[0][0] if analyzer.versions else None
 
     values = [f.summary.inter_node_tcp for f in facts]
@@ -490,7 +533,6 @@ def decide(analyzer: LogAnalyzer) -> Verdict:
             reasons.extend(retired.reasons[:1])
     else:
         selected = [(n, line) for n, line in (p.selected_network() for p in processes) if n]
-        nodes_of = node_keys(processes)
         tcp_selected = [(n, line) for n, line in selected if network_class(n) == TCP]
         distinct_hosts = {nodes_of[id(p)] for p in processes if id(p) in nodes_of}
         table_nodes = {host_node_key(h, processes) for h, _ in analyzer.test_ranks.values()}
@@ -510,8 +552,13 @@ def decide(analyzer: LogAnalyzer) -> Verdict:
                 inter_node_tcp = None
                 reasons.extend(r for f in facts for r in f.reasons[:1])
         else:
-            open_tcp = [f for f in facts if f.summary.inter_node_tcp is None
-                        and network_class(f.summary.network) in (TCP, None) and f.summary.transports]
+            # A communicator with no network of its own is open unless every network the log
+            # names (connection lines, selections) is RDMA-class: a process uses one network.
+            rdma_only = _log_network_classes(analyzer, facts, selected) == {RDMA}
+            open_tcp = [f for f in facts if f.summary.inter_node_tcp is None and f.summary.transports
+                        and (network_class(f.summary.network) == TCP
+                             or (network_class(f.summary.network) is None
+                                 and (f.summary.network is not None or not rdma_only)))]
             inter_node_tcp = None if open_tcp else False
             deciding = [f for f in facts if f.summary.inter_node_tcp is False]
             for f in (open_tcp or deciding)[:3]:

@@ -55,3 +55,10 @@ def test_warning_counts_are_monotonic_by_category() -> None:
     assert analyzer.warnings_by_category == {"ib_no_device": 1, "socket_connection_closed": 1}
     analyzer.feed(SOCKET_TWO_NODES.splitlines()[-1])
     assert analyzer.warnings_by_category["socket_connection_closed"] == 2
+
+
+def test_network_class_is_exported() -> None:
+    from exporter.nccl import RDMA, TCP, network_class
+
+    assert network_class("IBext_v8") == RDMA and network_class("GPUDirectTCPX_v7") == TCP
+    assert network_class("SomethingNew") is None

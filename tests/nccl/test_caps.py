@@ -76,3 +76,19 @@ def test_warning_sample_is_capped_but_counts_are_not() -> None:
     assert analyzer.warnings_by_category == {"socket_connection_closed": 100}
     assert len(analyzer.result().warnings) == 5
     assert analyzer.overflow["warnings"] == 95
+
+
+def test_evicted_communicators_leave_no_pointers_behind() -> None:
+    """Each init names a new comm pointer; evicting a communicator forgets the pointers naming it,
+    so one process's pointer table holds only live communicators."""
+    limits = Limits(max_communicators=8, max_pointers=256)
+    analyzer = LogAnalyzer(limits)
+    for i in range(2000):
+        analyzer.feed(f"h:1:1 [0] NCCL INFO comm 0x{i:x} rank 0 nranks 2 cudaDev 0 nvmlDev 0 busId 1000 "
+                      f"commId 0x{i + 1:x} - Init START")
+        analyzer.feed("h:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/0")
+    (process,) = analyzer.processes.values()
+    assert set(process.pointers.values()) <= set(analyzer.communicators)
+    assert len(process.pointers) <= limits.max_communicators
+    assert analyzer.overflow["communicators"] == 2000 - limits.max_communicators
+    assert analyzer.result().verdict == "rdma"

@@ -28,6 +28,20 @@ PREFIX_CASES = [
     ("h:1:2 [0] transport/net_ib.cc:1295 (ncclIbTest) NCCL WARN NET/IB: Got completion from peer 10.0.0.2<1>",
      "h", 1, 2, 0, "WARN", "NET/IB: Got completion from peer 10.0.0.2<1>"),
     ("h:1:2 [0] 12.345678 net.cc:10 NCCL TRACE x", "h", 1, 2, 0, "TRACE", "x"),
+    # a terminal log viewer: a frame bar in front, padding and a closing bar behind
+    ("\u2502 pod-a:73:73 [1] NCCL INFO Using network AWS Libfabric" + " " * 120 + "\u2502",
+     "pod-a", 73, 73, 1, "INFO", "Using network AWS Libfabric"),
+    ("\x1b[32mh:1:2 [0] NCCL INFO Using network IB\x1b[0m", "h", 1, 2, 0, "INFO", "Using network IB"),  # ANSI colours
+    ("h:1:2 [0] NCCL INFO Using network IB\r", "h", 1, 2, 0, "INFO", "Using network IB"),  # CRLF
+    ("12: h:1:2 [0] NCCL INFO Using network IB", "h", 1, 2, 0, "INFO", "Using network IB"),  # srun --label
+    ("trainer-1  | h:1:2 [0] NCCL INFO Using network IB", "h", 1, 2, 0, "INFO", "Using network IB"),  # compose
+    ("2024-05-01T10:00:00.123456789Z h:1:2 [0] NCCL INFO Using network IB",  # kubectl logs --timestamps
+     "h", 1, 2, 0, "INFO", "Using network IB"),
+    ("(EngineCore pid=1088) (RayWorkerWrapper pid=285, ip=10.0.0.2) h:285:285 [0] NCCL INFO Using network IB "
+     "[repeated 3x across cluster]", "h", 285, 285, 0, "INFO", "Using network IB"),  # Ray, deduplicated
+    ("(RayWorkerWrapper pid=285) h:285:285 [0] NCCL INFO Using network IB [repeated 12x across cluster] (Ray "
+     "deduplicates logs by default. Set RAY_DEDUP_LOGS=0 to disable log deduplication.)      [615/4138]",
+     "h", 285, 285, 0, "INFO", "Using network IB"),
 ]
 
 
@@ -52,7 +66,11 @@ def test_two_records_on_one_line() -> None:
 
 
 @pytest.mark.parametrize("line", ["Using network IBext_v8", "[1,0]<stdout>:Using network IBext_v8",
-                                  "2024-01-01T00:00:00Z Using network IBext_v8", "[12] Using network IBext_v8"])
+                                  "2024-01-01T00:00:00Z Using network IBext_v8", "[12] Using network IBext_v8",
+                                  "0: Using network IBext_v8", "trainer-1  | Using network IBext_v8",
+                                  "(RayTrainWorker pid=285, ip=10.0.0.2) Using network IBext_v8",
+                                  "\u2502 Using network IBext_v8     \u2502",
+                                  "[pod/train-worker-0/pytorch] Using network IBext_v8\r"])
 def test_bare_bodies(line: str) -> None:
     (record,) = g.split_records(line)
     assert record.prefix is None and record.level is None

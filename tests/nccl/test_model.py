@@ -125,3 +125,46 @@ def test_disagreeing_ranks_are_judged_by_the_tcp_one() -> None:
     ])
     verdict = analyze_text(log).result()
     assert verdict.inter_node_tcp is True and verdict.network == "Socket"
+
+
+def test_connection_lines_of_a_process_without_init_join_the_only_communicator_on_its_node() -> None:
+    """Process 2 prints connection lines but no init line; the log's one communicator is on one
+    node, the lines come from that node and name ranks inside its size: they are its lines."""
+    log = "\n".join([
+        "ws:1:1 [0] NCCL INFO Using network Socket",
+        "ws:1:1 [0] NCCL INFO comm 0x1 rank 0 nranks 4 cudaDev 0 nvmlDev 0 busId 1000 commId 0xaa - Init START",
+        "ws:1:1 [0] NCCL INFO comm 0x1 rank 0 nRanks 4 nNodes 1 localRanks 4 localRank 0 MNNVL 0",
+        "ws:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] [send] via NET/Socket/0",
+        "ws:2:2 [1] NCCL INFO Channel 00/0 : 1[1] -> 2[2] [send] via NET/Socket/0",
+    ])
+    verdict = analyze_text(log).result()
+    assert [c.comm_id for c in verdict.communicators] == ["0xaa"]
+    assert verdict.verdict == "single_node" and verdict.inter_node_tcp is False
+
+
+def test_connection_lines_from_another_node_or_outside_the_size_are_not_adopted() -> None:
+    base = [
+        "ws:1:1 [0] NCCL INFO Using network Socket",
+        "ws:1:1 [0] NCCL INFO comm 0x1 rank 0 nranks 4 cudaDev 0 nvmlDev 0 busId 1000 commId 0xaa - Init START",
+        "ws:1:1 [0] NCCL INFO comm 0x1 rank 0 nRanks 4 nNodes 1 localRanks 4 localRank 0 MNNVL 0",
+    ]
+    for stray in ("other:2:2 [1] NCCL INFO Channel 00/0 : 1[1] -> 2[2] [send] via NET/Socket/0",
+                  "ws:2:2 [1] NCCL INFO Channel 00/0 : 5[1] -> 6[2] [send] via NET/Socket/0",
+                  "ws:2:2 [1] NCCL INFO Channel 00/0 : 1[1] -> 0[0] [receive] via NET/Socket/0"):
+        verdict = analyze_text("\n".join(base + [stray])).result()
+        assert "unattributed" in [c.comm_id for c in verdict.communicators], stray
+        assert verdict.inter_node_tcp is None and verdict.verdict == "unknown", stray
+
+
+def test_rdma_connection_lines_decide_a_communicator_that_shows_no_network() -> None:
+    """Only P2P lines for the named communicator, NET lines (all RDMA) from processes whose init
+    the excerpt lacks: the job's network is RDMA."""
+    log = "\n".join([
+        "h:1:1 [0] NCCL INFO Channel 00/0 : 32[0] -> 33[1] via P2P/CUMEM",
+        "h:1:1 [0] NCCL INFO comm 0x1 rank 32 nranks 64 cudaDev 0 nvmlDev 0 busId 18000 commId 0xbb - Init COMPLETE",
+        "h:2:2 [1] NCCL INFO Channel 00/0 : 33[1] -> 41[1] [send] via NET/IBext_v8/4",
+    ])
+    verdict = analyze_text(log).result()
+    assert verdict.verdict == "rdma" and verdict.inter_node_tcp is False and verdict.network == "IBext_v8"
+    with_socket = log.replace("NET/IBext_v8/4", "NET/Socket/0")
+    assert analyze_text(with_socket).result().inter_node_tcp is not False

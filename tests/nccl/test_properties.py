@@ -84,3 +84,29 @@ def test_eviction_paths_never_raise(batch: list[str]) -> None:
     json.dumps(analyzer.result().to_json())
     assert "internal_errors" not in analyzer.overflow
     assert len(analyzer.communicators) <= 2 and len(analyzer.connections) <= 5 and len(analyzer.processes) <= 2
+
+
+def _verdict_json(batch: list[str], through_general_path: bool) -> dict:
+    # An escape sequence in front of a line sends it through the full record splitter (which
+    # strips it) instead of the analyzer's shortcut for plain one-record INFO lines.
+    analyzer = LogAnalyzer()
+    for line in batch:
+        analyzer.feed("\x1b[0m" + line if through_general_path else line)
+    return analyzer.result().to_json()
+
+
+CORPUS_LOGS = sorted(FIXTURES.rglob("*.log"))
+
+
+def test_shortcut_and_caches_agree_with_the_full_parser_on_every_fixture_log() -> None:
+    assert len(CORPUS_LOGS) > 50
+    for path in CORPUS_LOGS:
+        batch = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        assert _verdict_json(batch, False) == _verdict_json(batch, True), path.name
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(lines, max_size=40))
+def test_shortcut_and_caches_agree_with_the_full_parser(batch: list[str]) -> None:
+    batch = [line for line in batch if "\x1b" not in line]
+    assert _verdict_json(batch, False) == _verdict_json(batch, True)
