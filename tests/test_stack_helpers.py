@@ -49,5 +49,5 @@ def test_configs_scrape_like_the_podmonitor_and_stay_on_loopback() -> None:
     assert job["static_configs"] == [{"targets": ["127.0.0.1:9400"], "labels": {"node": "n1"}}]
     assert config["global"]["scrape_timeout"] == "10000ms"
     route = alertmanager_config("http://127.0.0.1:1/alerts", Intervals.shipped())["route"]
-    assert route["group_wait"] == "30000ms"
+    assert route["group_wait"] == "10000ms"  # the critical route of alerts/alertmanager.yml
     assert {"alertname", "namespace", "job_name", "node"} <= set(route["group_by"])

@@ -100,17 +100,38 @@ class Intervals:
     def shipped(cls, checkout: Path | None = None) -> Intervals:
         """What a user of our manifests gets: the PodMonitor's scrape ``interval`` (read from
         ``manifests/base/podmonitor.yaml`` when the checkout has it), rule evaluation at the
-        Prometheus Operator's default ``evaluationInterval`` (30 s; our PrometheusRule sets no
-        group interval), and Alertmanager's default route timing (group_wait 30 s,
-        group_interval 5 m, repeat_interval 4 h)."""
+        Prometheus Operator's default ``evaluationInterval`` (30 s; groups that set their own
+        ``interval`` in the rules file keep it, as in Prometheus), and the timing of the
+        critical route of ``alerts/alertmanager.yml`` (Alertmanager's defaults without it:
+        group_wait 30 s, group_interval 5 m, repeat_interval 4 h)."""
+        root = checkout or Path(__file__).resolve().parents[2]
         scrape = OPERATOR_DEFAULT_INTERVAL_SECONDS
-        podmonitor = (checkout or Path(__file__).resolve().parents[2]) / "manifests" / "base" / "podmonitor.yaml"
+        podmonitor = root / "manifests" / "base" / "podmonitor.yaml"
         if podmonitor.is_file():
             found = re.search(r"(?m)^\s+interval:\s*([0-9a-z]+)\s*$", podmonitor.read_text())
             if found:
                 scrape = duration_seconds(found.group(1))
-        return cls(scrape_seconds=scrape, evaluation_seconds=OPERATOR_DEFAULT_INTERVAL_SECONDS,
-                   group_wait_seconds=30.0, group_interval_seconds=300.0, repeat_interval_seconds=4 * 3600.0)
+        route = _critical_route(root / "alerts" / "alertmanager.yml")
+        return cls(
+            scrape_seconds=scrape,
+            evaluation_seconds=OPERATOR_DEFAULT_INTERVAL_SECONDS,
+            group_wait_seconds=duration_seconds(route.get("group_wait", "30s")),
+            group_interval_seconds=duration_seconds(route.get("group_interval", "5m")),
+            repeat_interval_seconds=duration_seconds(route.get("repeat_interval", "4h")),
+        )
+
+
+def _critical_route(config: Path) -> dict[str, str]:
+    """The first sub-route for critical alerts in our example Alertmanager config, or {}."""
+    if not config.is_file():
+        return {}
+    import yaml
+
+    route = (yaml.safe_load(config.read_text()) or {}).get("route", {})
+    for sub in route.get("routes", []):
+        if any('severity="critical"' in m for m in sub.get("matchers", [])):
+            return {k: str(v) for k, v in sub.items() if isinstance(v, str)}
+    return {}
 
 
 @dataclass(frozen=True)
