@@ -35,7 +35,8 @@ def add_parser(sub: argparse._SubParsersAction, environ: Mapping[str, str]) -> a
         "RDMA or fell back to TCP. Exit 0 healthy/unknown, 3 TCP fallback found, 1 unreadable input.",
     )
     parser.add_argument("--json", action="store_true", help="print exactly one JSON object")
-    parser.add_argument("paths", nargs="+", metavar="PATH", help="log file or folder")
+    parser.add_argument("paths", nargs="+", metavar="PATH",
+                        help="log file or folder; - reads standard input (e.g. kubectl logs POD | ccl-exporter analyze -)")
     parser.set_defaults(handler=run)
     return parser
 
@@ -51,8 +52,14 @@ def iter_files(path: Path) -> Iterator[Path]:
             yield Path(root) / name
 
 
+STDIN = Path("-")
+
+
 def _open(path: Path) -> BinaryIO:
-    raw = open(path, "rb")  # noqa: SIM115 - closed by the caller
+    if path == STDIN:  # a buffered reader over fd 0 that can peek; closing it leaves fd 0 open
+        raw = open(sys.stdin.fileno(), "rb", closefd=False)  # noqa: SIM115
+    else:
+        raw = open(path, "rb")  # noqa: SIM115 - closed by the caller
     head = raw.peek(2)[:2] if hasattr(raw, "peek") else b""
     if head == b"\x1f\x8b":
         return gzip.GzipFile(fileobj=raw)  # type: ignore[return-value]
@@ -142,6 +149,12 @@ def run(args: argparse.Namespace) -> int:
     unreadable: list[str] = []
     for raw in args.paths:
         path = Path(raw)
+        if path == STDIN:
+            try:
+                feed_file(analyzer, STDIN)
+            except (OSError, EOFError, gzip.BadGzipFile) as exc:
+                unreadable.append(f"standard input: {exc}")
+            continue
         if not path.exists():
             unreadable.append(f"{raw}: no such file or folder")
             continue

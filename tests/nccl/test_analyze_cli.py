@@ -109,3 +109,13 @@ def test_console_script_is_registered() -> None:
     proc = subprocess.run([exe, "analyze", "--json", str(FALLBACK)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 3
     assert json.loads(proc.stdout)["verdict"] == "tcp_fallback"
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_standard_input_as_in_kubectl_logs_pipe(compress: bool) -> None:
+    """``kubectl logs POD | ccl-exporter analyze -`` (plain or gzip), as the runbooks say."""
+    data = FALLBACK.read_bytes()
+    proc = subprocess.run([sys.executable, "-m", "exporter", "analyze", "--json", "-"],
+                          input=gzip.compress(data) if compress else data, capture_output=True, timeout=60)
+    assert proc.returncode == 3, proc.stderr
+    assert json.loads(proc.stdout)["verdict"] == "tcp_fallback"
