@@ -95,8 +95,11 @@ def measure_once(intervals: Intervals, workdir: Path, timeout: float = 400.0) ->
                 REFERENCE_ALERT, "firing", match=watch.alert_labels,
                 timeout=intervals.scrape_seconds + intervals.evaluation_seconds + intervals.group_wait_seconds + 30,
             )
-            group, rule = next((g, r) for g in stack.prometheus.rule_groups() for r in g["rules"]
-                               if r.get("name") == watch.alertname)
+            found = next(((g, r) for g in stack.prometheus.rule_groups() for r in g["rules"]
+                          if r.get("name") == watch.alertname), None)
+            if found is None:
+                raise RuntimeError(f"Prometheus has no rule {watch.alertname}: is {rules} the shipped rules file?")
+            group, rule = found
             hold = float(rule.get("duration", 0))
             group_interval = float(group.get("interval", intervals.evaluation_seconds))
             want = {"namespace": TRAINING_NAMESPACE, "pod": TRAINING_POD, "job_name": "llama-70b", "node": node.node}

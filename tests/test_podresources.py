@@ -130,3 +130,27 @@ def test_absent_socket_and_failing_kubelet_never_fail_the_scrape(
     output = proc.stop()
     assert output.count("collector podresources unavailable") == 1, output
     assert "PERMISSION_DENIED" in output
+
+
+def test_gpu_pod_info_names_the_training_job() -> None:
+    """ccl_gpu_pod_info carries job_name/job_kind from the shared pod-metadata source."""
+    from exporter.collectors.podresources import PodResourcesCollector
+    from exporter.sources.kube import PodMetadata
+    from exporter.sources.podresources import GpuAssignment
+
+    class Known:
+        def lookup(self, namespace: str, pod: str) -> PodMetadata | None:
+            if (namespace, pod) == ("ml", "llama-worker-0"):
+                return PodMetadata("ml", "llama-worker-0", "uid-1", "llama", "PyTorchJob")
+            return None
+
+        def is_authoritative(self) -> bool:
+            return True
+
+    assignments = [
+        GpuAssignment(namespace="ml", pod="llama-worker-0", container="trainer", resource="nvidia.com/gpu", device_id="GPU-a"),
+        GpuAssignment(namespace="ml", pod="unknown-0", container="c", resource="nvidia.com/gpu", device_id="GPU-b"),
+    ]
+    family = PodResourcesCollector.family(assignments, {"GPU-a": "0"}, Known())
+    labels = sorted((s.labels["pod"], s.labels["job_name"], s.labels["job_kind"], s.labels["gpu"]) for s in family.samples)
+    assert labels == [("llama-worker-0", "llama", "PyTorchJob", "0"), ("unknown-0", "", "", "")]

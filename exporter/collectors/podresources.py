@@ -35,9 +35,6 @@ class PodResourcesCollector:
         self._client = client
         self._nvml = nvml
         self._metadata: PodMetadataSource = metadata or NoPodMetadata()
-        start = getattr(self._metadata, "start", None)
-        if callable(start):
-            start()  # idempotent: the source is shared with the nccl collector
 
     def _gpu_indexes(self) -> dict[str, str]:
         if self._nvml is None:

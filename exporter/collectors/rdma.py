@@ -9,7 +9,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 
 from exporter.collectors.base import CollectorSpec, CollectorUnavailable, PartialCollection
 from exporter.config import ServeConfig
-from exporter.sources.rdma import RdmaPort, read_rdma
+from exporter.sources.rdma import RdmaDevice, RdmaPort, read_rdma
 from exporter.sources.sysfs import AttributeReader, read_attribute
 
 PORT_LABELS = ["device", "port"]
@@ -31,7 +31,7 @@ class RdmaCollector:
             raise PartialCollection("; ".join(reading.problems[:5]))
 
     @staticmethod
-    def families(devices: Iterable) -> list[Metric]:  # type: ignore[type-arg]
+    def families(devices: Iterable[RdmaDevice]) -> list[Metric]:
         info = GaugeMetricFamily(
             "ccl_rdma_port_info",
             "RDMA port facts from sysfs; always 1. link_layer InfiniBand or Ethernet (RoCE); "

@@ -276,7 +276,8 @@ def shared_pod_metadata(node_name: str, extra: dict[str, object]) -> PodMetadata
     series with jobs (one list/watch against the API server, not one per collector).
 
     The simulated node's own pods when it is running; the Kubernetes API otherwise. Kept in
-    ``ServeConfig.extra`` under ``"pod_metadata"``; ``start()`` is idempotent.
+    ``ServeConfig.extra`` under ``"pod_metadata"`` and started here, once (``start()`` is
+    idempotent, so a collector starting it again changes nothing).
     """
     existing = extra.get("pod_metadata")
     if isinstance(existing, PodMetadataSource):
@@ -284,5 +285,8 @@ def shared_pod_metadata(node_name: str, extra: dict[str, object]) -> PodMetadata
     simulated = extra.get("simulated_node")
     sim_sources = [p for p in getattr(simulated, "parts", ()) if isinstance(p, PodMetadataSource)]
     source: PodMetadataSource = sim_sources[0] if sim_sources else KubePodCache(node_name)
+    start = getattr(source, "start", None)
+    if callable(start):
+        start()
     extra["pod_metadata"] = source
     return source
