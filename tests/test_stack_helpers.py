@@ -18,8 +18,17 @@ def test_durations() -> None:
             duration_seconds(bad)
 
 
-def test_compress_time_divides_for_windows_and_subquery_steps_only() -> None:
+def test_compress_time_divides_for_windows_subquery_steps_and_group_intervals_only() -> None:
     rules = (
+        "  - name: fast\n"
+        "    interval: 15s\n"
+        "    rules:\n"
+        "      - alert: Now\n"
+        "        expr: x == 1\n"
+        "        for: 0s\n"
+        "  - name: slow\n"
+        "    interval: 5m\n"
+        "    rules:\n"
         "      - alert: A\n"
         "        expr: rate(x_total[5m]) > 1 and max_over_time(y[7d:10m]) == 1 and z[1h:] > 0\n"
         "        for: 15m\n"
@@ -32,6 +41,10 @@ def test_compress_time_divides_for_windows_and_subquery_steps_only() -> None:
     assert "z[60000ms:]" in out
     assert "        for: 15000ms\n" in out
     assert "'for: 15m in text stays'" in out
+    assert "        for: 0s\n" in out, "for: 0s fires on first sight, compressed or not"
+    assert "    interval: 1000ms\n" in out, "15 s / 60 is floored at the 1 s evaluation interval"
+    assert "    interval: 5000ms\n" in out
+    assert "    interval: 2000ms\n" in compress_time(rules, 60, shortest_interval=2.0)
 
 
 def test_parse_timestamp() -> None:

@@ -40,14 +40,17 @@ _DURATION = r"(?:\d+(?:ms|[smhdwy]))+"
 
 
 def _format(seconds: float) -> str:
-    return f"{max(1, round(seconds * 1000))}ms"
+    """Milliseconds, at least 1 ms, except that zero stays zero (``for: 0s`` fires on first sight)."""
+    return "0s" if seconds == 0 else f"{max(1, round(seconds * 1000))}ms"
 
 
-def compress_time(rules_text: str, factor: float) -> str:
+def compress_time(rules_text: str, factor: float, shortest_interval: float = 1.0) -> str:
     """Our rule file with every duration divided by ``factor``: ``for:`` clauses, range windows
-    ``[5m]`` and subqueries ``[7d:10m]``. With factor 60 an alert that needs 15 minutes in
-    production needs 15 seconds here, while every expression, label and threshold stays the
-    shipped one. Used with 1 s scrape and evaluation intervals."""
+    ``[5m]``, subqueries ``[7d:10m]`` and the ``interval:`` of rule groups that set their own
+    (never shorter than ``shortest_interval``, the test Prometheus's evaluation interval). With
+    factor 60 an alert that needs 15 minutes in production needs 15 seconds here, while every
+    expression, label and threshold stays the shipped one. Used with 1 s scrape and evaluation
+    intervals."""
 
     def window(match: re.Match[str]) -> str:
         range_part, colon, step = match.group(1), match.group(2), match.group(3)
@@ -57,6 +60,11 @@ def compress_time(rules_text: str, factor: float) -> str:
         return f"[{out}]"
 
     text = re.sub(rf"\[({_DURATION})(:({_DURATION})?)?\]", window, rules_text)
+    text = re.sub(
+        rf"(?m)^(\s+interval:\s*)({_DURATION})\s*$",
+        lambda m: m.group(1) + _format(max(shortest_interval, duration_seconds(m.group(2)) / factor)),
+        text,
+    )
     return re.sub(
         rf"(?m)^(\s+for:\s*)({_DURATION})\s*$",
         lambda m: m.group(1) + _format(duration_seconds(m.group(2)) / factor),
@@ -64,12 +72,12 @@ def compress_time(rules_text: str, factor: float) -> str:
     )
 
 
-def compressed_rules(workdir: Path, factor: float = 60.0) -> Path:
+def compressed_rules(workdir: Path, factor: float = 60.0, shortest_interval: float = 1.0) -> Path:
     rules = find_rules_file(REPO)
     assert rules is not None, f"{RULES} is missing"
     out = workdir / f"rules-compressed-x{factor:g}.yaml"
     workdir.mkdir(parents=True, exist_ok=True)
-    out.write_text(compress_time(rules.read_text(), factor))
+    out.write_text(compress_time(rules.read_text(), factor, shortest_interval))
     return out
 
 
@@ -120,8 +128,9 @@ def cluster(
     by default removes the simulator's built-in TCP-fallback pod so the fleet starts healthy).
     ``backfill``: OpenMetrics history written into the TSDB first (see ``Prometheus.backfill``)."""
     prometheus_binary, alertmanager_binary = require_stack()
+    intervals = intervals or Intervals()
     if rule_files is None:
-        rule_files = [compressed_rules(workdir)]
+        rule_files = [compressed_rules(workdir, shortest_interval=intervals.evaluation_seconds)]
     exporters = start_exporters(nodes, extra_args=exporter_args)
     kube_state_metrics = None
     try:
@@ -130,7 +139,7 @@ def cluster(
         # kube-state-metrics is not run here: a static stand-in serves the GPU capacity of each node.
         kube_state_metrics = StaticMetricsServer(gpu_node_capacity_metrics(e.node for e in exporters))
         stack = Stack(
-            workdir, [e.target for e in exporters], rule_files=rule_files, intervals=intervals or Intervals(),
+            workdir, [e.target for e in exporters], rule_files=rule_files, intervals=intervals,
             other_jobs={"kube-state-metrics": [ScrapeTarget(kube_state_metrics.address)]},
             prometheus_binary=prometheus_binary, alertmanager_binary=alertmanager_binary, backfill=backfill,
         )

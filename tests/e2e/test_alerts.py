@@ -99,7 +99,8 @@ def test_tcp_fallback_fires_with_the_job_named_and_resolves_when_the_job_is_gone
     assert got is not None, cluster.prometheus.alerts()
     notification, alert = got
     assert alert["labels"]["severity"] == "critical" and alert["labels"]["job_kind"] == "PyTorchJob"
-    assert notification.received_at - written < 30, "1 s intervals, for: 1 s (compressed)"
+    # 1 s scrape, evaluation (the rule's own 15 s group, compressed) and group_wait; for: 0s.
+    assert notification.received_at - written < 10, "paged within a few intervals of the log line"
     assert [a["labels"]["node"] for a in _alerts_named(cluster, "CclNcclTcpFallback")] == ["gpu-node-01"]
 
     node.act("nccl-job-stop", namespace=TRAINING_NAMESPACE, pod=TRAINING_POD)
