@@ -27,7 +27,7 @@ from bench.common import BenchResult
 from exporter.collectors.nccl import NcclCollector
 from exporter.nccl import LogAnalyzer
 from exporter.sources.kube import NoPodMetadata
-from exporter.sources.podlogs import PodLogTailer, TailLimits
+from exporter.sources.podlogs import _NEEDLE_SEARCH, _PARTIAL_TAG_SEARCH, PodLogTailer, TailLimits
 
 STAMP = "2026-03-01T10:00:00.123456789Z"
 UID = "0b7c5a1e-1111-2222-3333-444455556666"
@@ -79,6 +79,21 @@ def time_grep(path: Path) -> tuple[float, float, int]:
     out = subprocess.run([grep, "-c", "NCCL", str(path)], capture_output=True, text=True, check=False)
     wall = time.perf_counter() - t0
     return wall, _children_cpu() - before, int(out.stdout.strip() or 0)
+
+
+def time_scan_floor(path: Path, chunk_bytes: int = 16 << 20) -> float:
+    """Wall seconds of the C-level work any correct reader of ours must do over the file: read
+    it in the tailer's chunk size, search each chunk for ``NCCL`` and for a CRI partial tag
+    (`` P ``; a message split into pieces may hide the needle). No line is touched."""
+    t0 = time.perf_counter()
+    offset = 0
+    with open(path, "rb", buffering=0) as handle:
+        while chunk := os.pread(handle.fileno(), chunk_bytes, offset):
+            offset += len(chunk)
+            for _ in _NEEDLE_SEARCH.finditer(chunk):
+                pass
+            _PARTIAL_TAG_SEARCH.search(chunk)
+    return time.perf_counter() - t0
 
 
 def time_pipeline(pods: Path, state: Path, staged: Path, target: Path, feed: bool) -> tuple[float, float, int, list[list[str]]]:
@@ -137,6 +152,7 @@ def run(size_mb: int = 200, nccl_percent: float = 3.0) -> BenchResult:
         gb = size / 1e9
         grep_wall, grep_cpu, grep_count = time_grep(staged)  # also warms the page cache
         grep_wall, grep_cpu, grep_count = time_grep(staged)
+        floor_wall = min(time_scan_floor(staged) for _ in range(3))
 
         target = log_dir / "0.log"
         tail_wall, tail_cpu, tail_lines, batches = time_pipeline(pods, work / "state-tail", staged, target, False)
@@ -163,12 +179,19 @@ def run(size_mb: int = 200, nccl_percent: float = 3.0) -> BenchResult:
         f"| tailer + analyzer (ours) | {ours_wall:.3f} | {ours_cpu:.3f} | {ours_mbps:.0f} | {cpu_per_gb:.2f} | {ours_lines} |",
         f"| tailer alone | {tail_wall:.3f} | {tail_cpu:.3f} | {size / 1e6 / tail_wall:.0f} | {tail_cpu / gb:.2f} | {tail_lines} |",
         f"| analyzer alone (same lines) | | {analyzer_cpu:.3f} | | {analyzer_cpu / gb:.2f} | {tail_lines} |",
+        f"| scan floor: read + search `NCCL` + search ` P ` (no line work) | {floor_wall:.3f} | | "
+        f"{size / 1e6 / floor_wall:.0f} | | |",
     ]
     notes = (
         f"\n\nInput: {size / 1e6:.0f} MB CRI log, {nccl_lines} NCCL lines ({nccl_percent:g}% of lines), read from "
         f"the page cache. Idle tick (nothing new; stat of the tailed files): {idle * 1e6:.0f} us CPU, twice a second. "
         f"The analyzer alone takes {analyzer_cpu / (analyzer_cpu + tail_cpu) * 100:.0f}% of tailer-alone + analyzer-alone "
-        f"CPU ({analyzer_cpu / max(tail_lines, 1) * 1e6:.1f} us per NCCL line)."
+        f"CPU ({analyzer_cpu / max(tail_lines, 1) * 1e6:.1f} us per NCCL line). "
+        f"The scan floor is the C-level part of the tailer alone (16 MiB reads and two searches, the "
+        f"second for CRI partial pieces, which may split a line anywhere, even inside `NCCL`): "
+        f"{grep_wall / floor_wall:.2f} of grep's throughput before any line is handled"
+        + (", so the goal of 0.25 is out of reach for this design in Python; the share of a core at a "
+           "real log rate is the figure that matters on a node." if grep_wall / floor_wall < 0.25 else ".")
     )
     return BenchResult(
         title="NCCL log ingest (tailer + analyzer vs grep)",
