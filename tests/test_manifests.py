@@ -55,18 +55,29 @@ def _checkov() -> str:
                        ".venv-scan/bin/pip install checkov==3.3.30)")
 
 
-@pytest.fixture(scope="module")
-def rendered() -> str:
+IDLE_PROBES = MANIFESTS / "overlays" / "idle-probes"
+
+
+def _render(folder: Path) -> str:
     env = {**os.environ, "KUBECONFIG": "/nonexistent/kubeconfig"}  # prove it needs no cluster
-    result = subprocess.run([_kubectl(), "kustomize", str(MANIFESTS)], capture_output=True, text=True,
+    result = subprocess.run([_kubectl(), "kustomize", str(folder)], capture_output=True, text=True,
                             timeout=60, env=env)
     assert result.returncode == 0, result.stderr
     return result.stdout
 
 
+def _documents(text: str) -> list[dict]:  # type: ignore[type-arg]
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+@pytest.fixture(scope="module")
+def rendered() -> str:
+    return _render(MANIFESTS)
+
+
 @pytest.fixture(scope="module")
 def objects(rendered: str) -> list[dict]:  # type: ignore[type-arg]
-    return [doc for doc in yaml.safe_load_all(rendered) if doc]
+    return _documents(rendered)
 
 
 def _one(objects: list[dict], kind: str, name: str | None = None) -> dict:  # type: ignore[type-arg]
@@ -226,6 +237,7 @@ def test_checkov_finds_nothing_unexplained(rendered: str, tmp_path: Path) -> Non
     checkov = _checkov()
     (tmp_path / "k8s").mkdir()
     (tmp_path / "k8s" / "rendered.yaml").write_text(rendered)
+    (tmp_path / "k8s" / "idle-probes.yaml").write_text(_render(IDLE_PROBES))
     (tmp_path / "docker").mkdir()
     shutil.copy(REPO / "Dockerfile", tmp_path / "docker" / "Dockerfile")
     for folder, framework in (("k8s", "kubernetes"), ("docker", "dockerfile")):
@@ -251,3 +263,53 @@ def test_every_checkov_suppression_has_a_reason(objects: list[dict]) -> None:  #
                 check, _, reason = value.partition("=")
                 assert check.startswith("CKV") and len(reason.split()) >= 4, f"{key}: {value}"
                 assert check in text
+
+
+def _container(objects: list[dict]) -> dict:  # type: ignore[type-arg]
+    (container,) = _one(objects, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    return container  # type: ignore[no-any-return]
+
+
+def test_idle_probe_overlay_changes_only_what_the_probe_needs(objects: list[dict]) -> None:  # type: ignore[type-arg]
+    """manifests/overlays/idle-probes: the probe image, the probe flags, CUDA, a writable
+    results folder, shared memory and scratch; everything else is the base."""
+    from exporter.cli import build_parser, config_from_args
+    from exporter.collectors import all_collectors
+    from exporter.collectors.probe import probe_settings
+
+    probe_overlay_objects = _documents(_render(IDLE_PROBES))
+    for obj in probe_overlay_objects:
+        if obj["kind"] in CORE_KINDS:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+    others = sorted((o for o in probe_overlay_objects if o["kind"] != "DaemonSet"), key=yaml.safe_dump)
+    assert others == sorted((o for o in objects if o["kind"] != "DaemonSet"), key=yaml.safe_dump)
+
+    base, probing = _container(objects), _container(probe_overlay_objects)
+    assert probing["image"] == base["image"] + "-probe", "the Dockerfile's probe target, same version"
+    assert "\nFROM runtime AS probe\n" in (REPO / "Dockerfile").read_text()
+    assert probing["args"][: len(base["args"])] == base["args"]
+    args = [a.replace("$(NODE_NAME)", "gpu-node-1") for a in probing["args"]]
+    config = config_from_args(build_parser(environ={}).parse_args(args), all_collectors())
+    settings = probe_settings(config)
+    assert settings is not None and settings.interval_seconds == 6 * 3600 and settings.timeout_seconds == 300
+    assert settings.backend == "auto" and "probe" in config.enabled_collectors
+
+    env = {e["name"]: e.get("value") for e in probing["env"]}
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
+    assert env["CUDA_CACHE_PATH"].startswith("/tmp/")
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert probing["securityContext"] == base["securityContext"], "still unprivileged, read-only root"
+    assert probing["resources"]["requests"] == base["resources"]["requests"]
+    assert "nvidia.com/gpu" not in probing["resources"]["limits"], "never take GPUs from jobs"
+
+    mounts = {m["name"]: m for m in probing["volumeMounts"]}
+    writable = {name for name, m in mounts.items() if not m.get("readOnly")}
+    assert writable == {"state", "probe-results", "dshm", "scratch"}
+    assert mounts["probe-results"]["mountPath"] == str(config.probe_results)
+    assert mounts["dshm"]["mountPath"] == "/dev/shm" and mounts["scratch"]["mountPath"] == "/tmp"
+    pod = _one(probe_overlay_objects, "DaemonSet")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
+    assert all(volumes[name]["emptyDir"].get("sizeLimit") for name in ("dshm", "scratch")), "bounded scratch"
+    base_pod = _one(objects, "DaemonSet")["spec"]["template"]["spec"]
+    assert [v for v in pod["volumes"] if "hostPath" in v] == base_pod["volumes"], "no new host path"

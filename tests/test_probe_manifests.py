@@ -73,3 +73,24 @@ def test_commands_parse_and_write_where_the_exporter_reads(name: str, doc: dict[
             assert not mount.get("readOnly", False)
             env = {e["name"] for e in container["env"]}
             assert {"POD_NAMESPACE", "POD_NAME", "JOB_NAME"} <= env
+
+
+def _needs_torch(args: Any) -> bool:
+    return bool(args.command == "probe" or getattr(args, "probe", False))
+
+
+def test_commands_that_run_torch_use_the_probe_image() -> None:
+    """``probe`` and ``preflight --probe`` start torch workers: only the Dockerfile's ``probe``
+    target has torch. Tags follow the base kustomization's image tag."""
+    base = yaml.safe_load((EXAMPLES.parent / "base" / "kustomization.yaml").read_text())
+    (image,) = base["images"]
+    parser = build_parser({})
+    seen = set()
+    for _, doc in documents():
+        for template in pod_templates(doc):
+            for container in exporter_containers(template):
+                args = parser.parse_args(container["args"])
+                want = f"{image['name']}:{image['newTag']}" + ("-probe" if _needs_torch(args) else "")
+                assert container["image"] == want, f"{doc['kind']} {container['name']}: {' '.join(container['args'])}"
+                seen.add(_needs_torch(args))
+    assert seen == {True, False}, "the examples cover both images"
