@@ -3,6 +3,8 @@ restarts, start caps and bounds. Every test checks that each NCCL line arrives e
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import tracemalloc
 from pathlib import Path
@@ -15,6 +17,7 @@ from exporter.sources.podlogs import (
     TailBatch,
     TailLimits,
     parse_pod_folder,
+    pod_log_compressed_generation,
     pod_log_generation,
 )
 
@@ -61,6 +64,9 @@ def test_path_conventions() -> None:
     assert pod_log_generation("2.log.20260301-100000.gz") is None
     assert pod_log_generation("2.log.20260301-100000.gz.tmp") is None
     assert pod_log_generation("app.log") is None
+    assert pod_log_compressed_generation("2.log.20260301-100000.gz") == ("2", "20260301-100000")
+    assert pod_log_compressed_generation("2.log.gz") is None
+    assert pod_log_compressed_generation("2.log.20260301-100000.gz.tmp") is None
 
 
 def test_only_nccl_lines_are_returned_with_their_stream(tmp_path: Path) -> None:
@@ -324,3 +330,212 @@ def test_tick_budget_bounds_each_poll(tmp_path: Path) -> None:
     assert tailer.stats.backlog_bytes > 0
     total = len(all_lines(drain(tailer, 60)))
     assert tailer.stats.backlog_bytes == 0 and total > 0
+
+
+# ---------------------------------------------------------------------------------------
+# A rotation compressed while the exporter was down, resumed from saved state
+
+
+def compress(plain: Path) -> Path:
+    """What kubelet does to an older rotation: write ``<name>.gz``, delete the plain file."""
+    packed = plain.with_name(plain.name + ".gz")
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    plain.unlink()
+    return packed
+
+
+def down_while(pods: Path, state: Path, limits: TailLimits | None = None) -> PodLogTailer:
+    """A tailer that reads what is there, saves its state and stops."""
+    tailer = PodLogTailer(pods, None, state, limits)
+    drain(tailer, 2)
+    assert tailer.save_state()
+    return tailer
+
+
+def test_rotation_compressed_while_down_is_read_from_the_saved_offset(tmp_path: Path) -> None:
+    """In small steps (several polls), in order, before the new live file; a CRI ``P`` piece
+    at the end of the .gz is joined with its ``F`` end at the start of the live file."""
+    pods, state = tmp_path / "pods", tmp_path / "state"
+    folder = container_dir(pods)
+    append(folder / "0.log.20260301-090000", "".join(cri(nccl(n) + " older history") for n in range(50)))
+    compress(folder / "0.log.20260301-090000")  # another compressed rotation of the same stream
+    append(folder / "0.log", "".join(cri(nccl(n)) for n in range(50)))
+    down_while(pods, state)
+    # While down: the job writes on, kubelet rotates, the runtime reopens, kubelet compresses.
+    append(folder / "0.log", "".join(cri(nccl(n)) + cri(f"step {n} loss 0.1") for n in range(50, 2000)))
+    append(folder / "0.log", cri("host-0:41:41 [0] NCCL INFO joined ac", tag="P"))
+    os.rename(folder / "0.log", folder / "0.log.20260301-110000")
+    compress(folder / "0.log.20260301-110000")
+    append(folder / "0.log", cri("ross files") + "".join(cri(nccl(n)) for n in range(2000, 2100)))
+
+    limits = TailLimits(tick_bytes=16 * 1024, file_chunk_bytes=8 * 1024, start_bytes=1024)
+    second = PodLogTailer(pods, None, state, limits)
+    batches = drain(second, 40)
+    expected = [nccl(n) for n in range(50, 2000)] + ["host-0:41:41 [0] NCCL INFO joined across files"]
+    expected += [nccl(n) for n in range(2000, 2100)]
+    assert all_lines(batches) == expected
+    replayed = all_lines(batches, replayed=True)
+    assert replayed and replayed == [nccl(n) for n in range(len(replayed))]  # the head, up to start_bytes
+    assert len([b for b in batches if b.lines]) > 10  # bounded per poll: it took many
+    assert second.stats.skipped_bytes == {} and second.stats.backlog_bytes == 0
+    assert all_lines(drain(second, 2)) == []
+
+
+def test_state_saved_halfway_through_a_gz_resumes_it_and_a_finished_gz_is_not_read_again(tmp_path: Path) -> None:
+    pods, state = tmp_path / "pods", tmp_path / "state"
+    folder = container_dir(pods)
+    append(folder / "0.log", "".join(cri(nccl(n)) for n in range(10)))
+    down_while(pods, state)
+    append(folder / "0.log", "".join(cri(nccl(n)) for n in range(10, 1000)))
+    os.rename(folder / "0.log", folder / "0.log.20260301-110000")
+    compress(folder / "0.log.20260301-110000")
+    append(folder / "0.log", cri(nccl(1000)))
+
+    limits = TailLimits(tick_bytes=4096, file_chunk_bytes=4096, start_bytes=512)
+    second = PodLogTailer(pods, None, state, limits)
+    got = all_lines(drain(second, 5))
+    assert 0 < len(got) < 990  # halfway through the .gz
+    assert second.save_state()
+    saved = json.loads((state / "podlogs-state.json").read_text())
+    assert [Path(f["path"]).name for s in saved["streams"].values() for f in s["files"]] == [
+        "0.log.20260301-110000.gz", "0.log"]
+
+    third = PodLogTailer(pods, None, state, limits)
+    got += all_lines(drain(third, 80))
+    assert got == [nccl(n) for n in range(10, 1001)]
+    assert third.save_state()
+    saved = json.loads((state / "podlogs-state.json").read_text())
+    assert [Path(f["path"]).name for s in saved["streams"].values() for f in s["files"]] == ["0.log"]
+
+    fourth = PodLogTailer(pods, None, state, limits)
+    assert all_lines(drain(fourth, 3)) == []
+    assert fourth.stats.bytes_read[SOURCE_POD_LOG] == 0
+
+
+def test_saved_rotation_is_looked_up_as_its_name_gz_and_needs_a_matching_head(tmp_path: Path) -> None:
+    """A saved rotated file is only resumed from ``<its name>.gz`` with the same first bytes;
+    .gz files never known from saved state (older history) are not read."""
+    pods, state = tmp_path / "pods", tmp_path / "state"
+    folder = container_dir(pods)
+    old = folder / "0.log.20260301-090000"
+    append(old, cri("host-0:41:41 [0] NCCL INFO older history"))
+    compress(old)  # there before the first start: never read
+    append(folder / "0.log", "".join(cri(nccl(n)) for n in range(5)))
+    first = PodLogTailer(pods, None, state)
+    assert all_lines(drain(first, 2)) == [nccl(n) for n in range(5)]
+    os.rename(folder / "0.log", folder / "0.log.20260301-100000")  # rotated while running
+    append(folder / "0.log", cri(nccl(5)))
+    assert all_lines(drain(first, 2)) == [nccl(5)]
+    assert first.save_state()
+
+    # While down: more lines reach neither file we know; kubelet compresses the rotation.
+    # Another stream gets a .gz whose head differs from what its saved file began with.
+    append(folder / "0.log.20260301-100000", cri(nccl(100)))
+    compress(folder / "0.log.20260301-100000")
+    other = container_dir(pods, pod="other-0")
+    append(other / "0.log", "".join(cri(nccl(n)) for n in range(3)))
+    second = PodLogTailer(pods, None, state)
+    drain(second, 2)
+    assert second.save_state()
+    append(other / "0.log", cri(nccl(200)))
+    os.rename(other / "0.log", other / "0.log.20260301-120000")
+    foreign = gzip.compress(cri("host-9:1:1 [0] NCCL INFO other bytes").encode())
+    (other / "0.log.20260301-120000.gz").write_bytes(foreign)
+    (other / "0.log.20260301-120000").unlink()
+    append(other / "0.log", cri(nccl(201)))
+
+    third = PodLogTailer(pods, None, state)
+    lines = {(k.pod, tuple(v)) for b in drain(third, 3) for k, v in b.lines.items()}
+    assert lines == {("other-0", (nccl(201),))}
+    assert third.stats.skipped_bytes == {}
+
+
+def test_corrupt_gz_is_skipped_with_a_stat(tmp_path: Path) -> None:
+    pods, state = tmp_path / "pods", tmp_path / "state"
+    folder = container_dir(pods)
+    append(folder / "0.log", "".join(cri(nccl(n)) for n in range(5)))
+    down_while(pods, state)
+    append(folder / "0.log", "".join(cri(nccl(n) + f" {os.urandom(24).hex()}") for n in range(5, 3000)))
+    os.rename(folder / "0.log", folder / "0.log.20260301-110000")
+    packed = compress(folder / "0.log.20260301-110000")
+    whole = packed.read_bytes()
+    packed.write_bytes(whole[: len(whole) // 2])  # truncated: cut off inside the deflate stream
+    append(folder / "0.log", cri(nccl(9000)))
+
+    second = PodLogTailer(pods, None, state, TailLimits(file_chunk_bytes=16 * 1024))
+    got = all_lines(drain(second, 30))
+    assert got[-1] == nccl(9000)
+    from_gz = got[:-1]
+    assert 0 < len(from_gz) < 2995
+    assert [line.split(" ")[:6] for line in from_gz] == [nccl(n).split(" ") for n in range(5, 5 + len(from_gz))]
+    assert second.stats.events["gz_corrupt"] == 1
+    assert second.stats.skipped_bytes["gz_corrupt"] > 0
+    assert all_lines(drain(second, 2)) == []
+
+
+def test_gzip_bomb_is_cut_at_the_decompression_cap(tmp_path: Path) -> None:
+    """32 MiB of noise lines in a .gz of about 100 KB: inflated up to the cap only, in
+    bounded memory; the rest is counted as skipped and the live file is read after it."""
+    pods, state = tmp_path / "pods", tmp_path / "state"
+    folder = container_dir(pods)
+    append(folder / "0.log", cri(nccl(0)))
+    down_while(pods, state)
+    noise = cri("A" * 1000).encode() * 1024  # 1 MiB of one repeated line
+    with open(folder / "0.log", "ab") as handle:
+        handle.write(cri(nccl(1)).encode())
+    with gzip.open(folder / "0.log.20260301-110000.gz", "wb") as handle:
+        handle.write((folder / "0.log").read_bytes())
+        for _ in range(32):
+            handle.write(noise)
+    (folder / "0.log").unlink()
+    append(folder / "0.log", cri(nccl(2)))
+
+    limits = TailLimits(max_decompressed_bytes=4 * 1024 * 1024)
+    second = PodLogTailer(pods, None, state, limits)
+    tracemalloc.start()
+    try:
+        got = all_lines(drain(second, 8))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert got == [nccl(1), nccl(2)]
+    assert second.stats.events["gz_cap"] == 1
+    assert second.stats.skipped_bytes["gz_cap"] > 0
+    assert second.stats.bytes_read[SOURCE_POD_LOG] <= 4 * 1024 * 1024 + len(cri(nccl(2)))
+    assert peak < 8 * 1024 * 1024, peak
+
+
+def test_fully_read_rotation_compressed_while_down_is_not_inflated(tmp_path: Path) -> None:
+    """The gzip trailer's size equals the saved offset: nothing follows, so the .gz is done
+    at once and the live file is read on the first poll, even with a tiny chunk size."""
+    pods, state = tmp_path / "pods", tmp_path / "state"
+    folder = container_dir(pods)
+    append(folder / "0.log", "".join(cri(nccl(n)) for n in range(2000)))
+    first = PodLogTailer(pods, None, state)
+    drain(first, 2)
+    os.rename(folder / "0.log", folder / "0.log.20260301-110000")
+    append(folder / "0.log", cri(nccl(2000)))
+    drain(first, 2)  # the rotation is read to its end
+    assert first.save_state()
+    compress(folder / "0.log.20260301-110000")
+    append(folder / "0.log", cri(nccl(2001)))
+
+    limits = TailLimits(tick_bytes=8192, file_chunk_bytes=1024, start_bytes=1024)
+    second = PodLogTailer(pods, None, state, limits)
+    assert all_lines([second.poll()]) == [nccl(2001)]
+    assert second.stats.backlog_bytes == 0
+
+
+def test_a_gz_that_is_not_gzip_is_not_read(tmp_path: Path) -> None:
+    pods, state = tmp_path / "pods", tmp_path / "state"
+    folder = container_dir(pods)
+    append(folder / "0.log", cri(nccl(0)))
+    down_while(pods, state)
+    append(folder / "0.log", cri(nccl(1)))
+    os.rename(folder / "0.log", folder / "0.log.20260301-110000")
+    (folder / "0.log.20260301-110000.gz").write_bytes(b"\x1f\x8b\x08\x00" + os.urandom(4096))
+    (folder / "0.log.20260301-110000").unlink()
+    append(folder / "0.log", cri(nccl(2)))
+    second = PodLogTailer(pods, None, state)
+    assert all_lines(drain(second, 3)) == [nccl(2)]
+    assert "gz_corrupt" not in second.stats.events  # its head could not be checked: never taken

@@ -485,7 +485,7 @@ class NcclCollector:
             "ccl_nccl_dropped_total",
             "Input the NCCL pipeline dropped or cut to stay bounded, by reason: parser_* (parser "
             "caps: communicators, processes, ...), tail_long_line, tail_stream_evicted, "
-            "tail_malformed_cri, tail_truncated, tail_replaced.",
+            "tail_malformed_cri, tail_truncated, tail_replaced, tail_gz_cap, tail_gz_corrupt.",
             labels=["reason"],
         )
         for reason, count in snap.dropped:
@@ -503,7 +503,9 @@ class NcclCollector:
         skipped = CounterMetricFamily(
             "ccl_nccl_log_skipped_bytes_total",
             "Bytes not parsed, by reason: initial_cap (busy log found at start), long_line, "
-            "stream_evicted, vanished (file deleted before it was read to its end).",
+            "stream_evicted, vanished (file deleted before it was read to its end), gz_cap and "
+            "gz_corrupt (rest of a .gz resumed after a restart: past the decompression cap, or "
+            "corrupt; compressed bytes).",
             labels=["reason"],
         )
         for reason, count in snap.tail_skipped:

@@ -6,7 +6,8 @@ Two kinds of log stream are read:
   ``<root>/<namespace>_<pod>_<uid>/<container>/<n>.log``, where ``n`` is the container's
   restart count. One *stream* is one container run: ``<n>.log`` plus its rotated copies
   ``<n>.log.<timestamp>`` (kubelet renames the live file, the runtime reopens a new one,
-  and kubelet later compresses the rotated file to ``.gz``). Each line is in the CRI format
+  and kubelet later compresses older rotated files to ``<n>.log.<timestamp>.gz``, keeping
+  the newest one plain). Each line is in the CRI format
   ``<RFC3339Nano> stdout|stderr F|P <message>``; ``P`` (partial) pieces are joined until
   the ``F`` piece, with the joined message capped at ``TailLimits.max_line_bytes``.
 * **NCCL debug files** (``--path.nccl-debug-files``, ``NCCL_DEBUG_FILE``): one file per
@@ -24,11 +25,21 @@ counters) are saved atomically (write, fsync, rename) in ``<state>/podlogs-state
 ``save_state``. A restarted tailer resumes every known file at its saved offset (nothing
 re-read, nothing skipped) and *replays* the first ``start_bytes`` of each resumed stream in
 ``TailBatch.replayed``, so the caller can rebuild what the NCCL init lines said without
-counting them twice. Files found at the first scan with no saved state are read from the
-start when the stream holds at most ``start_bytes``; a larger stream gets its first
-``start_bytes`` (where NCCL prints its init lines) and is then followed from its end, the
-bytes in between counted in ``TailStats.skipped_bytes``. Files that appear later are read
-from byte 0.
+counting them twice. A saved pod-log file that kubelet rotated *and* compressed while the
+exporter was down is found again as a ``.gz`` of its stream (``<saved rotated name>.gz``;
+for a saved live file, any compressed rotation of its generation) whose decompressed first
+bytes match the saved checksum. It is inflated in bounded steps (``file_chunk_bytes`` per
+turn, within ``tick_bytes``; at most ``max_decompressed_bytes`` per file, the rest of a
+gzip bomb counted in ``TailStats.skipped_bytes["gz_cap"]``), its head replayed, the part
+before the saved offset dropped and the rest read like a plain file, before the newer files
+of the stream. A corrupt or truncated ``.gz`` is counted (``gz_corrupt``) and left; a
+finished one is not read again, nor saved. A ``.gz`` with no saved offset (history before
+the first start) is never read.
+
+Files found at the first scan with no saved state are read from the start when the stream
+holds at most ``start_bytes``; a larger stream gets its first ``start_bytes`` (where NCCL
+prints its init lines) and is then followed from its end, the bytes in between counted in
+``TailStats.skipped_bytes``. Files that appear later are read from byte 0.
 
 Work per ``poll`` is bounded: directory listings are reused while a folder's mtime is
 unchanged, each file is ``stat``-ed once, at most ``tick_bytes`` are read in all (at most
@@ -60,6 +71,8 @@ SOURCE_DEBUG_FILE = "nccl_debug_file"
 STATE_FILE_NAME = "podlogs-state.json"
 STATE_VERSION = 1
 HEAD_BYTES = 256  # checksum of a file's first bytes: tells a replaced file from the one we read
+GZ_READ_BYTES = 64 * 1024  # compressed bytes read from a .gz at a time
+_GZIP_WBITS = 16 + zlib.MAX_WBITS  # zlib with gzip header and trailer
 NEEDLE = b"NCCL"
 _CRI_STREAMS = (b"stdout", b"stderr")
 # CRI partial-piece tag (" P " after the stream name); a hit in message text only costs the
@@ -80,6 +93,7 @@ class TailLimits:
     max_streams: int = 512
     max_entries_per_folder: int = 1024  # directory entries examined per folder and scan
     relist_recent_seconds: float = 2.0  # folders modified this recently are listed every poll
+    max_decompressed_bytes: int = 1024 * 1024 * 1024  # inflated from one .gz at most (a gzip bomb)
 
 
 @dataclass(frozen=True, order=True)
@@ -116,9 +130,12 @@ class TailStats:
     bytes_read: dict[str, int] = field(default_factory=lambda: {SOURCE_POD_LOG: 0, SOURCE_DEBUG_FILE: 0})
     lines: dict[str, int] = field(default_factory=lambda: {SOURCE_POD_LOG: 0, SOURCE_DEBUG_FILE: 0})
     # reason -> bytes not read: initial_cap (busy stream found at start), long_line (cut),
-    # vanished (file gone before it was read to its end)
+    # vanished (file gone before it was read to its end), and for a .gz resumed from saved
+    # state whatever was left of it (its compressed bytes not inflated): gz_cap (past
+    # max_decompressed_bytes), gz_corrupt, stream_evicted
     skipped_bytes: dict[str, int] = field(default_factory=dict)
-    # reason -> count: long_line, stream_evicted, malformed_cri, truncated, replaced
+    # reason -> count: long_line, stream_evicted, malformed_cri, truncated, replaced,
+    # gz_cap, gz_corrupt (files)
     events: dict[str, int] = field(default_factory=dict)
     files: dict[str, int] = field(default_factory=lambda: {SOURCE_POD_LOG: 0, SOURCE_DEBUG_FILE: 0})
     streams: int = 0
@@ -173,7 +190,8 @@ def parse_debug_folder(name: str) -> tuple[str, str] | None:
 def pod_log_generation(file_name: str) -> tuple[str, str] | None:
     """``3.log`` → ("3", ""), ``3.log.20260101-120000`` → ("3", "20260101-120000").
 
-    Compressed rotations (``.gz``), kubelet's ``.tmp`` files and anything else → None.
+    Compressed rotations (``.gz``, see ``pod_log_compressed_generation``), kubelet's
+    ``.tmp`` files and anything else → None.
     """
     head, sep, rest = file_name.partition(".log")
     if not sep or not head.isdigit():
@@ -184,6 +202,14 @@ def pod_log_generation(file_name: str) -> tuple[str, str] | None:
     if rest.startswith(".") and stamp and all(ch.isdigit() or ch == "-" for ch in stamp):
         return head, stamp
     return None
+
+
+def pod_log_compressed_generation(file_name: str) -> tuple[str, str] | None:
+    """``3.log.20260101-120000.gz`` → ("3", "20260101-120000"); anything else → None."""
+    if not file_name.endswith(".gz"):
+        return None
+    parsed = pod_log_generation(file_name[: -len(".gz")])
+    return parsed if parsed is not None and parsed[1] else None
 
 
 # ---------------------------------------------------------------------------------------
@@ -346,12 +372,75 @@ class _File:
         }
 
 
+@dataclass(eq=False)
+class _Compressed(_File):
+    """A rotated file of a stream that kubelet compressed (``.gz``) while the exporter was
+    down, known from saved state. ``offset`` counts decompressed bytes; the file is inflated
+    from its start in bounded steps, the part before ``offset`` only replayed or dropped.
+    ``size`` is the compressed size."""
+
+    trailer_size: int | None = None  # the gzip trailer's content size (mod 2**32)
+    position: int = 0  # decompressed bytes produced so far
+    raw_offset: int = 0  # compressed bytes read so far
+    pending: bytes = b""  # compressed bytes read, not inflated yet
+    carry: bytes = b""  # decompressed bytes after ``offset``: an unfinished line
+    ended: bool = False  # the last gzip member is inflated
+    done: bool = False  # no longer read (ended, failed or dropped)
+    fresh_member: bool = True  # no input given to ``inflater`` yet
+    inflater: zlib._Decompress = field(default_factory=lambda: zlib.decompressobj(_GZIP_WBITS))
+
+    def inflate(self, want: int) -> bytes:
+        """Up to ``want`` more decompressed bytes: fewer at the end, or when about ``want``
+        compressed bytes gave less (at most ``want + GZ_READ_BYTES`` are read per call).
+
+        Raises ``zlib.error`` (corrupt), ``EOFError`` (truncated) or ``OSError`` (gone or
+        replaced). Concatenated gzip members are read one after the other.
+        """
+        out: list[bytes] = []
+        got = 0
+        raw_left = want + GZ_READ_BYTES
+        while got < want and not self.ended:
+            if not self.pending:
+                if raw_left <= 0:
+                    break
+                raw = _read_at(self.path, self.identity, self.raw_offset, min(GZ_READ_BYTES, want + 1024, raw_left))
+                if raw is None:
+                    raise FileNotFoundError(f"{self.path} is gone or was replaced")
+                if not raw:
+                    if not self.fresh_member:
+                        raise EOFError(f"{self.path} ends inside a gzip member")
+                    self.ended = True
+                    break
+                self.raw_offset += len(raw)
+                raw_left -= len(raw)
+                self.pending = raw
+            self.fresh_member = False
+            piece = self.inflater.decompress(self.pending, want - got)
+            if self.inflater.eof:
+                self.pending = self.inflater.unused_data
+                self.inflater = zlib.decompressobj(_GZIP_WBITS)
+                self.fresh_member = True
+            else:
+                self.pending = self.inflater.unconsumed_tail
+            if piece:
+                out.append(piece)
+                got += len(piece)
+        self.position += got
+        return b"".join(out)
+
+    def left(self) -> int:
+        """What is left unread: the unfinished line and the compressed bytes not inflated."""
+        return len(self.carry) + len(self.pending) + max(0, self.size - self.raw_offset)
+
+
 @dataclass
 class _Stream:
     key: StreamKey
     root: Path
     cri: bool
     files: dict[tuple[int, int], _File] = field(default_factory=dict)
+    # Compressed rotations resumed from saved state, oldest first; read before ``files``.
+    compressed: list[_Compressed] = field(default_factory=list)
     partials: dict[str, _Partial] = field(default_factory=dict)
     bootstrapped: bool = False
     resumed: bool = False  # restored from saved state: replay the head, then go on
@@ -380,6 +469,22 @@ def _head_checksum(path: Path, length: int) -> int | None:
     except OSError:
         return None
     return zlib.crc32(data) if len(data) == length else None
+
+
+def _gz_head_checksum(path: Path, identity: tuple[int, int], length: int) -> int | None:
+    """Checksum of the first ``length`` decompressed bytes of a .gz (None if it has fewer)."""
+    probe = _Compressed(path, identity[0], identity[1], "")
+    try:
+        head = probe.inflate(length)
+    except (zlib.error, EOFError, OSError):
+        return None
+    return zlib.crc32(head) if len(head) == length else None
+
+
+def _gz_trailer_size(path: Path, identity: tuple[int, int], size: int) -> int | None:
+    """The content size (mod 2**32) a gzip file's trailer states for its last member."""
+    trailer = _read_at(path, identity, size - 4, 4) if size >= 18 else None
+    return int.from_bytes(trailer, "little") if trailer is not None and len(trailer) == 4 else None
 
 
 def _read_at(path: Path, identity: tuple[int, int], offset: int, length: int) -> bytes | None:
@@ -492,7 +597,7 @@ class PodLogTailer:
         for key, stream in self._streams.items():
             root = stream.root
             streams[key.text()] = {
-                "files": [f.to_state(root) for f in stream.ordered()],
+                "files": [f.to_state(root) for f in [*stream.compressed, *stream.ordered()]],
                 "partials": {
                     name: {"data": base64.b64encode(bytes(p.data)).decode(), "cut": p.cut}
                     for name, p in stream.partials.items()
@@ -612,6 +717,8 @@ class PodLogTailer:
                 stream = self._streams.pop(key)
                 self.stats.event("stream_evicted")
                 batch.removed.append(key)
+                for comp in stream.compressed:  # not remembered: inflating again is not worth it
+                    self.stats.skip("stream_evicted", comp.left())
                 self._evicted[key] = list(stream.files.values())
                 while len(self._evicted) > self.limits.max_streams:
                     self._evicted.popitem(last=False)
@@ -631,6 +738,8 @@ class PodLogTailer:
             stream = self._streams.pop(key)
             for tracked in stream.files.values():
                 self.stats.skip("vanished", max(0, tracked.size - tracked.offset))
+            for comp in stream.compressed:
+                self.stats.skip("vanished", comp.left())
             batch.removed.append(key)
 
         budget = self.limits.tick_bytes
@@ -653,6 +762,16 @@ class PodLogTailer:
                     backlog += sum(f.size for f in stream.files.values())
                     continue
                 budget -= self._bootstrap(stream, first_scan, batch)
+            for comp in list(stream.compressed):
+                if budget <= 0:
+                    break
+                budget -= self._read_compressed(stream, comp, budget, batch)
+                if not comp.done:
+                    break
+            if stream.compressed:  # older than every plain file: those wait
+                backlog += sum(c.left() for c in stream.compressed)
+                backlog += sum(max(0, f.size - f.offset) for f in stream.files.values())
+                continue
             for tracked in stream.ordered():
                 if budget <= 0:
                     break
@@ -698,6 +817,7 @@ class PodLogTailer:
 
     def _restore(self, stream: _Stream, saved: dict, cands: list[_Candidate]) -> None:
         by_identity = {(c.dev, c.ino): c for c in cands}
+        claimed: set[str] = set()
         for entry in saved.get("files") or []:
             try:
                 identity = (int(entry["dev"]), int(entry["ino"]))
@@ -705,22 +825,73 @@ class PodLogTailer:
             except (KeyError, TypeError, ValueError):
                 continue
             cand = by_identity.get(identity)
-            if cand is None:
-                continue  # rotated away and compressed, or deleted, while we were down
-            if head_len and _head_checksum(cand.path, head_len) != head_crc:
-                continue  # the inode now holds another file
+            if cand is None or (head_len and _head_checksum(cand.path, head_len) != head_crc):
+                # Rotated away and compressed, or deleted, while we were down (its inode may
+                # hold another file now).
+                saved_name = Path(str(entry.get("path", ""))).name
+                comp = self._find_compressed(stream, cands, saved_name, head_len, head_crc, claimed)
+                if comp is not None:
+                    comp.offset, comp.skipping = offset, bool(entry.get("skipping"))
+                    stream.compressed.append(comp)
+                continue
             tracked = _File(cand.path, cand.dev, cand.ino, cand.order, offset=min(offset, cand.size), size=cand.size,
                             head_len=head_len, head_crc=head_crc, skipping=bool(entry.get("skipping")))
             if offset > cand.size:
                 self.stats.event("truncated")
                 tracked.offset, tracked.skipping = 0, False
             stream.files[identity] = tracked
+        stream.compressed.sort(key=lambda c: (c.order, c.path.name))
         for name, value in (saved.get("partials") or {}).items():
             try:
                 data = base64.b64decode(value["data"])
             except (KeyError, TypeError, ValueError):
                 continue
             stream.partials[str(name)] = _Partial(bytearray(data[: self.limits.max_line_bytes]), bool(value.get("cut")))
+
+    def _find_compressed(
+        self, stream: _Stream, cands: list[_Candidate], saved_name: str, head_len: int, head_crc: int, claimed: set[str]
+    ) -> _Compressed | None:
+        """The ``.gz`` that a saved pod-log file became, if its decompressed head matches.
+
+        A saved rotated file must be ``<its name>.gz``; a saved ``.gz`` (read halfway
+        before a restart) keeps its name; a saved live file may be any compressed rotation
+        of its generation. Only the first ``head_len`` bytes are inflated to check.
+        """
+        if stream.key.source != SOURCE_POD_LOG or not cands or not head_len:
+            return None
+        folder = cands[0].path.parent
+        if saved_name.endswith(".gz"):
+            saved = pod_log_compressed_generation(saved_name)
+        else:
+            saved = pod_log_generation(saved_name)
+        if saved is None or saved[0] != stream.key.name:
+            return None
+        if saved_name.endswith(".gz"):
+            names = [saved_name]
+        elif saved[1]:
+            names = [saved_name + ".gz"]
+        else:
+            names = [
+                name
+                for name, is_dir in self._folders.list(folder, time.time())
+                if not is_dir and (pod_log_compressed_generation(name) or ("",))[0] == saved[0]
+            ]
+        for name in names:
+            path = folder / name
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            if name in claimed or st.st_mode & 0o170000 != 0o100000:
+                continue
+            identity = (st.st_dev, st.st_ino)
+            if _gz_head_checksum(path, identity, head_len) != head_crc:
+                continue
+            claimed.add(name)
+            stamp = (pod_log_compressed_generation(name) or ("", ""))[1]
+            return _Compressed(path, st.st_dev, st.st_ino, stamp, size=st.st_size, head_len=head_len,
+                               head_crc=head_crc, trailer_size=_gz_trailer_size(path, identity, st.st_size))
+        return None
 
     def _bootstrap(self, stream: _Stream, first_scan: bool, batch: TailBatch) -> int:
         """Replay (resumed stream) or read with the start cap (busy stream at first start)."""
@@ -730,11 +901,14 @@ class PodLogTailer:
         if stream.resumed:
             replay: list[str] = []
             scratch = TailStats()
-            for tracked in stream.ordered():
+            for tracked in [*stream.compressed, *stream.ordered()]:
                 length = min(tracked.offset, cap - used)
                 if length <= 0:
                     break
-                data = _read_at(tracked.path, tracked.identity, 0, length) or b""
+                if isinstance(tracked, _Compressed):  # inflated once, then read on from here
+                    data = self._inflate(stream, tracked, length)
+                else:
+                    data = _read_at(tracked.path, tracked.identity, 0, length) or b""
                 used += len(data)
                 end = data.rfind(b"\n")
                 if end >= 0:
@@ -804,11 +978,16 @@ class PodLogTailer:
         if not data:
             return 0
         self.stats.bytes_read[stream.key.source] += len(data)
+        tracked.offset += self._consume(stream, tracked, data, batch)
+        return len(data)
+
+    def _consume(self, stream: _Stream, tracked: _File, data: bytes, batch: TailBatch) -> int:
+        """Deliver the complete lines of ``data`` (the bytes at ``tracked.offset``); return
+        how many bytes are done with. The rest, an unfinished line, is read again later."""
         start = 0
         if tracked.skipping:
             newline = data.find(b"\n")
             if newline < 0:
-                tracked.offset += len(data)
                 self.stats.skip("long_line", len(data))
                 return len(data)
             self.stats.skip("long_line", newline + 1)
@@ -820,16 +999,68 @@ class PodLogTailer:
             if len(data) - start >= self.limits.max_line_bytes:
                 self.stats.event("long_line")
                 self.stats.skip("long_line", len(data) - start)
-                tracked.offset += len(data)
                 tracked.skipping = True
-            else:
-                tracked.offset += start
-            return len(data)
+                return len(data)
+            return start
         lines = extract_lines(data if start == 0 else data[start:], stream.cri, stream.partials, self.limits,
                               self.stats, stop=end + 1 - start)
         self._deliver(stream, lines, batch)
-        tracked.offset += end + 1
-        return len(data)
+        return end + 1
+
+    def _read_compressed(self, stream: _Stream, comp: _Compressed, budget: int, batch: TailBatch) -> int:
+        """Inflate one chunk of a compressed rotation: drop what lies before the saved offset,
+        read lines after it. Finish the file at its end, at the decompression cap or at an
+        error. Returns the decompressed bytes handled (the work done)."""
+        if comp.trailer_size == comp.offset % (1 << 32):
+            self._finish_compressed(stream, comp)  # the trailer says nothing follows the saved offset
+            return 0
+        want = min(self.limits.file_chunk_bytes, budget, self.limits.max_decompressed_bytes - comp.position)
+        used = 0
+        if want > 0 and comp.position < comp.offset:  # read before the restart
+            used = len(self._inflate(stream, comp, min(want, comp.offset - comp.position)))
+            want -= used
+        data = b""
+        if want > 0 and comp.position >= comp.offset and not comp.done:
+            data = self._inflate(stream, comp, want)
+        if data:
+            self.stats.bytes_read[stream.key.source] += len(data)
+            block = comp.carry + data if comp.carry else data
+            consumed = self._consume(stream, comp, block, batch)
+            comp.offset += consumed
+            comp.carry = block[consumed:]
+        if comp.done:
+            return used + len(data)
+        if comp.ended:
+            if comp.carry:  # a last line without its newline: nothing more will come
+                self._consume(stream, comp, comp.carry + b"\n", batch)
+                comp.offset, comp.carry = comp.offset + len(comp.carry), b""
+            self._finish_compressed(stream, comp)
+        elif comp.position >= self.limits.max_decompressed_bytes:
+            self.stats.event("gz_cap")
+            self._finish_compressed(stream, comp, "gz_cap")
+        return used + len(data)
+
+    def _inflate(self, stream: _Stream, comp: _Compressed, want: int) -> bytes:
+        """``comp.inflate``; a corrupt or truncated .gz is counted and finished, one that
+        is gone (kubelet keeps a few rotations only) is counted as vanished."""
+        try:
+            return comp.inflate(want)
+        except (zlib.error, EOFError) as exc:
+            log.debug("skipping the rest of %s: %s", comp.path, exc)
+            self.stats.event("gz_corrupt")
+            self._finish_compressed(stream, comp, "gz_corrupt")
+        except OSError:
+            self._finish_compressed(stream, comp, "vanished")
+        return b""
+
+    def _finish_compressed(self, stream: _Stream, comp: _Compressed, skip_reason: str | None = None) -> None:
+        """Stop reading a compressed rotation (its state is not saved again); count what is
+        left of it under ``skip_reason``."""
+        if skip_reason is not None:
+            self.stats.skip(skip_reason, comp.left())
+        comp.done = True
+        comp.carry = comp.pending = b""
+        stream.compressed = [c for c in stream.compressed if c is not comp]
 
     def _deliver(self, stream: _Stream, lines: list[str], batch: TailBatch) -> None:
         if lines:
