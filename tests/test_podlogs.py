@@ -6,9 +6,11 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import time
 import tracemalloc
 from pathlib import Path
 
+from exporter.sources import podlogs
 from exporter.sources.podlogs import (
     SOURCE_DEBUG_FILE,
     SOURCE_POD_LOG,
@@ -119,6 +121,30 @@ def test_rotation_follows_the_renamed_file_to_its_end_first(tmp_path: Path) -> N
     got += all_lines(drain(tailer, 2))
     assert got == [nccl(n) for n in range(1, 6)]
     assert tailer.stats.skipped_bytes.get("vanished", 0) == 0
+
+
+def test_rotated_file_ending_without_a_newline_does_not_hold_back_the_stream(tmp_path: Path) -> None:
+    """A runtime killed mid-write leaves a rotated file whose last line has no newline. While
+    the file may still grow (just rotated), the line waits for its end; once the file is
+    quiet, the line is taken as it is and the newer live file is read."""
+    folder = container_dir(tmp_path)
+    live = folder / "0.log"
+    append(live, cri(nccl(1)))
+    tailer = PodLogTailer(tmp_path, None)
+    got = all_lines([tailer.poll()])
+    append(live, cri(nccl(2)).rstrip("\n"))
+    rotated = folder / "0.log.20260301-100500"
+    os.rename(live, rotated)
+    append(live, cri(nccl(3)))
+    got += all_lines(drain(tailer, 2))
+    assert got == [nccl(1)], "a rotated file modified just now may still get its newline"
+    quiet = time.time() - podlogs.ROTATED_QUIET_SECONDS - 1
+    os.utime(rotated, (quiet, quiet))
+    got += all_lines(drain(tailer, 2))
+    assert got == [nccl(1), nccl(2), nccl(3)]
+    append(live, cri(nccl(4)))
+    assert all_lines(drain(tailer, 2)) == [nccl(4)], "nothing read twice"
+    assert tailer.stats.backlog_bytes == 0
 
 
 def test_copytruncate_restarts_a_pod_log_at_zero(tmp_path: Path) -> None:

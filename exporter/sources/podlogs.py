@@ -71,6 +71,9 @@ SOURCE_DEBUG_FILE = "nccl_debug_file"
 STATE_FILE_NAME = "podlogs-state.json"
 STATE_VERSION = 1
 HEAD_BYTES = 256  # checksum of a file's first bytes: tells a replaced file from the one we read
+# A rotated file not modified for this long gets no more bytes: a last line without its
+# newline (a runtime killed mid-write) is taken as it is rather than waited for.
+ROTATED_QUIET_SECONDS = 5.0
 GZ_READ_BYTES = 64 * 1024  # compressed bytes read from a .gz at a time
 _GZIP_WBITS = 16 + zlib.MAX_WBITS  # zlib with gzip header and trailer
 NEEDLE = b"NCCL"
@@ -355,6 +358,7 @@ class _File:
     head_len: int = 0
     head_crc: int = 0
     skipping: bool = False  # inside an over-long line: drop bytes until the next newline
+    mtime: float = 0.0
 
     @property
     def identity(self) -> tuple[int, int]:
@@ -835,7 +839,8 @@ class PodLogTailer:
                     stream.compressed.append(comp)
                 continue
             tracked = _File(cand.path, cand.dev, cand.ino, cand.order, offset=min(offset, cand.size), size=cand.size,
-                            head_len=head_len, head_crc=head_crc, skipping=bool(entry.get("skipping")))
+                            head_len=head_len, head_crc=head_crc, skipping=bool(entry.get("skipping")),
+                            mtime=cand.mtime)
             if offset > cand.size:
                 self.stats.event("truncated")
                 tracked.offset, tracked.skipping = 0, False
@@ -945,9 +950,10 @@ class PodLogTailer:
         for identity, cand in current.items():
             tracked = stream.files.get(identity)
             if tracked is None:
-                stream.files[identity] = _File(cand.path, cand.dev, cand.ino, cand.order, size=cand.size)
+                stream.files[identity] = _File(cand.path, cand.dev, cand.ino, cand.order, size=cand.size,
+                                               mtime=cand.mtime)
                 continue
-            tracked.path, tracked.order = cand.path, cand.order
+            tracked.path, tracked.order, tracked.mtime = cand.path, cand.order, cand.mtime
             replaced = False
             if cand.size != tracked.size and tracked.head_len:
                 replaced = _head_checksum(cand.path, tracked.head_len) != tracked.head_crc
@@ -978,6 +984,12 @@ class PodLogTailer:
         if not data:
             return 0
         self.stats.bytes_read[stream.key.source] += len(data)
+        if (tracked.order != "~" and tracked.offset + len(data) >= tracked.size and not data.endswith(b"\n")
+                and time.time() - tracked.mtime >= ROTATED_QUIET_SECONDS):
+            # The end of a rotated file that no longer grows: its last line will never get a
+            # newline, and waiting for one would hold back every newer file of the stream.
+            tracked.offset += min(len(data), self._consume(stream, tracked, data + b"\n", batch))
+            return len(data)
         tracked.offset += self._consume(stream, tracked, data, batch)
         return len(data)
 
