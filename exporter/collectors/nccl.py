@@ -481,38 +481,24 @@ class NcclCollector:
         ):
             series_dropped.add_metric([metric], float(count))
 
-        dropped = CounterMetricFamily(
-            "ccl_nccl_dropped_total",
-            "Input the NCCL pipeline dropped or cut to stay bounded, by reason: parser_* (parser "
-            "caps: communicators, processes, ...), tail_long_line, tail_stream_evicted, "
-            "tail_malformed_cri, tail_truncated, tail_replaced, tail_gz_cap, tail_gz_corrupt.",
-            labels=["reason"],
-        )
-        for reason, count in snap.dropped:
-            dropped.add_metric([reason], float(count))
-        read_bytes = CounterMetricFamily(
-            "ccl_nccl_log_read_bytes_total", "Bytes read from pod logs and NCCL debug files.", labels=["source"]
-        )
-        for source, count in snap.tail_bytes:
-            read_bytes.add_metric([source], float(count))
-        lines = CounterMetricFamily(
-            "ccl_nccl_log_lines_total", "Lines containing NCCL handed to the parser.", labels=["source"]
-        )
-        for source, count in snap.tail_lines:
-            lines.add_metric([source], float(count))
-        skipped = CounterMetricFamily(
-            "ccl_nccl_log_skipped_bytes_total",
-            "Bytes not parsed, by reason: initial_cap (busy log found at start), long_line, "
-            "stream_evicted, vanished (file deleted before it was read to its end), gz_cap and "
-            "gz_corrupt (rest of a .gz resumed after a restart: past the decompression cap, or "
-            "corrupt; compressed bytes).",
-            labels=["reason"],
-        )
-        for reason, count in snap.tail_skipped:
-            skipped.add_metric([reason], float(count))
-        files = GaugeMetricFamily("ccl_nccl_log_files", "Log files being tailed.", labels=["source"])
-        for source, count in snap.tail_files:
-            files.add_metric([source], float(count))
+        by_one_label = [
+            (CounterMetricFamily, "ccl_nccl_dropped_total",
+             "Input the NCCL pipeline dropped or cut to stay bounded, by reason: parser_* (parser "
+             "caps: communicators, processes, ...), tail_long_line, tail_stream_evicted, "
+             "tail_malformed_cri, tail_truncated, tail_replaced, tail_gz_cap, tail_gz_corrupt.",
+             "reason", snap.dropped),
+            (CounterMetricFamily, "ccl_nccl_log_read_bytes_total", "Bytes read from pod logs and NCCL debug files.",
+             "source", snap.tail_bytes),
+            (CounterMetricFamily, "ccl_nccl_log_lines_total", "Lines containing NCCL handed to the parser.",
+             "source", snap.tail_lines),
+            (CounterMetricFamily, "ccl_nccl_log_skipped_bytes_total",
+             "Bytes not parsed, by reason: initial_cap (busy log found at start), long_line, "
+             "stream_evicted, vanished (file deleted before it was read to its end), gz_cap and "
+             "gz_corrupt (rest of a .gz resumed after a restart: past the decompression cap, or "
+             "corrupt; compressed bytes).",
+             "reason", snap.tail_skipped),
+            (GaugeMetricFamily, "ccl_nccl_log_files", "Log files being tailed.", "source", snap.tail_files),
+        ]
         gauges = [
             ("ccl_nccl_log_streams", "Log streams (container runs and debug files) being tailed.", snap.streams),
             ("ccl_nccl_log_backlog_bytes", "Bytes written to tailed files and not yet read.", snap.backlog_bytes),
@@ -526,8 +512,12 @@ class NcclCollector:
              "1 when this node has an ACTIVE RDMA port (what TCP fallback is judged against); "
              "absent when it could not be read.", None if snap.node_has_active_rdma is None else int(snap.node_has_active_rdma)),
         ]
-        out: list[Metric] = [info, connections, fallback, gdr, warnings, series_dropped, dropped, read_bytes,
-                             lines, skipped, files]
+        out: list[Metric] = [info, connections, fallback, gdr, warnings, series_dropped]
+        for family_type, metric_name, help_text, label, pairs in by_one_label:
+            labelled = family_type(metric_name, help_text, labels=[label])
+            for label_value, count in pairs:
+                labelled.add_metric([label_value], float(count))
+            out.append(labelled)
         for metric_name, help_text, value in gauges:
             family = GaugeMetricFamily(metric_name, help_text)
             if value is not None:

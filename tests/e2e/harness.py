@@ -59,17 +59,14 @@ def compress_time(rules_text: str, factor: float, shortest_interval: float = 1.0
             out += ":" + (_format(duration_seconds(step) / factor) if step else "")
         return f"[{out}]"
 
+    def clause(match: re.Match[str]) -> str:
+        seconds = duration_seconds(match.group(3)) / factor
+        if match.group(2) == "interval":
+            seconds = max(shortest_interval, seconds)
+        return match.group(1) + _format(seconds)
+
     text = re.sub(rf"\[({_DURATION})(:({_DURATION})?)?\]", window, rules_text)
-    text = re.sub(
-        rf"(?m)^(\s+interval:\s*)({_DURATION})\s*$",
-        lambda m: m.group(1) + _format(max(shortest_interval, duration_seconds(m.group(2)) / factor)),
-        text,
-    )
-    return re.sub(
-        rf"(?m)^(\s+for:\s*)({_DURATION})\s*$",
-        lambda m: m.group(1) + _format(duration_seconds(m.group(2)) / factor),
-        text,
-    )
+    return re.sub(rf"(?m)^(\s+(for|interval):\s*)({_DURATION})\s*$", clause, text)
 
 
 def compressed_rules(workdir: Path, factor: float = 60.0, shortest_interval: float = 1.0) -> Path:
