@@ -39,8 +39,8 @@ class Record(NamedTuple):
 _LEVEL_RE = re.compile(r"NCCL (INFO|WARN|TRACE)(?: |$)")
 # Matched against the text just before a level marker; anchored at its end.
 _PREFIX_RE = re.compile(
-    r"(?P<host>[^\s:|/\[\]]+):(?P<pid>\d{1,10}):(?P<tid>\d{1,10}) \[(?P<dev>-?\d{1,6})\] "
-    r"(?:\[Rank \d+\] )?(?:\d+\.\d+ )?(?:(?P<loc>\S+:\d+)(?: \([^)]{0,200}\))? )?$"
+    r"(?<![^\s:|/\[\]])(?P<host>[^\s:|/\[\]]{1,253}):(?P<pid>\d{1,10}):(?P<tid>\d{1,10}) \[(?P<dev>-?\d{1,6})\] "
+    r"(?:\[Rank \d{1,7}\] )?(?:\d{1,12}\.\d{1,9} )?(?:(?P<loc>\S{1,300}:\d{1,7})(?: \([^)]{0,200}\))? )?$"
 )
 _ISO_TIME_RE = re.compile(
     r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?"
@@ -52,7 +52,7 @@ _WRAPPER_RE = re.compile(
     r"|\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?\s?"
     r"|\[[^\]]{0,256}\](?:<std(?:out|err)>)?:?\s?"
     r"|\([^()]{0,200}pid=\d+[^()]{0,200}\)\s?"  # Ray: "(RayTrainWorker pid=285, ip=10.0.0.2) "
-    r"|[A-Za-z0-9][\w.-]{0,253}(?:: (?=\S)|\s+\|\s?)"  # pdsh/srun --label "host: ", compose "svc-1  | "
+    r"|(?<![\w.-])[A-Za-z0-9][\w.-]{0,253}(?:: (?=\S)|\s+\|\s?)"  # pdsh/srun --label "host: ", compose "svc-1  | "
 )
 _PREFIX_WINDOW = 512
 # Trailing padding and frames: log viewers pad lines to the terminal width and close them with
@@ -60,7 +60,7 @@ _PREFIX_WINDOW = 512
 TRAILER = " \t\r\n|\u2502\u2503\u2551"
 # ANSI SGR/CSI sequences (coloured console output, kubectl/k9s/stern colours).
 # The first folded line also carries Ray's explanation after the marker: drop both.
-_RAY_REPEATED_RE = re.compile(r"\s*\[repeated \d{1,9}x across cluster\].*$")
+_RAY_REPEATED_RE = re.compile(r"(?<!\s)\s*\[repeated \d{1,9}x across cluster\].*$")
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]{0,32}[A-Za-z]|\x1b\][^\x07\x1b]{0,256}(?:\x07|\x1b\\)")
 
 
@@ -286,28 +286,28 @@ _CONN_RE = re.compile(
     r" -> (?P<dst>\d{1,7})(?:\[(?P<dstid>[0-9a-fA-F]{1,16})\])?(?: \[(?P<dir>send|receive)\])? via (?P<via>.+)$"
 )
 _NET_VIA_RE = re.compile(
-    r"NET/(?P<net>.+?)/(?P<dev>\d+)(?:\((?P<proxy>\d+)\))?(?P<gdr>/GDRDMA)?(?:\(PCI\))?(?:/Shared)?(?:\s|$)"
+    r"NET/(?P<net>.{1,64}?)/(?P<dev>\d{1,4})(?:\((?P<proxy>\d+)\))?(?P<gdr>/GDRDMA)?(?:\(PCI\))?(?:/Shared)?(?:\s|$)"
 )
 _COLLNET_RE = re.compile(
     r"Coll(?:Net)? (?P<ch>\d{1,4})(?:/(?P<conn>\d{1,4}))? : (?P<rank>\d{1,7}) \[(?P<dir>send|receive)\]"
-    r" via COLLNET/(?P<net>.+?)/(?P<dev>\d+)(?P<gdr>/GDRDMA)?"
+    r" via COLLNET/(?P<net>[^/]{1,64})/(?P<dev>\d{1,4})(?P<gdr>/GDRDMA)?"
 )
 _COMM_RE = re.compile(
-    r"(?:\[Rank \d+\] )?(?:nccl\w+ )?comm (?P<ptr>\S+) rank (?P<rank>\d{1,7}) nranks (?P<nranks>\d{1,7})(?P<rest>.*)$"
+    r"comm (?P<ptr>\S{1,64}) rank (?P<rank>\d{1,7}) nranks (?P<nranks>\d{1,7})(?P<rest>.*)$"
 )
 _COMM_ID_RE = re.compile(r"commId (?P<id>0x[0-9a-fA-F]{1,16})")
 _NVML_RE = re.compile(r"nvmlDev (\d{1,4})")
 _BUSID_RE = re.compile(r"busId ([0-9a-fA-F]{1,16})")
 _PHASE_RE = re.compile(r"- (?P<what>Init|Destroy|Abort) (?P<phase>START|COMPLETE)")
 _NNODES_RE = re.compile(
-    r"comm (?P<ptr>\S+) rank (?P<rank>\d{1,7}) nRanks (?P<nranks>\d{1,7}) nNodes (?P<nnodes>\d{1,7})"
+    r"comm (?P<ptr>\S{1,64}) rank (?P<rank>\d{1,7}) nRanks (?P<nranks>\d{1,7}) nNodes (?P<nnodes>\d{1,7})"
     r" localRanks (?P<lranks>\d{1,7}) localRank (?P<lrank>\d{1,7})(?: MNNVL (?P<mnnvl>\d))?"
 )
 _CHANNELS_RE = re.compile(
     r"(?P<coll>\d{1,5}) coll channels, (?:(?P<collnet>\d{1,5}) collnet channels, )?"
     r"(?:(?P<nvls>\d{1,5}) nvls channels, )?\d{1,5} p2p channels"
 )
-_GDR_RE = re.compile(r"(?:NET/(?P<net>[^:]+?) ?: )?GPU Direct RDMA (?P<state>Enabled|Disabled) for (?P<subject>.*)$")
+_GDR_RE = re.compile(r"(?:NET/(?P<net>[^:]{1,64}?) ?: )?GPU Direct RDMA (?P<state>Enabled|Disabled) for (?P<subject>.*)$")
 _TEST_RANK_RE = re.compile(
     r"#\s*Rank\s+(?P<rank>\d{1,7})\s+Group\s+\d+\s+Pid\s+(?P<pid>\d{1,10})\s+on\s+(?P<host>\S+)\s+device\s+\d+"
 )

@@ -1,0 +1,112 @@
+"""Hostile lines: no pattern applied to a log line may cost more than linear time.
+
+A pod can print anything. A regular expression that backtracks over a long run of the tokens it
+looks for (``NET/`` x 16,000 before ``GPU Direct RDMA``) turns one 64 KiB line into seconds of CPU
+and stalls fallback detection for every pod on the node. Each test builds 64 KiB lines out of
+NCCL's own vocabulary (the tokens the patterns anchor on, repeated, then a tail that completes a
+match) and bounds the time one line may take. A linear scan of 64 KiB takes about a millisecond;
+the bound is two orders of magnitude above that and far below what a quadratic pattern needs
+(seconds), so the test tells the two apart on a busy machine without timing anything real.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from exporter.nccl import LogAnalyzer, cri
+from exporter.nccl import grammar as g
+
+LINE_CHARS = 64 * 1024
+PER_LINE_SECONDS = 0.25
+
+# Pieces of NCCL output that the patterns anchor on or repeat over.
+TOKENS = (
+    "NET/", "NET/IB : ", "NET/Socket : ", "NET/OFI ", "NET/Plugin: ", "comm ", "nccl", "ncclComm", "Channel 00/0 : ",
+    "Ring 00 : ", "0[0] -> 1[1] ", " via ", "via NET/", "COLLNET/", "Coll 00 : 0 [send] via COLLNET/", "GPU Direct RDMA ",
+    " coll channels, ", "[0]", "[0]mlx5_0:1/IB ", "; OOB ", "h:1:2 [0] ", "a:1:1 [0] NCCL INFO ", "NCCL INFO ", "NCCL ",
+    " ", "\t", ":", "1", "a", "-", ".", "[", "]", "(", "(RayTrainWorker pid=1) ", "[repeated 2x across cluster]",
+    "2024-01-01T00:00:00.000000001Z ", "rank 1 nranks 2 ", "nRanks 2 nNodes 1 ", "Using network ", "Loaded net plugin ",
+    "set by environment to ", "# Rank 0 Group 0 Pid 1 on ", "\x1b[", "| ", "Bootstrap : Using ", "busId ", "commId 0x",
+    "Selected provider is ", "NCCL_", "0x", "stdout F ", " P ",
+)
+# Tails that complete a match at the end of the line, so that a pattern which backtracks does so.
+TAILS = (
+    "", "GPU Direct RDMA Enabled for x", "comm 0x1 rank 0 nranks 2 cudaDev 0 busId 1000 - Init COMPLETE",
+    "Coll 0 : 0 [send] via COLLNET/x/0", "Channel 00/0 : 0[0] -> 1[1] [send] via NET/Socket/0",
+    "[repeated 2x across cluster]", "h:1:1 [0] NCCL INFO Using network Socket", ": Using [0]eth0:10.0.0.1<0>",
+    "NCCL_IB_DISABLE set by environment to 1.", "x:1", "]:1 x",
+)
+
+
+def hostile_lines() -> Iterator[tuple[str, str]]:
+    for token in TOKENS:
+        body = token * (LINE_CHARS // len(token) + 1)
+        for tail in TAILS:
+            yield f"{token!r}*N + {tail!r}", body[: LINE_CHARS - len(tail)] + tail
+
+
+def patterns() -> list[tuple[str, re.Pattern[str]]]:
+    """Every compiled pattern of the grammar and of the CRI reader: all see untrusted text."""
+    found = [(f"grammar.{name}", value) for name, value in vars(g).items() if isinstance(value, re.Pattern)]
+    found += [(f"cri.{name}", value) for name, value in vars(cri).items() if isinstance(value, re.Pattern)]
+    return [(name, p) for name, p in found if isinstance(p.pattern, str)]
+
+
+def slowest(call: Callable[[str], object]) -> tuple[float, str]:
+    """The longest one call took over the hostile lines, and on which; stops at the first line over
+    the bound (a quadratic pattern would otherwise take minutes to prove it)."""
+    worst, worst_line = 0.0, ""
+    for label, line in hostile_lines():
+        started = time.perf_counter()
+        call(line)
+        took = time.perf_counter() - started
+        if took > worst:
+            worst, worst_line = took, label
+            if worst >= PER_LINE_SECONDS:
+                break
+    return worst, worst_line
+
+
+def test_the_grammar_has_patterns_to_check() -> None:
+    names = {name for name, _ in patterns()}
+    assert len(names) >= 20 and "cri.CRI_RE" in names
+
+
+@pytest.mark.parametrize(("name", "pattern"), patterns(), ids=[name for name, _ in patterns()])
+def test_every_pattern_is_linear_on_hostile_lines(name: str, pattern: re.Pattern[str]) -> None:
+    def apply(line: str) -> None:
+        pattern.search(line)
+        pattern.match(line)
+        for _ in zip(range(64), pattern.finditer(line)):
+            pass
+
+    worst, line = slowest(apply)
+    assert worst < PER_LINE_SECONDS, f"{name} took {worst:.2f} s on {line}"
+
+
+@pytest.mark.parametrize("entry", ["split_records", "parse_message", "analyzer"])
+def test_every_entry_point_is_linear_on_hostile_lines(entry: str) -> None:
+    analyzer = LogAnalyzer()
+    calls: dict[str, Callable[[str], object]] = {
+        "split_records": lambda line: g.split_records(line, {}),
+        "parse_message": g.parse_message,
+        "analyzer": analyzer.feed,
+    }
+    worst, line = slowest(calls[entry])
+    assert worst < PER_LINE_SECONDS, f"{entry} took {worst:.2f} s on {line}"
+    if entry == "analyzer":
+        assert not analyzer.overflow.get("internal_errors"), analyzer.overflow
+
+
+def test_the_line_from_the_review_is_cheap() -> None:
+    """The review's line: 16,000 x NET/ before a GDR phrase (11 s of CPU per line before the fix)."""
+    line = "h:1:2 [0] NCCL INFO " + "NET/" * 16000 + "GPU Direct RDMA Enabled for x"
+    started = time.perf_counter()
+    analyzer = LogAnalyzer()
+    analyzer.feed(line)
+    analyzer.result()
+    assert time.perf_counter() - started < PER_LINE_SECONDS
