@@ -302,6 +302,9 @@ def run_serve(args: argparse.Namespace) -> int:
              __version__, host, port, ", ".join(config.enabled_collectors) or "none")
     try:
         run_server(app, host, port, limits)
+    except OSError as exc:  # the address is taken or not this host's
+        log.error("cannot listen on %s: %s", config.listen_address, exc.strerror or exc)
+        return 1
     finally:
         if sim_root is not None:
             node.close()

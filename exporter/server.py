@@ -406,10 +406,10 @@ def run_server(app: web.Application, host: str, port: int, limits: ConnectionLim
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
         server = HttpServer(app, limits)
-        await server.start(host, port)
         try:
+            await server.start(host, port)
             await stop.wait()
-        finally:
+        finally:  # also when the address is taken: the collectors' cleanups still run
             await server.stop()
 
     asyncio.run(serve())

@@ -6,6 +6,9 @@ import asyncio
 import gzip
 import logging
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterable
@@ -20,6 +23,7 @@ from exporter.collectors.base import CollectorUnavailable
 from exporter.collectors.rdma import RdmaCollector
 from exporter.registry import MAX_LABEL_VALUE_CHARS
 from exporter.server import ConnectionGuard, ConnectionLimits, HttpServer, accepts_gzip, create_app
+from tests.conftest import REPO
 from tests.metrics_text import samples, value
 
 
@@ -323,3 +327,33 @@ async def test_a_malformed_request_is_logged_as_one_line(served, caplog) -> None
     assert len(records) == 1
     assert records[0].exc_info is None and "\n" not in records[0].getMessage()
     assert "127.0.0.1" in records[0].getMessage()
+
+
+def test_web_flags_are_validated_before_anything_starts() -> None:
+    from exporter.cli import _web_settings, build_parser
+
+    def settings(*flags: str) -> tuple[ConnectionLimits, int]:
+        return _web_settings(build_parser(environ={}).parse_args(["serve", *flags]))
+
+    limits, page = settings("--web.max-connections", "8", "--web.read-header-timeout", "2.5")
+    assert limits.max_connections == 8 and limits.read_header_timeout_seconds == 2.5 and page == 4 * 1024 * 1024
+    for flags in (("--web.max-page-bytes", "100"), ("--web.max-connections", "0"), ("--web.keepalive-timeout", "0")):
+        with pytest.raises(SystemExit):
+            settings(*flags)
+    env_limits, env_page = _web_settings(build_parser(environ={"CCL_EXPORTER_WEB_MAX_PAGE_BYTES": "65536"}).parse_args(["serve"]))
+    assert env_page == 65536 and env_limits == ConnectionLimits()
+
+
+def test_an_address_in_use_is_one_error_line_and_exit_1(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "exporter", "serve", "--collector.disable-defaults",
+             f"--web.listen-address=127.0.0.1:{port}", f"--path.state={tmp_path}"],
+            capture_output=True, text=True, timeout=60, cwd=REPO,
+        )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
