@@ -18,14 +18,19 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from exporter import __version__, analyze
 from exporter.collectors import all_collectors
 from exporter.collectors.base import CollectorSpec
 from exporter.collectors.probe import probe_settings
 from exporter.config import DEFAULT_PORT, ServeConfig, env_name, parse_listen_address
+from exporter.exposition import DEFAULT_MAX_PAGE_BYTES, MIN_PAGE_BYTES
 from exporter.probe import command as probe_command
 from exporter.probe import preflight
+
+if TYPE_CHECKING:
+    from exporter.server import ConnectionLimits
 
 log = logging.getLogger("exporter")
 
@@ -66,6 +71,16 @@ def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, s
          f"address to listen on (default 0.0.0.0:{DEFAULT_PORT}; 127.0.0.1:{DEFAULT_PORT} with --simulate)",
          dest="listen_address")
     _add(web, environ, "--web.max-requests", 4, "concurrent /metrics renders allowed", type=int, dest="max_requests")
+    _add(web, environ, "--web.max-connections", 64,
+         "open connections allowed; a new one closes the least recently active idle one, or is refused",
+         type=int, dest="max_connections")
+    _add(web, environ, "--web.read-header-timeout", 10.0,
+         "seconds a connection may take to send its request headers", type=float, dest="read_header_timeout")
+    _add(web, environ, "--web.keepalive-timeout", 45.0,
+         "seconds an idle keep-alive connection stays open", type=float, dest="keepalive_timeout")
+    _add(web, environ, "--web.max-page-bytes", DEFAULT_MAX_PAGE_BYTES,
+         "largest /metrics page (uncompressed); beyond it the largest families are left out",
+         type=int, dest="max_page_bytes")
     _add(web, environ, "--scrape.timeout", 10.0, "seconds a collector may take before it is reported failed",
          type=float, dest="scrape_timeout")
 
@@ -222,13 +237,29 @@ def _simulation_hook(control: "SimControl", tick_seconds: float = 1.0) -> Callab
     return hook
 
 
-def run_serve(args: argparse.Namespace) -> int:
-    from aiohttp import web
+def _web_settings(args: argparse.Namespace) -> tuple[ConnectionLimits, int]:
+    """(connection limits, largest page in bytes) from the --web.* flags; SystemExit when invalid."""
+    from exporter.server import ConnectionLimits
 
-    from exporter.server import create_app
+    if int(args.max_page_bytes) < MIN_PAGE_BYTES:
+        raise SystemExit(f"ccl-exporter: --web.max-page-bytes must be at least {MIN_PAGE_BYTES}")
+    try:
+        limits = ConnectionLimits(
+            max_connections=int(args.max_connections),
+            read_header_timeout_seconds=float(args.read_header_timeout),
+            keepalive_timeout_seconds=float(args.keepalive_timeout),
+        )
+    except ValueError as exc:
+        raise SystemExit(f"ccl-exporter: --web.*: {exc}") from exc
+    return limits, int(args.max_page_bytes)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from exporter.server import create_app, run_server
 
     specs = all_collectors()
     config = config_from_args(args, specs)
+    limits, max_page_bytes = _web_settings(args)
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     hooks = []
     sim_root: Path | None = None
@@ -259,6 +290,7 @@ def run_serve(args: argparse.Namespace) -> int:
     app = create_app(
         collectors,
         max_requests=config.max_requests,
+        max_page_bytes=max_page_bytes,
         scrape_timeout_seconds=config.scrape_timeout_seconds,
         startup_hooks=hooks,
     )
@@ -269,7 +301,10 @@ def run_serve(args: argparse.Namespace) -> int:
     log.info("ccl-exporter %s listening on http://%s:%d/metrics (collectors: %s)",
              __version__, host, port, ", ".join(config.enabled_collectors) or "none")
     try:
-        web.run_app(app, host=host, port=port, print=None, access_log=None, shutdown_timeout=5.0)
+        run_server(app, host, port, limits)
+    except OSError as exc:  # the address is taken or not this host's
+        log.error("cannot listen on %s: %s", config.listen_address, exc.strerror or exc)
+        return 1
     finally:
         if sim_root is not None:
             node.close()

@@ -6,23 +6,51 @@ timestamps), and about twice as fast: a 16-port RDMA node has ~500 samples and t
 per-sample validation in ``generate_latest`` was a third of the scrape. Any family our loop
 does not handle is rendered by client_python itself. OpenMetrics always goes through
 client_python.
+
+A page is assembled one family at a time, so that no single family can take it down:
+
+* a family that fails to render (a label value that is not valid UTF-8 slipped past the
+  umbrella's sanitising, a broken custom collector) is left out, logged once, and counted;
+* the page never grows past ``max_page_bytes``: while it would, the largest family rendered so
+  far is left out (never a ``ccl_exporter_*`` self-metric), so a hostile pod that inflates
+  one family loses that family, not the verdicts next to it. A render holds at most
+  ``max_page_bytes`` plus the one family being rendered.
+
+``ccl_exporter_families_omitted{reason}`` at the end of every page says how many families
+were left out of it, by reason (``page_size``, ``render_error``).
 """
 
 from __future__ import annotations
 
+import heapq
+import logging
 import re
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 from prometheus_client.exposition import choose_encoder, generate_latest
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
+log = logging.getLogger(__name__)
+
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+DEFAULT_MAX_PAGE_BYTES = 4 * 1024 * 1024
+OMITTED_FAMILIES = "ccl_exporter_families_omitted"
+OMITTED_REASONS = ("page_size", "render_error")
+SELF_METRIC_PREFIX = "ccl_exporter_"
+_OPENMETRICS_EOF = b"# EOF\n"
+_RESERVED_BYTES = 512  # room kept for the omitted-families gauge and the OpenMetrics EOF
+MIN_PAGE_BYTES = 2 * _RESERVED_BYTES
+_MAX_REPORTED = 1024  # family names remembered as already logged
 _LEGACY_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LEGACY_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _FAST_TYPES = {"gauge": "gauge", "counter": "counter", "unknown": "untyped"}
 _OM_SUFFIXES = ("_created", "_gsum", "_gcount")
+
+FamilyEncoder = Callable[[Metric], bytes]
 
 
 class _OneFamily:
@@ -66,21 +94,127 @@ def _fast_lines(family: Metric) -> list[str] | None:
     return lines
 
 
+def text_family(family: Metric) -> bytes:
+    """One family in text format 0.0.4; raises when it cannot be encoded."""
+    lines = _fast_lines(family)
+    if lines is None:
+        return generate_latest(_OneFamily(family))  # type: ignore[arg-type]
+    return "".join(lines).encode("utf-8")
+
+
+def _client_python_family(encoder: Callable[[object], bytes]) -> FamilyEncoder:
+    """client_python's ``encoder`` applied to one family, without OpenMetrics' ``# EOF``."""
+
+    def encode(family: Metric) -> bytes:
+        body = encoder(_OneFamily(family))
+        return body[: -len(_OPENMETRICS_EOF)] if body.endswith(_OPENMETRICS_EOF) else body
+
+    return encode
+
+
+@dataclass
+class _Assembly:
+    """The families of one page being rendered, and what was left out of it."""
+
+    budget: int
+    chunks: list[bytes | None]
+    evictable: list[tuple[int, int]]  # heap of (-size, index into chunks)
+    size: int = 0
+    too_large: int = 0
+    failed: int = 0
+
+    def add(self, chunk: bytes, evictable: bool) -> list[int]:
+        """Add one rendered family; return the indexes left out to stay within the budget."""
+        self.chunks.append(chunk)
+        self.size += len(chunk)
+        if evictable:
+            heapq.heappush(self.evictable, (-len(chunk), len(self.chunks) - 1))
+        left_out = []
+        while self.size > self.budget and self.evictable:
+            negative_size, index = heapq.heappop(self.evictable)
+            self.size += negative_size
+            self.chunks[index] = None
+            self.too_large += 1
+            left_out.append(index)
+        return left_out
+
+
+class PageRenderer:
+    """Renders ``/metrics`` pages within ``max_page_bytes``; safe to call from several threads."""
+
+    def __init__(self, max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES) -> None:
+        if max_page_bytes < MIN_PAGE_BYTES:
+            raise ValueError(f"max_page_bytes must be at least {MIN_PAGE_BYTES}")
+        self.max_page_bytes = max_page_bytes
+        self._reported: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def render(self, registry: CollectorRegistry, accept_header: str) -> tuple[bytes, str]:
+        """(body, content type) for ``accept_header``. Blocking: call it off the event loop."""
+        encoder, content_type = choose_encoder(accept_header)
+        if encoder is generate_latest:
+            return self.assemble(registry.collect(), text_family, openmetrics=False), TEXT_CONTENT_TYPE
+        openmetrics = content_type.startswith("application/openmetrics-text")
+        return self.assemble(registry.collect(), _client_python_family(encoder), openmetrics=openmetrics), content_type
+
+    def assemble(self, families: Iterable[Metric], encode: FamilyEncoder, *, openmetrics: bool) -> bytes:
+        """The page of ``families``, each encoded by ``encode``, within the byte budget."""
+        page = _Assembly(self.max_page_bytes - _RESERVED_BYTES, [], [])
+        names: list[str] = []
+        for family in self._families(families, page):
+            try:
+                chunk = encode(family)
+            except Exception as exc:  # noqa: BLE001 - one family must never take the page down
+                page.failed += 1
+                self._report_once("render_error", family.name, f"left out of /metrics: cannot be rendered: {exc!r}")
+                continue
+            names.append(family.name)
+            for index in page.add(chunk, evictable=not family.name.startswith(SELF_METRIC_PREFIX)):
+                self._report_once("page_size", names[index],
+                                  f"left out of /metrics: the page would exceed {self.max_page_bytes} bytes")
+        tail = encode(self._omitted_family(page))
+        return b"".join(chunk for chunk in page.chunks if chunk is not None) + tail + (
+            _OPENMETRICS_EOF if openmetrics else b"")
+
+    def _families(self, families: Iterable[Metric], page: _Assembly) -> Iterator[Metric]:
+        """``families``, stopping (counted as a render error) if the registry itself raises."""
+        iterator = iter(families)
+        while True:
+            try:
+                family = next(iterator)
+            except StopIteration:
+                return
+            except Exception as exc:  # noqa: BLE001 - serve what was collected before it
+                page.failed += 1
+                self._report_once("render_error", type(exc).__name__, f"collecting stopped early: {exc!r}")
+                return
+            yield family
+
+    @staticmethod
+    def _omitted_family(page: _Assembly) -> Metric:
+        family = GaugeMetricFamily(
+            OMITTED_FAMILIES,
+            "Metric families left out of this page: page_size (the page would have exceeded "
+            "--web.max-page-bytes; largest first), render_error (the family could not be rendered).",
+            labels=["reason"],
+        )
+        family.add_metric(["page_size"], float(page.too_large))
+        family.add_metric(["render_error"], float(page.failed))
+        return family
+
+    def _report_once(self, reason: str, name: str, message: str) -> None:
+        with self._lock:
+            if (reason, name) in self._reported or len(self._reported) >= _MAX_REPORTED:
+                return
+            self._reported.add((reason, name))
+        log.warning("metric family %s %s", name, message)
+
+
 def render_text(registry: CollectorRegistry) -> bytes:
-    """Text format 0.0.4 of every family in the registry."""
-    out: list[str] = []
-    for family in registry.collect():
-        lines = _fast_lines(family)
-        if lines is None:
-            out.append(generate_latest(_OneFamily(family)).decode("utf-8"))  # type: ignore[arg-type]
-        else:
-            out.extend(lines)
-    return "".join(out).encode("utf-8")
+    """Text format 0.0.4 of every family in the registry, within the default page size."""
+    return PageRenderer().assemble(registry.collect(), text_family, openmetrics=False)
 
 
 def render(registry: CollectorRegistry, accept_header: str) -> tuple[bytes, str]:
-    """(body, content type) for ``accept_header``. Blocking: call it off the event loop."""
-    encoder, content_type = choose_encoder(accept_header)
-    if encoder is generate_latest:
-        return render_text(registry), TEXT_CONTENT_TYPE
-    return encoder(registry), content_type
+    """(body, content type) for ``accept_header``, within the default page size. Blocking."""
+    return PageRenderer().render(registry, accept_header)

@@ -7,10 +7,17 @@ another collector's metrics. Every scrape yields, per collector,
 
 Output is deterministic: families in collector order then by name, samples sorted by name
 and label values, so a golden file can be diffed.
+
+Label values are made safe here, once, for every exposition format: a value that is not
+valid UTF-8 (an undecodable file name, a ``"\\ud800"`` escape in a result file) has its lone
+surrogates spelled out as ``\\xNN`` / ``\\uNNNN``, and a value longer than
+``MAX_LABEL_VALUE_CHARS`` is cut to a prefix plus a hash of the whole value, so two distinct
+values never become one series.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import re
@@ -31,6 +38,13 @@ log = logging.getLogger(__name__)
 
 _METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+# No legitimate label value comes near this (Kubernetes names stop at 253 characters); a
+# longer one is log-derived text gone wrong (``Using network <60 KB>``) and is cut.
+MAX_LABEL_VALUE_CHARS = 256
+_DIGEST_CHARS = 16
+_CUT_MARK = "...#"
 
 
 @dataclass
@@ -41,6 +55,7 @@ class CollectorOutcome:
     duration_seconds: float = math.nan
     error: str = ""
     finished_at: float = 0.0
+    label_values_rewritten: int = 0  # not valid UTF-8, or too long (see safe_label_value)
 
 
 # (families yielded, the exception that stopped the collector or None, seconds it ran)
@@ -53,6 +68,32 @@ class _Slot:
     outcome: CollectorOutcome = field(default_factory=CollectorOutcome)
     in_flight: Future[_RunResult] | None = None
     unavailable_logged: bool = False
+    rewrite_logged: bool = False
+
+
+def _spell_surrogate(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if 0xDC80 <= code <= 0xDCFF:  # an undecodable byte, as os.fsdecode gives it
+        return f"\\x{code - 0xDC00:02x}"
+    return f"\\u{code:04x}"
+
+
+def safe_label_value(value: str) -> str:
+    """``value`` as valid UTF-8 of at most ``MAX_LABEL_VALUE_CHARS`` characters.
+
+    Lone surrogates are spelled out (``\\xff``); a value still too long keeps its first
+    characters and ends in ``...#`` and 16 hex digits of the SHA-256 of the whole value.
+    """
+    if not value.isascii() and _SURROGATE.search(value):
+        value = _SURROGATE.sub(_spell_surrogate, value)
+    if len(value) <= MAX_LABEL_VALUE_CHARS:
+        return value
+    digest = hashlib.sha256(value.encode("utf-8")).hexdigest()[:_DIGEST_CHARS]
+    return value[: MAX_LABEL_VALUE_CHARS - len(_CUT_MARK) - _DIGEST_CHARS] + _CUT_MARK + digest
+
+
+def _needs_rewrite(value: str) -> bool:
+    return len(value) > MAX_LABEL_VALUE_CHARS or (not value.isascii() and _SURROGATE.search(value) is not None)
 
 
 def _sample_problem(family: Metric, sample: object, label_names_ok: set[str]) -> str | None:
@@ -69,20 +110,45 @@ def _sample_problem(family: Metric, sample: object, label_names_ok: set[str]) ->
     return None
 
 
-def sanitize_families(families: Iterable[object]) -> tuple[list[Metric], list[str]]:
-    """Keep the well-formed metric families, sorted; return them and what was dropped.
+@dataclass
+class Sanitized:
+    """What ``sanitize_families`` kept, what it dropped, and how many label values it rewrote."""
+
+    families: list[Metric]
+    problems: list[str]
+    rewritten_values: int = 0
+    first_rewrite: str = ""
+
+
+def _rewrite_labels(family: Metric, result: Sanitized) -> None:
+    """Replace the samples of ``family`` whose label values are not safe to expose."""
+    for index, sample in enumerate(family.samples):
+        if not any(_needs_rewrite(v) for v in sample.labels.values()):
+            continue
+        labels = {}
+        for key, label_value in sample.labels.items():
+            labels[key] = safe_label_value(label_value)
+            if labels[key] != label_value:
+                result.rewritten_values += 1
+                if not result.first_rewrite:
+                    result.first_rewrite = f"{family.name}{{{key}={labels[key][:80]!r}...}}"
+        family.samples[index] = sample._replace(labels=labels)
+
+
+def sanitize_families(families: Iterable[object]) -> Sanitized:
+    """Keep the well-formed metric families, sorted, with safe label values.
 
     A family is dropped whole when it is not a ``Metric``, has a bad name, or holds a
-    sample whose value is not a number or whose labels are not str -> str.
+    sample whose value is not a number or whose labels are not str -> str. Label values
+    are passed through ``safe_label_value``.
     """
-    kept: list[Metric] = []
-    problems: list[str] = []
+    result = Sanitized([], [])
     for family in families:
         if not isinstance(family, Metric):
-            problems.append(f"not a metric family: {type(family).__name__}")
+            result.problems.append(f"not a metric family: {type(family).__name__}")
             continue
         if not isinstance(family.name, str) or not _METRIC_NAME.match(family.name):
-            problems.append(f"bad metric name {family.name!r}")
+            result.problems.append(f"bad metric name {family.name!r}")
             continue
         bad = None
         label_names_ok: set[str] = set()
@@ -91,12 +157,13 @@ def sanitize_families(families: Iterable[object]) -> tuple[list[Metric], list[st
             if bad:
                 break
         if bad:
-            problems.append(bad)
+            result.problems.append(bad)
             continue
+        _rewrite_labels(family, result)
         family.samples.sort(key=lambda s: (s.name, sorted(s.labels.items())))
-        kept.append(family)
-    kept.sort(key=lambda f: f.name)
-    return kept, problems
+        result.families.append(family)
+    result.families.sort(key=lambda f: f.name)
+    return result
 
 
 class UmbrellaCollector:
@@ -179,12 +246,13 @@ class UmbrellaCollector:
                     result, failure, elapsed = [], None, time.perf_counter() - t0
                     outcome.error = f"timed out after {self._timeout:g}s"
                     log.error("collector %s %s", name, outcome.error)
-                kept, problems = sanitize_families(result)
-                families.extend(kept)
+                sanitized = sanitize_families(result)
+                families.extend(sanitized.families)
+                self._note_rewrites(slot, sanitized, outcome)
                 if failure is not None:
                     outcome.error = self._describe_failure(slot, failure)
-                elif problems:
-                    outcome.error = "malformed families: " + "; ".join(problems[:3])
+                elif sanitized.problems:
+                    outcome.error = "malformed families: " + "; ".join(sanitized.problems[:3])
                     log.error("collector %s returned %s", name, outcome.error)
                 outcome.success = not outcome.error
                 outcome.duration_seconds = elapsed
@@ -200,6 +268,15 @@ class UmbrellaCollector:
         yield success
         yield duration
         yield from families
+
+    @staticmethod
+    def _note_rewrites(slot: _Slot, sanitized: Sanitized, outcome: CollectorOutcome) -> None:
+        outcome.label_values_rewritten = sanitized.rewritten_values
+        if sanitized.rewritten_values and not slot.rewrite_logged:  # once: a hostile pod repeats every scrape
+            log.warning("collector %s: %d label values were not valid UTF-8 or longer than %d characters "
+                        "and were rewritten, e.g. %s", slot.collector.name, sanitized.rewritten_values,
+                        MAX_LABEL_VALUE_CHARS, sanitized.first_rewrite)
+            slot.rewrite_logged = True
 
     @staticmethod
     def _describe_failure(slot: _Slot, failure: BaseException) -> str:

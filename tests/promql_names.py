@@ -20,6 +20,8 @@ METRICS_DOC = REPO / "docs" / "metrics.md"
 EXTERNAL_METRICS = {
     "up": "Prometheus' own scrape health, for CclExporterAbsent",
     "kube_node_status_capacity": "kube-state-metrics: which nodes have GPUs, for CclExporterAbsent",
+    "container_network_transmit_bytes_total": "kubelet's cAdvisor: a pod's network bytes, for CclSuspectedTcpFallback",
+    "container_network_receive_bytes_total": "kubelet's cAdvisor: a pod's network bytes, for CclSuspectedTcpFallback",
 }
 
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')

@@ -3,14 +3,18 @@ the conventions (three annotations, a known severity, a runbook that exists, kno
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
+from exporter.sim.stack import ALERTMANAGER_NAMES, Alertmanager, WebhookReceiver, find_binary
 from tests.conftest import REPO, require_tool
 from tests.promql_names import (
     EXTERNAL_METRICS,
@@ -23,6 +27,7 @@ from tests.promql_names import (
 )
 
 TESTS_DIR = REPO / "alerts" / "tests"
+ALERTMANAGER_CONFIG = REPO / "alerts" / "alertmanager.yml"
 RUNBOOKS = REPO / "docs" / "runbooks"
 SEVERITIES = {"critical", "warning", "info"}
 
@@ -174,10 +179,111 @@ def test_alerts_doc_lists_every_alert() -> None:
 def test_example_alertmanager_config_is_valid_and_pages_fast() -> None:
     """The route we document: amtool accepts it, and the critical route waits at most 10 s."""
     amtool = require_tool("amtool")
-    config = REPO / "alerts" / "alertmanager.yml"
-    result = subprocess.run([amtool, "check-config", str(config)], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([amtool, "check-config", str(ALERTMANAGER_CONFIG)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     from exporter.sim.stack import Intervals
 
     shipped = Intervals.shipped(REPO)
     assert shipped.group_wait_seconds <= 10 and shipped.scrape_seconds <= 15
+
+
+# One TCP-fallback incident as Alertmanager sees it: the exact page of job ml/llama and the alerts
+# around it, each with the labels its rule gives it. ``True``: the shipped inhibitions mute it.
+_FALLBACK = {"alertname": "CclNcclTcpFallback", "severity": "critical", "evidence": "log", "namespace": "ml",
+             "pod": "llama-worker-0", "job_name": "llama", "job_kind": "PyTorchJob", "node": "gpu-a"}
+_SUSPECTED = {"alertname": "CclSuspectedTcpFallback", "severity": "warning", "evidence": "pod_network",
+              "namespace": "ml", "pod": "llama-worker-1", "job_name": "llama", "node": "gpu-b"}
+_INCIDENT: list[tuple[dict[str, str], bool]] = [
+    (_FALLBACK, False),
+    # The same job's other signals: the page already names the job.
+    ({**_FALLBACK, "evidence": "placement", "pod": "llama-worker-2", "node": "gpu-c"}, False),  # same page, grouped
+    (_SUSPECTED, True),
+    ({**_SUSPECTED, "evidence": "host_network", "pod": "", "node": "gpu-d"}, True),
+    ({"alertname": "CclNcclGdrDisabled", "severity": "warning", "namespace": "ml", "pod": "llama-worker-3",
+      "job_name": "llama", "job_kind": "PyTorchJob", "node": "gpu-d"}, True),
+    # Not the same job: another job, the same job name in another namespace or another cluster.
+    ({**_SUSPECTED, "job_name": "gpt", "pod": "gpt-worker-0"}, False),
+    ({**_SUSPECTED, "namespace": "research"}, False),
+    ({**_SUSPECTED, "cluster": "east"}, False),
+    # The node's hardware keeps its own page (docs/alerts.md says why).
+    ({"alertname": "CclRdmaPortDown", "severity": "critical", "node": "gpu-a", "device": "mlx5_1", "port": "1"}, False),
+    # A fallback without a job name mutes nothing, not even another unnamed pod's warning.
+    ({**_FALLBACK, "job_name": "", "job_kind": "", "namespace": "batch", "pod": "bare-0"}, False),
+    ({"alertname": "CclNcclGdrDisabled", "severity": "warning", "namespace": "batch", "pod": "bare-1", "node": "gpu-a"},
+     False),
+]
+
+
+def _label_set(labels: dict[str, str]) -> frozenset[tuple[str, str]]:
+    return frozenset((k, v) for k, v in labels.items() if v)  # Alertmanager drops empty labels
+
+
+@pytest.fixture
+def shipped_alertmanager(tmp_path: Path) -> Iterator[str]:
+    """The real Alertmanager with alerts/alertmanager.yml on 127.0.0.1 (free port, temporary
+    storage, no gossip); its webhook receivers point at a receiver in this process."""
+    binary = find_binary(ALERTMANAGER_NAMES) or require_tool("prometheus-alertmanager")
+    config = yaml.safe_load(ALERTMANAGER_CONFIG.read_text())
+    receiver = WebhookReceiver().start()
+    for entry in config["receivers"]:
+        for webhook in entry.get("webhook_configs", []):
+            webhook["url"] = receiver.url
+    alertmanager = Alertmanager(binary, tmp_path / "alertmanager", config)
+    try:
+        alertmanager.start()
+        yield alertmanager.url
+    finally:
+        alertmanager.stop()
+        receiver.stop()
+
+
+def _amtool(amtool: str, url: str, *args: str) -> str:
+    result = subprocess.run([amtool, f"--alertmanager.url={url}", *args], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def _queried(amtool: str, url: str, *flags: str) -> set[frozenset[tuple[str, str]]]:
+    """Label sets of the alerts ``amtool alert query`` lists: active ones without flags, plus
+    the inhibited or silenced ones with ``--inhibited`` or ``--silenced``."""
+    alerts = json.loads(_amtool(amtool, url, "--output=json", "alert", "query", *flags) or "[]")
+    return {_label_set(alert["labels"]) for alert in alerts}
+
+
+def _suppressed_and_active(amtool: str, url: str, how: str) -> tuple[set[frozenset[tuple[str, str]]], ...]:
+    active = _queried(amtool, url)
+    return _queried(amtool, url, f"--{how}") - active, active
+
+
+def _settled(read: Callable[[], tuple[set[frozenset[tuple[str, str]]], ...]], want: tuple[object, ...],
+             timeout: float = 20.0) -> tuple[set[frozenset[tuple[str, str]]], ...]:
+    """``read()`` once it returns ``want``, or its last answer after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = read()
+        if got == want or time.monotonic() > deadline:
+            return got
+        time.sleep(0.2)
+
+
+def test_one_fallback_incident_pages_once_with_the_job_named(shipped_alertmanager: str) -> None:
+    """The inhibitions of alerts/alertmanager.yml in a real Alertmanager: the job's fallback page
+    mutes that job's suspicion and GPUDirect warning, and nothing else."""
+    amtool = require_tool("amtool")
+    url = shipped_alertmanager
+    for labels, _ in _INCIDENT:
+        _amtool(amtool, url, "alert", "add", *(f"{k}={v}" for k, v in labels.items() if v))
+    want_inhibited = {_label_set(labels) for labels, muted in _INCIDENT if muted}
+    want_active = {_label_set(labels) for labels, muted in _INCIDENT if not muted}
+    inhibited, active = _settled(lambda: _suppressed_and_active(amtool, url, "inhibited"), (want_inhibited, want_active))
+    assert inhibited == want_inhibited
+    assert active == want_active
+
+    # Why CclRdmaPortDown is not a target: a silenced source still inhibits (docs/alerts.md).
+    _amtool(amtool, url, "silence", "add", "--comment=restart planned", "--author=test",
+            "alertname=CclNcclTcpFallback", "namespace=ml", "job_name=llama")
+    pages = {_label_set(labels) for labels, _ in _INCIDENT
+             if labels["alertname"] == "CclNcclTcpFallback" and labels["job_name"] == "llama"}
+    silenced, _ = _settled(lambda: _suppressed_and_active(amtool, url, "silenced"), (pages, want_active - pages))
+    assert silenced == pages
+    assert _suppressed_and_active(amtool, url, "inhibited")[0] == want_inhibited

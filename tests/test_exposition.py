@@ -1,15 +1,20 @@
-"""Our text renderer must be byte-identical to client_python's generate_latest."""
+"""Our text renderer must be byte-identical to client_python's generate_latest, and a page
+must survive any one family: one that cannot be rendered, or one too large for the page."""
 
 from __future__ import annotations
 
+import tracemalloc
 from collections.abc import Iterable
 
+import pytest
 from prometheus_client import Histogram, ProcessCollector
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.registry import CollectorRegistry
 
-from exporter.exposition import render, render_text
+from exporter.exposition import OMITTED_FAMILIES, PageRenderer, render, render_text, text_family
+from tests.metrics_text import samples, value
 
 
 class Awkward:
@@ -43,9 +48,13 @@ def test_identical_to_generate_latest() -> None:
     reg = registry()
     ours = render_text(reg)
     theirs = generate_latest(reg)
-    # process metrics move between the two calls; compare everything else exactly
-    strip = lambda text: [l for l in text.decode().splitlines() if not l.startswith("process_")]  # noqa: E731
+    # process metrics move between the two calls; compare everything else exactly (our page
+    # ends with its own count of omitted families)
+    strip = lambda text: [  # noqa: E731
+        line for line in text.decode().splitlines() if not line.startswith("process_") and OMITTED_FAMILIES not in line
+    ]
     assert strip(ours) == strip(theirs)
+    assert value(ours.decode(), OMITTED_FAMILIES, reason="page_size") == 0.0
 
 
 def test_content_types() -> None:
@@ -53,3 +62,100 @@ def test_content_types() -> None:
     assert render(reg, "")[1] == "text/plain; version=0.0.4; charset=utf-8"
     body, ctype = render(reg, "application/openmetrics-text; version=1.0.0")
     assert ctype.startswith("application/openmetrics-text") and body.endswith(b"# EOF\n")
+
+
+class Unencodable:
+    """A collector outside the umbrella (so nothing sanitised its labels) with one bad family."""
+
+    def collect(self) -> Iterable[Metric]:
+        before = GaugeMetricFamily("ccl_test_before", "fine", labels=["x"])
+        before.add_metric(["a"], 1.0)
+        yield before
+        bad = GaugeMetricFamily("ccl_test_bad_folder", "a folder named with an undecodable byte", labels=["pod"])
+        bad.add_metric(["worker-\udcff"], 1.0)
+        yield bad
+        after = CounterMetricFamily("ccl_test_after", "fine", labels=["x"])
+        after.add_metric(["b"], 2.0)
+        yield after
+
+
+@pytest.mark.parametrize("accept", ["", "application/openmetrics-text; version=1.0.0"])
+def test_a_family_that_cannot_be_encoded_is_left_out_not_the_page(accept: str, caplog) -> None:  # type: ignore[no-untyped-def]
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(Unencodable())
+    renderer = PageRenderer()
+    for _ in range(2):
+        body, _ = renderer.render(reg, accept)
+    text = body.decode("utf-8")
+    if accept:
+        parsed = {s.name: s for f in parse_openmetrics(text) for s in f.samples}
+        assert text.endswith("# EOF\n") and text.count("# EOF") == 1
+        assert parsed["ccl_test_before"].value == 1.0 and parsed["ccl_test_after_total"].value == 2.0
+        omitted = {s.labels["reason"]: s.value for f in parse_openmetrics(text) for s in f.samples
+                   if s.name == OMITTED_FAMILIES}
+    else:
+        assert value(text, "ccl_test_before", x="a") == 1.0 and value(text, "ccl_test_after_total", x="b") == 2.0
+        omitted = {reason: value(text, OMITTED_FAMILIES, reason=reason) for reason in ("page_size", "render_error")}
+    assert "ccl_test_bad_folder" not in text
+    assert omitted == {"page_size": 0.0, "render_error": 1.0}
+    said = [r for r in caplog.records if "ccl_test_bad_folder" in r.getMessage()]
+    assert len(said) == 1, "logged once, not on every scrape"
+
+
+class Sized:
+    """Self-metrics, a small verdict family and families of chosen sizes, lazily."""
+
+    def __init__(self, big_series: int, big_families: int = 1) -> None:
+        self.big_series = big_series
+        self.big_families = big_families
+
+    def collect(self) -> Iterable[Metric]:
+        build = GaugeMetricFamily("ccl_exporter_build_info", "version", labels=["version"])
+        build.add_metric(["1.0"], 1.0)
+        yield build
+        for index in range(self.big_families):
+            big = GaugeMetricFamily(f"ccl_test_big_{index}", "large", labels=["network"])
+            for series in range(self.big_series):
+                big.add_metric([f"{series:06d}" + "x" * 200], 1.0)
+            yield big
+        verdict = GaugeMetricFamily("ccl_nccl_tcp_fallback", "the verdict", labels=["pod"])
+        verdict.add_metric(["worker-0"], 1.0)
+        yield verdict
+
+
+@pytest.mark.parametrize("accept", ["", "application/openmetrics-text; version=1.0.0"])
+def test_the_page_stays_within_its_size_by_leaving_out_the_largest_family(accept: str) -> None:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(Sized(big_series=200))  # ~42 KB
+    body, _ = PageRenderer(max_page_bytes=16 * 1024).render(reg, accept)
+    text = body.decode()
+    assert len(body) <= 16 * 1024
+    assert "ccl_test_big_0" not in text
+    assert "ccl_nccl_tcp_fallback" in text and "ccl_exporter_build_info" in text, "small families and self-metrics stay"
+    assert f'{OMITTED_FAMILIES}{{reason="page_size"}} 1.0' in text
+    roomy, _ = PageRenderer(max_page_bytes=1 << 20).render(reg, accept)
+    assert b"ccl_test_big_0" in roomy and f'{OMITTED_FAMILIES}{{reason="page_size"}} 0.0'.encode() in roomy
+
+
+def test_a_render_holds_at_most_the_page_budget_plus_one_family() -> None:
+    """40 families of ~210 KB each (8 MB in all) with a 256 KiB page: one fits, memory stays near the page."""
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(Sized(big_series=1000, big_families=40))
+    renderer = PageRenderer(max_page_bytes=256 * 1024)
+    tracemalloc.start()
+    try:
+        body, _ = renderer.render(reg, "")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(body) <= 256 * 1024
+    assert samples(body.decode())[(OMITTED_FAMILIES, (("reason", "page_size"),))] == 39.0
+    assert peak < 3 * 1024 * 1024, f"peak {peak} bytes: the render kept more than the page and one family"
+
+
+def test_text_family_matches_generate_latest_for_one_family() -> None:
+    family = GaugeMetricFamily("ccl_test_one", "one", labels=["a"])
+    family.add_metric(['q"uote'], 2.0)
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(type("One", (), {"collect": lambda self: [family]})())
+    assert text_family(family) == generate_latest(reg)

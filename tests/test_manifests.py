@@ -12,6 +12,7 @@ unknown fields allowed).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -167,12 +168,55 @@ def test_pod_monitor_honours_labels_and_adds_node(objects: list[dict]) -> None: 
     assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
 
 
-def test_cluster_role_reads_pods_only(objects: list[dict]) -> None:  # type: ignore[type-arg]
+def test_cluster_role_grants_only_the_reads_the_code_makes(objects: list[dict]) -> None:  # type: ignore[type-arg]
     role = _one(objects, "ClusterRole")
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
+    ]
+    kube_source = (REPO / "exporter" / "sources" / "kube.py").read_text()
+    assert "list_pod_for_all_namespaces" in kube_source and "read_namespaced_pod" not in kube_source, \
+        "the pod cache lists and watches; a get would need the verb back"
     binding = _one(objects, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "ccl-exporter", "namespace": "ccl-health"}]
+
+
+def test_network_policy_admits_only_prometheus_and_reaches_only_dns_and_the_api_server(objects: list[dict]) -> None:  # type: ignore[type-arg]
+    policy = _one(objects, "NetworkPolicy")["spec"]
+    daemonset = _one(objects, "DaemonSet")
+    assert policy["podSelector"]["matchLabels"].items() <= daemonset["spec"]["template"]["metadata"]["labels"].items()
+    assert sorted(policy["policyTypes"]) == ["Egress", "Ingress"], "both directions are closed by default"
+    (ingress,) = policy["ingress"]
+    assert ingress["ports"] == [{"protocol": "TCP", "port": "metrics"}]
+    (source,) = ingress["from"]
+    assert source == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+                      "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+    dns, api_server = policy["egress"]
+    assert dns["to"][0]["podSelector"] == {"matchLabels": {"k8s-app": "kube-dns"}}
+    assert sorted((p["protocol"], p["port"]) for p in dns["ports"]) == [("TCP", 53), ("UDP", 53)]
+    assert sorted(p["port"] for p in api_server["ports"]) == [443, 6443]
+    assert all(p["protocol"] == "TCP" for p in api_server["ports"])
+
+
+def _yaml_block_with(doc: Path, marker: str) -> str:
+    """The first ```yaml block of ``doc`` that contains ``marker``."""
+    blocks = re.findall(r"```yaml\n(.*?)```", doc.read_text(), flags=re.S)
+    found = [block for block in blocks if marker in block]
+    assert found, f"{doc.name} has no yaml block with {marker!r}"
+    return found[0]
+
+
+def test_the_documented_scraper_patch_changes_who_may_scrape(tmp_path: Path) -> None:
+    """docs/deploy.md shows an overlay that admits another scraper; it must render and validate."""
+    overlay = yaml.safe_load(_yaml_block_with(REPO / "docs" / "deploy.md", "kind: NetworkPolicy"))
+    overlay["resources"] = [os.path.relpath(MANIFESTS / "base", tmp_path)]
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
+    patched = _one(_documents(_render(tmp_path)), "NetworkPolicy")
+    kubernetes_validate.validate(patched, KUBERNETES_VERSION, strict=True)
+    (source,) = patched["spec"]["ingress"][0]["from"]
+    assert source["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "observability"}}
+    assert source["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "vmagent"}}
 
 
 def test_daemonset_is_unprivileged_with_read_only_host_mounts(objects: list[dict]) -> None:  # type: ignore[type-arg]

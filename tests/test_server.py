@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
+import asyncio
+import gzip
+import logging
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
+from unittest import mock
 
+import pytest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 
 from exporter.collectors.base import CollectorUnavailable
 from exporter.collectors.rdma import RdmaCollector
-from exporter.server import create_app
-from tests.metrics_text import value
+from exporter.registry import MAX_LABEL_VALUE_CHARS
+from exporter.server import ConnectionGuard, ConnectionLimits, HttpServer, accepts_gzip, create_app
+from tests.conftest import REPO
+from tests.metrics_text import samples, value
 
 
 class Fixed:
@@ -144,3 +155,205 @@ def test_environment_variables_set_flags(exporter_process, fixture_tree) -> None
     off = exporter_process(env={"CCL_EXPORTER_PATH_SYSFS": str(sysfs), "CCL_EXPORTER_COLLECTOR_RDMA": "false"})
     text = off.metrics()
     assert "ccl_rdma_port_state_id" not in text and 'collector="rdma"' not in text
+
+
+class HostileLabels:
+    """Label values as hostile pods and files produce them: undecodable, escaped, huge."""
+
+    name = "hostile"
+
+    def collect(self) -> Iterable[Metric]:
+        folders = GaugeMetricFamily("ccl_test_folder", "pod folders", labels=["pod", "network"])
+        folders.add_metric(["worker-\udcff", "IB"], 1.0)  # os.listdir of a folder named b"worker-\xff"
+        folders.add_metric(["worker-\udcfe", "IB"], 2.0)
+        folders.add_metric(["probe", "\ud800"], 3.0)  # json.loads of '"\\ud800"'
+        yield folders
+        huge = GaugeMetricFamily("ccl_test_network", "Using network <60 KB>", labels=["network"])
+        prefix = "A" * 60_000
+        huge.add_metric([prefix + "1"], 1.0)
+        huge.add_metric([prefix + "2"], 2.0)
+        huge.add_metric(["IB"], 3.0)
+        yield huge
+
+
+@pytest.mark.parametrize("accept", ["", "application/openmetrics-text; version=1.0.0"])
+async def test_label_values_that_are_not_utf8_never_fail_the_page(aiohttp_client, accept: str) -> None:  # type: ignore[no-untyped-def]
+    client = await aiohttp_client(create_app([HostileLabels(), Fixed("ok")], process_metrics=False))
+    response = await client.get("/metrics", headers={"Accept": accept})
+    assert response.status == 200, await response.text()
+    text = await response.text()
+    if accept:
+        found = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in parse_openmetrics(text) for s in f.samples}
+    else:
+        found = samples(text)
+    assert found[("ccl_test_folder", (("network", "IB"), ("pod", "worker-\\xff")))] == 1.0
+    assert found[("ccl_test_folder", (("network", "IB"), ("pod", "worker-\\xfe")))] == 2.0, "still two series"
+    assert found[("ccl_test_folder", (("network", "\\ud800"), ("pod", "probe")))] == 3.0
+    assert found[("ccl_test_ok", (("x", "a"),))] == 1.0
+    assert found[("ccl_exporter_collector_success", (("collector", "hostile"),))] == 1.0
+    assert (await client.get("/healthz")).status == 200
+
+
+async def test_long_label_values_are_cut_without_merging_series(aiohttp_client) -> None:  # type: ignore[no-untyped-def]
+    client = await aiohttp_client(create_app([HostileLabels()], process_metrics=False))
+    text = await (await client.get("/metrics")).text()
+    networks = {dict(labels)["network"]: v for (name, labels), v in samples(text).items() if name == "ccl_test_network"}
+    assert len(networks) == 3, "two values that differ only after the cut stay two series"
+    assert all(len(network) <= MAX_LABEL_VALUE_CHARS for network in networks)
+    assert networks["IB"] == 3.0
+    cut = sorted(n for n in networks if n != "IB")
+    assert all(n.startswith("A" * 200) for n in cut) and cut[0] != cut[1]
+    assert len(text) < 10_000, "the page no longer carries the 60 KB values"
+    landing = await (await client.get("/")).text()
+    assert "label values rewritten" in landing
+
+
+async def test_metrics_are_gzipped_when_the_client_accepts_it(aiohttp_client) -> None:  # type: ignore[no-untyped-def]
+    client = await aiohttp_client(create_app([Fixed("ok")]), auto_decompress=False)
+    zipped = await client.get("/metrics", headers={"Accept-Encoding": "gzip"})
+    assert zipped.headers["Content-Encoding"] == "gzip" and "Accept-Encoding" in zipped.headers["Vary"]
+    page = gzip.decompress(await zipped.read()).decode()
+    assert value(page, "ccl_test_ok", x="a") == 1.0
+    plain = await client.get("/metrics", headers={"Accept-Encoding": "identity"})
+    assert "Content-Encoding" not in plain.headers
+    assert value((await plain.read()).decode(), "ccl_test_ok", x="a") == 1.0
+
+
+def test_accept_encoding_negotiation() -> None:
+    assert accepts_gzip("gzip") and accepts_gzip("deflate, gzip;q=0.5") and accepts_gzip("*")
+    assert accepts_gzip("gzip, deflate, br") and accepts_gzip("x-gzip")
+    assert not accepts_gzip("") and not accepts_gzip("identity") and not accepts_gzip("gzip;q=0")
+    assert not accepts_gzip("gzip;q=0, *") and not accepts_gzip("br") and not accepts_gzip("gzip;q=oops")
+
+
+@pytest.fixture
+async def served() -> AsyncIterator:  # type: ignore[type-arg]
+    """Start an app on 127.0.0.1 behind the real connection guard: call it with limits, get (port, server)."""
+    servers: list[HttpServer] = []
+
+    async def start(limits: ConnectionLimits) -> tuple[int, HttpServer]:
+        server = HttpServer(create_app([Fixed("ok")], process_metrics=False), limits)
+        servers.append(server)
+        return await server.start("127.0.0.1", 0), server
+
+    yield start
+    for server in servers:
+        await server.stop()
+
+
+async def _closed_within(reader: asyncio.StreamReader, seconds: float) -> bool:
+    """True when the server closes the connection within ``seconds`` (whatever it sent first)."""
+
+    async def drain() -> None:
+        while await reader.read(65536):
+            pass
+
+    try:
+        await asyncio.wait_for(drain(), seconds)
+    except asyncio.TimeoutError:
+        return False
+    except ConnectionResetError:
+        pass
+    return True
+
+
+async def _get(port: int, path: str = "/healthz") -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode())
+    response = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    return response
+
+
+async def test_a_client_that_never_finishes_its_headers_is_closed(served) -> None:  # type: ignore[no-untyped-def]
+    port, server = await served(ConnectionLimits(read_header_timeout_seconds=0.3, keepalive_timeout_seconds=30))
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n")  # slowloris: the blank line never comes
+    started = time.monotonic()
+    assert await _closed_within(reader, 5.0), "a half-open request must not hold the connection"
+    assert time.monotonic() - started >= 0.25
+    assert server.guard.timed_out == 1 and server.guard.open_connections == 0
+    assert (await _get(port)).startswith(b"HTTP/1.1 200"), "complete requests are still served"
+    writer.close()
+
+
+async def test_an_idle_keepalive_connection_is_closed(served) -> None:  # type: ignore[no-untyped-def]
+    port, server = await served(ConnectionLimits(read_header_timeout_seconds=30, keepalive_timeout_seconds=0.4))
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+    assert (await asyncio.wait_for(reader.readuntil(b"ok\n"), 5)).startswith(b"HTTP/1.1 200")
+    assert await _closed_within(reader, 5.0)
+    assert server.guard.open_connections == 0
+    writer.close()
+
+
+async def test_connections_beyond_the_cap_shed_the_least_recently_active_idle_one(served) -> None:  # type: ignore[no-untyped-def]
+    port, server = await served(ConnectionLimits(max_connections=3, read_header_timeout_seconds=30))
+    idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
+    await asyncio.sleep(0.1)
+    assert server.guard.open_connections == 3
+    assert (await _get(port)).startswith(b"HTTP/1.1 200"), "a new client gets in"
+    assert await _closed_within(idle[0][0], 5.0), "the oldest idle connection made room"
+    assert not await _closed_within(idle[2][0], 0.2)
+    assert server.guard.open_connections <= 3 and server.guard.shed == 1
+    for _, writer in idle:
+        writer.close()
+
+
+async def test_a_new_connection_is_refused_when_every_connection_is_busy() -> None:
+    guard = ConnectionGuard(asyncio.get_running_loop(), ConnectionLimits(max_connections=2))
+    first, second, third = (mock.Mock(name=f"transport{i}") for i in range(3))
+    assert guard.admit(first) and guard.admit(second)
+    guard.request_started(first)
+    guard.request_started(second)
+    assert not guard.admit(third) and guard.refused == 1, "never queued beyond the cap"
+    guard.request_finished(first)
+    assert guard.admit(third) and guard.shed == 1
+    first.abort.assert_called_once()
+    second.abort.assert_not_called()
+    assert guard.open_connections == 2
+    for transport in (second, third):
+        guard.forget(transport)
+
+
+async def test_a_malformed_request_is_logged_as_one_line(served, caplog) -> None:  # type: ignore[no-untyped-def]
+    port, _ = await served(ConnectionLimits())
+    caplog.set_level(logging.INFO, logger="aiohttp.server")
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET / HTTP/1.1\r\nHost: localhost\r\nNot a header line\r\n\r\n")
+    assert b" 400 Bad Request" in (await asyncio.wait_for(reader.read(), 5)).split(b"\r\n")[0]
+    writer.close()
+    records = [r for r in caplog.records if r.name == "aiohttp.server"]
+    assert len(records) == 1
+    assert records[0].exc_info is None and "\n" not in records[0].getMessage()
+    assert "127.0.0.1" in records[0].getMessage()
+
+
+def test_web_flags_are_validated_before_anything_starts() -> None:
+    from exporter.cli import _web_settings, build_parser
+
+    def settings(*flags: str) -> tuple[ConnectionLimits, int]:
+        return _web_settings(build_parser(environ={}).parse_args(["serve", *flags]))
+
+    limits, page = settings("--web.max-connections", "8", "--web.read-header-timeout", "2.5")
+    assert limits.max_connections == 8 and limits.read_header_timeout_seconds == 2.5 and page == 4 * 1024 * 1024
+    for flags in (("--web.max-page-bytes", "100"), ("--web.max-connections", "0"), ("--web.keepalive-timeout", "0")):
+        with pytest.raises(SystemExit):
+            settings(*flags)
+    env_limits, env_page = _web_settings(build_parser(environ={"CCL_EXPORTER_WEB_MAX_PAGE_BYTES": "65536"}).parse_args(["serve"]))
+    assert env_page == 65536 and env_limits == ConnectionLimits()
+
+
+def test_an_address_in_use_is_one_error_line_and_exit_1(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "exporter", "serve", "--collector.disable-defaults",
+             f"--web.listen-address=127.0.0.1:{port}", f"--path.state={tmp_path}"],
+            capture_output=True, text=True, timeout=60, cwd=REPO,
+        )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr

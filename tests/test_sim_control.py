@@ -196,3 +196,42 @@ async def test_probe_result_lands_where_the_probe_collector_reads(controlled) ->
     peak = max(row.busbw_bytes_per_second for row in result.collectives[0].rows)
     assert 100e9 < peak <= 120e9 and result.source == "job"
     assert (await client.post("/-/sim/probe-result", params={"busbw_gbps": "-3"})).status == 400
+
+
+@pytest.mark.parametrize("params", [
+    {"namespace": "../../..", "pod": "escape", "job_name": "j"},
+    {"namespace": "ns", "pod": "../../../../tmp/x", "job_name": "j"},
+    {"namespace": "ns", "pod": "..", "job_name": "j"},
+    {"namespace": "NS", "pod": "p", "job_name": "j"},
+    {"namespace": "ns", "pod": "p", "job_name": "a/b"},
+    {"namespace": "n" * 64, "pod": "p", "job_name": "j"},
+])
+async def test_names_that_are_not_kubernetes_names_are_refused(controlled, params, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    client, control, _ = controlled
+    response = await client.post("/-/sim/nccl-job-start", params=params)
+    assert response.status == 400 and "Kubernetes name" in (await response.json())["error"]
+    assert not list(tmp_path.parent.glob("*escape*")), "nothing written outside the simulated tree"
+    for action in ("nccl-job-stop", "nccl-job-restart", "gpu-assign", "probe-result"):
+        refused = await client.post(f"/-/sim/{action}", params={"namespace": "../../..", "pod": "p"})
+        assert refused.status == 400, action
+    assert (await client.post("/-/sim/gpu-assign", params={"container": "../c"})).status == 400
+    ok = await client.post("/-/sim/nccl-job-start", params={"namespace": "ns", "pod": "w-0.a", "job_name": "j"})
+    assert ok.status == 200, "a pod name may be a DNS-1123 subdomain"
+
+
+async def test_cross_origin_posts_are_refused(controlled) -> None:  # type: ignore[no-untyped-def]
+    """A web page (any other origin, or a rebound DNS name) must not drive the node; curl and our own page may."""
+    client, _, _ = controlled
+    port = client.server.port
+    for headers in ({"Origin": "http://evil.example"},
+                    {"Origin": f"http://evil.example:{port}"},  # DNS rebinding keeps the port, not the origin
+                    {"Origin": "null"},
+                    {"Origin": f"https://127.0.0.1:{port}"},
+                    {"Origin": f"http://127.0.0.1:{port + 1}"},
+                    {"Referer": "http://evil.example/page.html"}):
+        response = await client.post("/-/sim/advance", headers=headers)
+        assert response.status == 403, headers
+        assert "cross-origin" in await response.text()
+    for headers in ({}, {"Origin": f"http://127.0.0.1:{port}"}, {"Origin": f"http://localhost:{port}"},
+                    {"Referer": f"http://127.0.0.1:{port}/-/sim"}):
+        assert (await client.post("/-/sim/advance", headers=headers)).status == 200, headers

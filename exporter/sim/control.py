@@ -3,7 +3,12 @@
 ``ccl-exporter serve --simulate`` adds these routes so that ``make demo``, the end-to-end
 tests and the fleet benchmark can change what the simulated node shows while real
 Prometheus and Alertmanager watch it. They exist only with ``--simulate``, only act on the
-simulated folder tree, and answer only requests from loopback addresses.
+simulated folder tree, and answer only requests from loopback addresses. A POST that a web
+page made (its ``Origin``, or ``Referer`` when there is no ``Origin``, is anything but this
+exporter's own loopback origin, e.g. ``http://127.0.0.1:9400``) is refused, so a page open in
+a browser cannot drive the node; command-line clients send neither header. Namespace, pod,
+container and job names must be Kubernetes names (DNS-1123), so none can reach outside
+the simulated tree.
 
 ``GET /-/sim`` lists the actions. Each action takes its parameters from the query string
 (``POST /-/sim/rdma-port-down?device=mlx5_3``) and answers a JSON object with ``action``,
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -43,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from yarl import URL
 
 from exporter.sim.node import SimulatedNode
 
@@ -52,6 +59,31 @@ ActionFunc = Callable[[SimulatedNode, Params], dict[str, Any]]
 
 class ActionError(ValueError):
     """A bad or inapplicable action request (answered 400 with the message)."""
+
+
+# Kubernetes object names: a DNS-1123 label (namespaces, containers; also what a job name
+# must be to serve as a label value) or a DNS-1123 subdomain (pods). Neither admits "/" or "..".
+_DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_NAME_RULES = {
+    "namespace": (re.compile(_DNS1123_LABEL), 63),
+    "container": (re.compile(_DNS1123_LABEL), 63),
+    "job_name": (re.compile(_DNS1123_LABEL), 63),
+    "pod": (re.compile(rf"{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*"), 253),
+}
+
+
+def _checked_name(name: str, value: str) -> str:
+    """``value`` when it is a valid Kubernetes name for parameter ``name``; ActionError otherwise."""
+    pattern, longest = _NAME_RULES[name]
+    if len(value) > longest or not pattern.fullmatch(value):
+        kind = "DNS-1123 subdomain" if name == "pod" else "DNS-1123 label"
+        raise ActionError(f"{name} must be a Kubernetes name ({kind}: lowercase letters, digits and '-', "
+                          f"at most {longest} characters), got {value[:80]!r}")
+    return value
+
+
+def _name(params: Params, name: str, default: str) -> str:
+    return _checked_name(name, params.get(name, default))
 
 
 def _part(node: SimulatedNode, kind: type) -> Any:
@@ -127,9 +159,9 @@ def gpu_release(node: SimulatedNode, params: Params) -> dict[str, Any]:
 def gpu_assign(node: SimulatedNode, params: Params) -> dict[str, Any]:
     from exporter.sim.nvml import TRAINING_CONTAINER, TRAINING_NAMESPACE, TRAINING_POD
 
-    namespace = params.get("namespace", TRAINING_NAMESPACE)
-    pod = params.get("pod", TRAINING_POD)
-    container = params.get("container", TRAINING_CONTAINER)
+    namespace = _name(params, "namespace", TRAINING_NAMESPACE)
+    pod = _name(params, "pod", TRAINING_POD)
+    container = _name(params, "container", TRAINING_CONTAINER)
     _nvml(node).assign(namespace, pod, container)
     return {"gpus": "assigned", "namespace": namespace, "pod": pod, "container": container}
 
@@ -153,10 +185,11 @@ def _pod_logs(node: SimulatedNode) -> Any:
 
 
 def _required(params: Params, *names: str) -> list[str]:
+    """The named parameters, all Kubernetes names; ActionError when one is missing or invalid."""
     missing = [name for name in names if not params.get(name)]
     if missing:
         raise ActionError(", ".join(f"{name}=" for name in missing) + " required")
-    return [params[name] for name in names]
+    return [_checked_name(name, params[name]) for name in names]
 
 
 def _network(params: Params, default: str) -> str:
@@ -248,8 +281,8 @@ def probe_result(node: SimulatedNode, params: Params) -> dict[str, Any]:
         raise ActionError(f"unknown collective {collective!r}")
     now = time.time()
     result = ProbeResult(
-        source="job", started_at=now - 60, finished_at=now, namespace=params.get("namespace", "ccl-exporter"),
-        pod=params.get("pod", "ccl-probe-0"), job_name="ccl-probe", backend="nccl", world_size=16, nnodes=2,
+        source="job", started_at=now - 60, finished_at=now, namespace=_name(params, "namespace", "ccl-exporter"),
+        pod=_name(params, "pod", "ccl-probe-0"), job_name="ccl-probe", backend="nccl", world_size=16, nnodes=2,
         scope="inter_node", transport=Transport("rdma", "net_ib", "IB", True),
         collectives=(CollectiveResult(collective, sweep(collective, peak, 8 << 20, 4 << 30)),),
     )
@@ -317,6 +350,32 @@ def _from_loopback(request: web.Request) -> bool:
         return False
 
 
+def _local_port(request: web.Request) -> int | None:
+    sockname = request.transport.get_extra_info("sockname") if request.transport is not None else None
+    return int(sockname[1]) if isinstance(sockname, tuple) and len(sockname) >= 2 else None
+
+
+def _is_own_origin(url: str, port: int | None) -> bool:
+    """Whether ``url`` (an Origin or a Referer) is this exporter on a loopback address."""
+    try:
+        parsed = URL(url)
+        host = (parsed.host or "").strip("[]")
+        if parsed.scheme != "http" or port is None or parsed.port != port:
+            return False
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _cross_origin(request: web.Request) -> str | None:
+    """Why a POST looks like a web page's (another origin), or None when it does not."""
+    origin = request.headers.get("Origin")
+    header, url = ("Origin", origin) if origin is not None else ("Referer", request.headers.get("Referer"))
+    if url is None or _is_own_origin(url, _local_port(request)):
+        return None
+    return f"{header} {url[:100]!r} is not this exporter's loopback origin"
+
+
 def add_control_routes(app: web.Application, control: SimControl) -> None:
     """``GET /-/sim`` and ``POST /-/sim/{action}``; call before the app starts."""
 
@@ -328,6 +387,9 @@ def add_control_routes(app: web.Application, control: SimControl) -> None:
     async def perform(request: web.Request) -> web.Response:
         if not _from_loopback(request):
             raise web.HTTPForbidden(text="simulation control answers loopback clients only\n")
+        refused = _cross_origin(request)
+        if refused is not None:
+            raise web.HTTPForbidden(text=f"simulation control refuses cross-origin requests: {refused}\n")
         try:
             result = await asyncio.to_thread(control.perform, request.match_info["action"], dict(request.query))
         except ActionError as exc:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from exporter.sim.stack import (
     Alertmanager,
+    CadvisorStandIn,
     Intervals,
     Prometheus,
     ScrapeTarget,
@@ -89,6 +90,7 @@ class Cluster:
     exporters: list[SimulatedExporter]
     stack: Stack
     kube_state_metrics: StaticMetricsServer | None = None
+    kubelet: CadvisorStandIn | None = None  # pods' network counters (set_traffic); none by default
     started_at: float = field(default_factory=time.time)
 
     @property
@@ -129,22 +131,26 @@ def cluster(
     if rule_files is None:
         rule_files = [compressed_rules(workdir, shortest_interval=intervals.evaluation_seconds)]
     exporters = start_exporters(nodes, extra_args=exporter_args)
-    kube_state_metrics = None
+    kube_state_metrics = kubelet = None
     try:
         if before_scrape is not None:
             before_scrape(exporters)
-        # kube-state-metrics is not run here: a static stand-in serves the GPU capacity of each node.
+        # kube-state-metrics and the kubelets are not run here: a static stand-in serves the GPU
+        # capacity of each node, another cAdvisor's pod network counters (none until a test sets them).
         kube_state_metrics = StaticMetricsServer(gpu_node_capacity_metrics(e.node for e in exporters))
+        kubelet = CadvisorStandIn()
         stack = Stack(
             workdir, [e.target for e in exporters], rule_files=rule_files, intervals=intervals,
-            other_jobs={"kube-state-metrics": [ScrapeTarget(kube_state_metrics.address)]},
+            other_jobs={"kube-state-metrics": [ScrapeTarget(kube_state_metrics.address)],
+                        "kubelet": [ScrapeTarget(kubelet.address)]},
             prometheus_binary=prometheus_binary, alertmanager_binary=alertmanager_binary, backfill=backfill,
         )
         with stack:
-            result = Cluster(exporters, stack, kube_state_metrics=kube_state_metrics)
+            result = Cluster(exporters, stack, kube_state_metrics=kube_state_metrics, kubelet=kubelet)
             result.prometheus.wait_targets_up(nodes, timeout=60.0)
             yield result
     finally:
         stop_all(exporters)
-        if kube_state_metrics is not None:
-            kube_state_metrics.stop()
+        for stand_in in (kube_state_metrics, kubelet):
+            if stand_in is not None:
+                stand_in.stop()

@@ -59,7 +59,8 @@ def test_rdma_port_down_fires_for_that_port_and_resolves_when_it_is_back(start_c
 
 
 def test_counters_only_suspected_fallback(start_cluster) -> None:  # type: ignore[no-untyped-def]
-    """A job whose pods log no NCCL INFO, on two nodes, NVLink busy and RDMA idle: inferred from counters."""
+    """A job whose pods log no NCCL INFO, on two nodes, with 2 GB/s each way on the pod network
+    (kubelet's cAdvisor) while the RDMA ports are idle: inferred from counters."""
     def scene(exporters: list[SimulatedExporter]) -> None:
         make_healthy(exporters)
         for exporter in exporters:
@@ -68,12 +69,14 @@ def test_counters_only_suspected_fallback(start_cluster) -> None:  # type: ignor
             exporter.act("nccl-job-stop", namespace=TRAINING_NAMESPACE, pod=TRAINING_POD)
 
     cluster = start_cluster(nodes=2, intervals=Intervals(), before_scrape=scene)
+    cluster.kubelet.set_traffic(TRAINING_NAMESPACE, TRAINING_POD, 2e9, 2e9)
     got = cluster.receiver.wait_alert("CclSuspectedTcpFallback", "firing", timeout=60, match={"node": "gpu-node-02"})
     assert got is not None, cluster.prometheus.alerts()
     _, alert = got
     assert alert["labels"]["namespace"] == TRAINING_NAMESPACE
     assert alert["labels"]["pod"] == TRAINING_POD
-    assert alert["labels"]["job_name"] == "llama-70b", "job inferred from the pod name across both nodes"
+    assert alert["labels"]["evidence"] == "pod_network"
+    assert alert["labels"]["job_name"] == "llama-70b", "the job across both nodes"
     assert not _alerts_named(cluster, "CclNcclTcpFallback"), "no NCCL log says so: only the suspicion"
 
 
