@@ -346,3 +346,19 @@ def test_stream_keys_of_debug_folders_with_a_uid_survive_a_restart(tmp_path: Pat
     key = StreamKey(SOURCE_DEBUG_FILE, "team", "pod-0", UID, "", "nccl.log")
     assert batch.replayed == {key: [nccl(1)]} and batch.lines == {key: [nccl(2)]}
 
+
+
+def test_a_deep_and_wide_debug_folder_costs_a_bounded_listing(tmp_path: Path) -> None:
+    """One pod's folder is examined within one entry budget over all its depth."""
+    root = tmp_path / "nccl"
+    for a in range(12):
+        for b in range(12):
+            append(root / "team_wide-0" / f"d{a:02d}" / f"e{b:02d}" / "x.log", f"NCCL {a} {b}\n")
+    append(debug_file(root, "team_real-0"), nccl(1) + "\n")
+    tailer = PodLogTailer(None, root, limits=TailLimits(max_entries_per_debug_folder=40))
+    got = lines_by_pod(drain(tailer, 2))
+    assert got[(SOURCE_DEBUG_FILE, "real-0", "")] == [nccl(1)]
+    assert len(got[(SOURCE_DEBUG_FILE, "wide-0", "")]) < 40
+    assert tailer.stats.events["folder_cap"] >= 1
+    listed = sum(len(listing.entries) for _, _, listing in tailer._folders._entries.values())
+    assert listed <= 40 + 2 + 40  # the pod folder's budget, the root, and one cut listing's room

@@ -137,6 +137,7 @@ class TailLimits:
     max_streams: int = 512  # per source: pod-log streams and debug-file streams are capped apart
     max_entries_per_folder: int = 1024  # entries examined per folder (after the name and pod checks)
     max_listed_entries_per_folder: int = 16384  # directory entries looked at per listing
+    max_entries_per_debug_folder: int = 256  # entries examined in one pod's debug-file folder, all depths
     relist_recent_seconds: float = 2.0  # folders modified this recently are listed every poll
     max_decompressed_bytes: int = 1024 * 1024 * 1024  # inflated from one .gz at most (a gzip bomb)
     max_compressed_readers: int = 16  # .gz rotations found while running, inflated at once (node-wide)
@@ -719,12 +720,14 @@ class _FolderCache:
 
     def __init__(self, limits: TailLimits) -> None:
         self._limits = limits
-        self._entries: dict[Path, tuple[int, _Listing]] = {}
+        self._entries: dict[Path, tuple[int, int, _Listing]] = {}
 
-    def list(self, folder: Path, now: float, keep: Callable[[str], bool] | None = None) -> _Listing:
-        """Entries of ``folder`` whose names pass ``keep``; empty when it is unreadable or is
-        not a directory (a symlink to one is not followed). One folder is always listed with
-        the same ``keep``."""
+    def list(self, folder: Path, now: float, keep: Callable[[str], bool] | None = None,
+             room: int | None = None) -> _Listing:
+        """Entries of ``folder`` whose names pass ``keep``, at most ``room`` (the listing is
+        ``cut`` when there are more); empty when it is unreadable or is not a directory (a
+        symlink to one is not followed). One folder is always listed with the same ``keep``."""
+        room = self._limits.max_listed_entries_per_folder if room is None else room
         try:
             st = os.lstat(folder)
         except OSError:
@@ -736,7 +739,8 @@ class _FolderCache:
         cached = self._entries.get(folder)
         recent = now - st.st_mtime < self._limits.relist_recent_seconds
         if cached is not None and cached[0] == st.st_mtime_ns and not recent:
-            return cached[1]
+            if cached[1] >= room or not cached[2].cut:  # listed with as much room, or all there is
+                return cached[2]
         entries: list[tuple[str, str]] = []
         rejected = looked = 0
         cut = False
@@ -750,6 +754,9 @@ class _FolderCache:
                     if keep is not None and not keep(entry.name):
                         rejected += 1
                         continue
+                    if len(entries) >= room:
+                        cut = True
+                        break
                     try:
                         kind = LINK if entry.is_symlink() else DIR if entry.is_dir(follow_symlinks=False) else FILE
                     except OSError:
@@ -759,7 +766,7 @@ class _FolderCache:
             return _Listing()
         entries.sort()
         listing = _Listing(tuple(entries), rejected, cut)
-        self._entries[folder] = (st.st_mtime_ns, listing)
+        self._entries[folder] = (st.st_mtime_ns, room, listing)
         return listing
 
     def forget_missing(self, seen: set[Path]) -> None:
@@ -905,8 +912,7 @@ class PodLogTailer:
         if item not in self._noticed:
             self.stats.event(reason)
             if reason == "folder_cap":
-                log.warning("%s holds more entries than the tailer examines (%d); the rest are not read",
-                            what, self.limits.max_entries_per_folder)
+                log.warning("%s holds more entries than the tailer examines; the rest are not read", what)
 
     def _bound(self, source: str, namespace: str, pod: str, uid: str, folder_name: str, scan: _Scan) -> bool:
         """Whether a folder may speak for the pod it names (see ``PodKnown``)."""
@@ -917,9 +923,12 @@ class PodLogTailer:
         scan.refused.add((source, namespace, pod, uid))
         return False
 
-    def _examine(self, folder: Path, listing: _Listing, wanted: Callable[[str, str], bool]) -> list[tuple[str, str]]:
-        """The entries of a listing that ``wanted`` keeps, at most ``max_entries_per_folder``
-        in name order; symlinks are never kept. A cut listing is counted (``folder_cap``)."""
+    def _examine(self, folder: Path, listing: _Listing, wanted: Callable[[str, str], bool],
+                 cap: int | None = None) -> list[tuple[str, str]]:
+        """The entries of a listing that ``wanted`` keeps, at most ``cap`` (default
+        ``max_entries_per_folder``) in name order; symlinks are never kept. A cut listing is
+        counted (``folder_cap``)."""
+        cap = self.limits.max_entries_per_folder if cap is None else cap
         kept: list[tuple[str, str]] = []
         cut = listing.cut
         for name, kind in listing.entries:
@@ -928,7 +937,7 @@ class PodLogTailer:
                 continue
             if not wanted(name, kind):
                 continue
-            if len(kept) >= self.limits.max_entries_per_folder:
+            if len(kept) >= cap:
                 cut = True
                 break
             kept.append((name, kind))
@@ -950,7 +959,8 @@ class PodLogTailer:
             for pod_name, _ in self._examine(root, self._folders.list(root, now, _is_pod_folder_name), bound_pod):
                 pod_dir = root / pod_name
                 seen_folders.add(pod_dir)
-                for container, _ in self._examine(pod_dir, self._folders.list(pod_dir, now), _is_folder):
+                listing = self._folders.list(pod_dir, now, room=self.limits.max_entries_per_folder)
+                for container, _ in self._examine(pod_dir, listing, _is_folder):
                     container_dir = pod_dir / container
                     seen_folders.add(container_dir)
                     self._scan_container(scan, container_dir, parse_pod_folder(pod_name) or ("", "", ""), now)
@@ -969,7 +979,8 @@ class PodLogTailer:
                 namespace, pod, uid = parse_debug_folder(folder_name) or ("", "", "")
                 folder = root / folder_name
                 seen_folders.add(folder)
-                for rel in self._walk(folder, now, depth=3, seen=seen_folders):
+                budget = [self.limits.max_entries_per_debug_folder]
+                for rel in self._walk(folder, now, 3, seen_folders, budget):
                     key = StreamKey(SOURCE_DEBUG_FILE, namespace, pod, uid, "", rel)
                     self._add_candidate(scan.found, key, folder / rel, "~")
         self._folders.forget_missing(seen_folders)
@@ -980,7 +991,7 @@ class PodLogTailer:
     def _scan_container(self, scan: _Scan, container_dir: Path, pod: tuple[str, str, str], now: float) -> None:
         """The plain files of a container folder as candidates, its .gz names per stream."""
         namespace, name, uid = pod
-        listing = self._folders.list(container_dir, now, _is_pod_log_name)
+        listing = self._folders.list(container_dir, now, _is_pod_log_name, self.limits.max_entries_per_folder)
         for file_name, _ in self._examine(container_dir, listing, _is_file):
             generation = pod_log_generation(file_name)
             if generation is not None:
@@ -992,13 +1003,20 @@ class PodLogTailer:
                 key = StreamKey(SOURCE_POD_LOG, namespace, name, uid, container_dir.name, compressed[0])
                 scan.compressed.setdefault(key, []).append(file_name)
 
-    def _walk(self, folder: Path, now: float, depth: int, seen: set[Path], prefix: str = "") -> Iterable[str]:
-        listing = self._folders.list(folder, now, _is_debug_file_name)
-        for name, kind in self._examine(folder, listing, _any_entry):
+    def _walk(self, folder: Path, now: float, depth: int, seen: set[Path], budget: list[int],
+              prefix: str = "") -> Iterable[str]:
+        """Files below a debug-file folder (``depth`` levels), in name order, within one
+        entry budget for the whole pod folder: a deep or wide tree costs a bounded listing."""
+        listing = self._folders.list(folder, now, _is_debug_file_name, max(budget[0], 0))
+        for name, kind in self._examine(folder, listing, _any_entry, max(budget[0], 0)):
+            if budget[0] <= 0:  # spent in a subfolder
+                self._notice("folder_cap", str(folder))
+                return
+            budget[0] -= 1
             if kind == DIR:
                 if depth > 1:
                     seen.add(folder / name)
-                    yield from self._walk(folder / name, now, depth - 1, seen, f"{prefix}{name}/")
+                    yield from self._walk(folder / name, now, depth - 1, seen, budget, f"{prefix}{name}/")
             else:
                 yield prefix + name
 
