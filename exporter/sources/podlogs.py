@@ -1438,35 +1438,42 @@ class PodLogTailer:
     def _read_file(self, stream: _Stream, tracked: _File, budget: int, batch: TailBatch, now: float) -> int:
         """Read on in one file and deliver its complete lines; return the bytes read.
 
-        While the last line is unfinished only the new bytes are read; the line is read
-        again (once) when its newline has come.
+        After an unfinished last line, a few new bytes are read alone until a newline comes,
+        then the line once more; many new bytes (8 times the line or more) are read in one go
+        with the line, which is cheaper than joining them.
         """
         self._remember_head(tracked)
         start = max(tracked.offset, tracked.read_to)
         pending = start - tracked.offset  # an unfinished line, read before
         want = min(tracked.size - start, self.limits.file_chunk_bytes, budget - pending)
         quiet = tracked.rotated and now - tracked.mtime >= ROTATED_QUIET_SECONDS
-        fresh = b""
-        if want > 0:
-            fresh = _read_at(tracked.path, tracked.identity, start, want) or b""
-            if not fresh:
-                return 0
-            self.stats.bytes_read[stream.key.source] += len(fresh)
-        elif not (quiet and pending and tracked.size <= start):
+        if want <= 0 and not (quiet and pending and tracked.size <= start):
             return 0
-        at_end = start + len(fresh) >= tracked.size
-        if pending and b"\n" not in fresh and not (quiet and at_end):
-            tracked.read_to = start + len(fresh)
-            if tracked.read_to - tracked.offset >= self.limits.max_line_bytes:
-                tracked.offset += self._drop_fragment(tracked, tracked.read_to - tracked.offset)
-            return len(fresh)
-        data = fresh
-        if pending:
-            line_start = _read_at(tracked.path, tracked.identity, tracked.offset, pending)
-            if line_start is None or len(line_start) != pending:
-                return len(fresh)  # changed under us: the next scan tells how
-            data = line_start + fresh
-        if quiet and at_end and not data.endswith(b"\n"):
+        source = stream.key.source
+        if pending and want >= 8 * pending:
+            data = _read_at(tracked.path, tracked.identity, tracked.offset, pending + want) or b""
+            if len(data) <= pending:
+                return 0
+            self.stats.bytes_read[source] += len(data) - pending
+        else:
+            fresh = b""
+            if want > 0:
+                fresh = _read_at(tracked.path, tracked.identity, start, want) or b""
+                if not fresh:
+                    return 0
+            self.stats.bytes_read[source] += len(fresh)
+            if pending and b"\n" not in fresh and not (quiet and start + len(fresh) >= tracked.size):
+                tracked.read_to = start + len(fresh)
+                if tracked.read_to - tracked.offset >= self.limits.max_line_bytes:
+                    tracked.offset += self._drop_fragment(tracked, tracked.read_to - tracked.offset)
+                return len(fresh)
+            data = fresh
+            if pending:
+                line_start = _read_at(tracked.path, tracked.identity, tracked.offset, pending)
+                if line_start is None or len(line_start) != pending:
+                    return len(fresh)  # changed under us: the next scan tells how
+                data = line_start + fresh
+        if quiet and tracked.offset + len(data) >= tracked.size and not data.endswith(b"\n"):
             # The end of a rotated file that no longer grows: its last line will never get a
             # newline, and waiting for one would hold back every newer file of the stream.
             done = min(len(data), self._consume(stream, tracked, data + b"\n", batch))
