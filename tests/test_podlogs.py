@@ -6,9 +6,13 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
+import shutil
 import time
 import tracemalloc
 from pathlib import Path
+
+import pytest
 
 from exporter.sources import podlogs
 from exporter.sources.podlogs import (
@@ -565,3 +569,122 @@ def test_a_gz_that_is_not_gzip_is_not_read(tmp_path: Path) -> None:
     second = PodLogTailer(pods, None, state)
     assert all_lines(drain(second, 3)) == [nccl(2)]
     assert "gz_corrupt" not in second.stats.events  # its head could not be checked: never taken
+
+
+# ---------------------------------------------------------------------------------------
+# Rotation and saved-state edge cases
+
+
+@pytest.mark.parametrize("poll_between_copy_and_truncate", [False, True])
+def test_copytruncate_copy_is_read_on_from_where_the_original_was(tmp_path: Path,
+                                                                   poll_between_copy_and_truncate: bool) -> None:
+    """logrotate's copytruncate copies ``0.log`` to ``0.log.1`` and truncates ``0.log`` in
+    place: the copy starts with bytes already read; each line must arrive once."""
+    folder = container_dir(tmp_path)
+    live = folder / "0.log"
+    append(live, "".join(cri(nccl(n)) for n in range(100)))
+    tailer = PodLogTailer(tmp_path, None)
+    got = all_lines([tailer.poll()])
+    append(live, "".join(cri(nccl(n)) for n in range(100, 120)))  # not read before the copy
+    shutil.copyfile(live, folder / "0.log.1")
+    if poll_between_copy_and_truncate:
+        got += all_lines([tailer.poll()])
+    with open(live, "r+") as handle:
+        handle.truncate(0)
+    append(live, "".join(cri(nccl(n)) for n in range(120, 150)))
+    got += all_lines(drain(tailer, 3))
+    assert got == [nccl(n) for n in range(150)]
+    assert tailer.stats.lines[SOURCE_POD_LOG] == 150
+
+
+def test_rotations_compressed_and_deleted_between_two_polls_are_read_from_their_gz(tmp_path: Path) -> None:
+    """Rename, gzip, delete faster than the tailer polls: the followed file is read on from
+    its .gz, rotations never seen plain are read whole, in order; nothing is lost."""
+    folder = container_dir(tmp_path)
+    live = folder / "0.log"
+    append(live, "".join(cri(nccl(n)) for n in range(10)))
+    tailer = PodLogTailer(tmp_path, None)
+    got = all_lines([tailer.poll()])
+    written = 10
+    for stamp in ("20260301-100000", "20260301-100001", "20260301-100002"):
+        append(live, "".join(cri(nccl(n)) + cri(f"step {n}") for n in range(written, written + 10)))
+        written += 10
+        rotated = folder / f"0.log.{stamp}"
+        os.rename(live, rotated)
+        compress(rotated)
+    append(live, "".join(cri(nccl(n)) for n in range(written, written + 5)))
+    got += all_lines(drain(tailer, 3))
+    assert got == [nccl(n) for n in range(written + 5)]
+    assert tailer.stats.skipped_bytes == {}
+    rotated = folder / "0.log.20260301-100003"
+    os.rename(live, rotated)
+    compress(rotated)  # read to its end before: its .gz gives nothing new
+    append(live, cri(nccl(999)))
+    assert all_lines(drain(tailer, 2)) == [nccl(999)]
+
+
+def test_deeply_nested_state_file_is_ignored_not_a_crash(tmp_path: Path) -> None:
+    pods, state = tmp_path / "pods", tmp_path / "state"
+    state.mkdir()
+    (state / podlogs.STATE_FILE_NAME).write_text("[" * 200_000 + "]" * 200_000)
+    append(container_dir(pods) / "0.log", cri(nccl(1)))
+    tailer = PodLogTailer(pods, None, state)
+    assert tailer.stats.state_errors == 1
+    assert all_lines([tailer.poll()]) == [nccl(1)]
+
+
+def _mutate_first_file(doc: dict, field_name: str, value: object) -> None:
+    entry = next(iter(doc["streams"].values()))["files"][0]
+    entry[field_name] = value
+
+
+STATE_DAMAGE = {
+    "negative offset": lambda doc: _mutate_first_file(doc, "offset", -5),
+    "offset as text": lambda doc: _mutate_first_file(doc, "offset", "12"),
+    "offset as float": lambda doc: _mutate_first_file(doc, "offset", 1.5),
+    "offset beyond any file": lambda doc: _mutate_first_file(doc, "offset", 10**30),
+    "boolean inode": lambda doc: _mutate_first_file(doc, "ino", True),
+    "negative checksum": lambda doc: _mutate_first_file(doc, "head_crc", -1),
+    "head longer than a head": lambda doc: _mutate_first_file(doc, "head_len", 10_000),
+    "skipping as text": lambda doc: _mutate_first_file(doc, "skipping", "yes"),
+    "file entry a list": lambda doc: next(iter(doc["streams"].values()))["files"].__setitem__(0, [1, 2]),
+    "files a mapping": lambda doc: next(iter(doc["streams"].values())).__setitem__("files", {"a": 1}),
+    "partial a list": lambda doc: next(iter(doc["streams"].values())).__setitem__("partials", {"stdout": [1]}),
+    "partial not base64": lambda doc: next(iter(doc["streams"].values())).__setitem__(
+        "partials", {"stdout": {"data": "!!", "cut": False}}),
+    "partial of no CRI stream": lambda doc: next(iter(doc["streams"].values())).__setitem__(
+        "partials", {"stdin": {"data": "", "cut": False}}),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(STATE_DAMAGE))
+def test_damaged_saved_values_are_dropped_and_the_stream_still_read(tmp_path: Path, damage: str) -> None:
+    pods, state = tmp_path / "pods", tmp_path / "state"
+    log = container_dir(pods) / "0.log"
+    append(log, "".join(cri(nccl(n)) for n in range(5)))
+    first = PodLogTailer(pods, None, state)
+    drain(first, 2)
+    assert first.save_state()
+    path = state / podlogs.STATE_FILE_NAME
+    doc = json.loads(path.read_text())
+    STATE_DAMAGE[damage](doc)
+    path.write_text(json.dumps(doc))
+    append(log, cri(nccl(99)))
+    second = PodLogTailer(pods, None, state)
+    assert nccl(99) in all_lines(drain(second, 2))
+    assert second.stats.events["state_invalid"] >= 1
+
+
+def test_infinite_saved_offset_is_dropped(tmp_path: Path) -> None:
+    pods, state = tmp_path / "pods", tmp_path / "state"
+    log = container_dir(pods) / "0.log"
+    append(log, cri(nccl(0)))
+    first = PodLogTailer(pods, None, state)
+    drain(first, 2)
+    assert first.save_state()
+    path = state / podlogs.STATE_FILE_NAME
+    path.write_text(re.sub(r'"offset": \d+', '"offset": Infinity', path.read_text()))
+    append(log, cri(nccl(1)))
+    second = PodLogTailer(pods, None, state)
+    assert nccl(1) in all_lines(drain(second, 2))
+    assert second.stats.events["state_invalid"] == 1

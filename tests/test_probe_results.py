@@ -159,7 +159,34 @@ def test_collector_exposes_results_and_counts_bad_files(tmp_path: Path) -> None:
         ("nccl_env", 1.0), ("port_state", 0.0)]
     assert samples["ccl_preflight_result"][0][0]["pod"] == "llama-0"
     files = {labels["status"]: v for labels, v in samples["ccl_probe_result_files"]}
-    assert files == {"valid": 2.0, "stale": 1.0, "malformed": 1.0, "not_read": 0.0}
+    assert files == {"valid": 2.0, "stale": 1.0, "malformed": 1.0, "not_read": 0.0, "not_on_node": 0.0}
+
+
+def on_node(*pods: str):  # type: ignore[no-untyped-def]
+    """A ``pod_known`` predicate of a node whose complete pod list holds ``pods`` (team-a)."""
+    return lambda namespace, pod, uid="": namespace == "team-a" and pod in pods
+
+
+def test_results_naming_a_pod_not_on_this_node_are_not_used(tmp_path: Path) -> None:
+    """Anyone who can write the folder can claim any pod: with a complete pod list, a
+    result speaks only for a pod of this node. Scheduled results name no pod."""
+    write_result(tmp_path, sample(source="preflight", pod="real-0"))
+    write_result(tmp_path, sample(source="job", pod="ghost-0"))
+    write_result(tmp_path, sample(source="preflight", pod="real-0", namespace="team-b"))
+    write_result(tmp_path, sample(source="scheduled", pod="", namespace="", job_name=""))
+    reading = read_probe_results(tmp_path, NOW, 86_400, pod_known=on_node("real-0"))
+    assert [(r.source, r.namespace, r.pod) for r in reading.results] == [
+        ("preflight", "team-a", "real-0"), ("scheduled", "", "")]
+    assert sorted(reading.not_on_node) == ["job-team-a-ghost-0.json", "preflight-team-b-real-0.json"]
+
+    no_list = read_probe_results(tmp_path, NOW, 86_400, pod_known=lambda namespace, pod, uid="": None)
+    assert (len(no_list.results), no_list.not_on_node) == (4, [])
+
+    collector = ProbeCollector(tmp_path, 86_400, clock=lambda: NOW, pod_known=on_node("real-0"))
+    samples = metric_samples(collector)
+    assert {labels["pod"] for labels, _ in samples["ccl_probe_success"]} == {"real-0", ""}
+    files = {labels["status"]: v for labels, v in samples["ccl_probe_result_files"]}
+    assert files["not_on_node"] == 2.0 and files["valid"] == 2.0
 
 
 def test_cache_parses_a_file_again_only_when_it_changes(tmp_path: Path) -> None:
@@ -194,3 +221,27 @@ def test_simulated_node_result_files(tmp_path: Path) -> None:
     assert len(job_busbw) == 10 and job_busbw == sorted(job_busbw) and 3.0e11 < job_busbw[-1] < 3.55e11
     files = {l["status"]: v for l, v in samples["ccl_probe_result_files"]}
     assert files["valid"] == 3.0 and files["malformed"] == 0.0
+
+
+def test_serve_binds_log_folders_and_result_files_to_the_node_pod_list(tmp_path: Path) -> None:
+    """What ``serve`` builds: the NCCL collector's tailer and the probe collector's reader
+    both ask the pod list shared in ``ServeConfig.extra``."""
+    from exporter.collectors.nccl import build_collector
+    from exporter.collectors.probe import build as build_probe
+    from exporter.config import ServeConfig
+    from tests.test_podlogs_hostile import UID, NodePods, append, debug_file, lines_by_pod, nccl
+
+    node = NodePods({("training", "real-0"): UID})
+    config = ServeConfig(pod_logs=tmp_path / "pods", nccl_debug_files=tmp_path / "nccl", state=tmp_path / "state",
+                         sysfs=tmp_path / "sys", probe_results=tmp_path / "results", extra={"pod_metadata": node})
+    append(debug_file(tmp_path / "nccl", "training_real-0"), nccl(1) + "\n")
+    append(debug_file(tmp_path / "nccl", "training_victim-0"), nccl(2) + "\n")
+    tailer = build_collector(config).tailer
+    assert lines_by_pod([tailer.poll()]) == {("nccl_debug_file", "real-0", ""): [nccl(1)]}
+
+    for pod in ("real-0", "victim-0"):
+        write_result(config.probe_results, ProbeResult(source="preflight", started_at=0, finished_at=1e12,
+                                                       hostname="h", namespace="training", pod=pod))
+    files = {s.labels["status"]: s.value for family in build_probe(config).collect() for s in family.samples
+             if s.name == "ccl_probe_result_files"}
+    assert files["valid"] == 1.0 and files["not_on_node"] == 1.0

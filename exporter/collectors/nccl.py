@@ -534,11 +534,13 @@ class NcclCollector:
 def build_collector(config: ServeConfig) -> NcclCollector:
     """The collector ``serve`` runs: tailer on the configured paths; pod metadata from the
     simulated node's own pods in simulate mode, else from the Kubernetes API (started with
-    the collector's background task)."""
+    the collector's background task). The tailer reads only folders of pods on this node."""
     from exporter.sources.kube import shared_pod_metadata
+    from exporter.sources.podlogs import pod_known_on_node
 
     metadata = shared_pod_metadata(config.node_name, config.extra)
-    tailer = PodLogTailer(config.pod_logs, config.nccl_debug_files, config.state, TailLimits())
+    tailer = PodLogTailer(config.pod_logs, config.nccl_debug_files, config.state, TailLimits(),
+                          pod_known=pod_known_on_node(metadata))
     return NcclCollector(tailer, config.sysfs, metadata, grace_seconds=config.nccl_grace_period_seconds)
 
 

@@ -5,7 +5,9 @@ Result files come from three sources, told apart by the ``source`` label: ``sche
 (this exporter's own idle-time probes), ``preflight`` (init containers of training pods on
 this node) and ``job`` (probe Jobs). A result names the pod that wrote it (downward API), so
 results of several pods never collide: ``namespace``, ``pod`` and ``job_name`` are labels
-too, empty for scheduled probes.
+too, empty for scheduled probes. A result naming a pod that the node's complete pod list does
+not hold is not exposed (``ccl_probe_result_files{status="not_on_node"}``); see
+``exporter.sources.probe_results``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from exporter.collectors.base import CollectorSpec
 from exporter.config import ServeConfig
 from exporter.probe.results import ProbeResult
 from exporter.probe.schedule import GpuOccupancy, ProbeScheduler, ProbeSettings
+from exporter.sources.podlogs import PodKnown, pod_known_on_node
 from exporter.sources.probe_results import ParseCache, read_probe_results
 
 WHO = ["source", "namespace", "pod", "job_name"]
@@ -36,8 +39,10 @@ class ProbeCollector:
         max_age_seconds: float,
         scheduler: ProbeScheduler | None = None,
         clock: Callable[[], float] = time.time,
+        pod_known: PodKnown | None = None,
     ) -> None:
         self._folder = results_folder
+        self._pod_known = pod_known
         self._max_age = max_age_seconds
         self._scheduler = scheduler
         self._clock = clock
@@ -55,17 +60,20 @@ class ProbeCollector:
                     close()
 
     def collect(self) -> Iterable[Metric]:
-        reading = read_probe_results(self._folder, self._clock(), self._max_age, cache=self._cache)
+        reading = read_probe_results(self._folder, self._clock(), self._max_age, cache=self._cache,
+                                     pod_known=self._pod_known)
         yield from self.result_families(reading.results)
         files = GaugeMetricFamily(
             "ccl_probe_result_files",
             "Result files in --path.probe-results at this scrape, by status: valid, stale (older "
             "than --probe.max-age), malformed (unparseable, wrong schema, too large, not a regular "
-            "file) or not_read (beyond the newest 256).",
+            "file), not_read (beyond the newest 256) or not_on_node (names a pod the node's pod list "
+            "does not hold).",
             labels=["status"],
         )
         for status, count in (("valid", len(reading.results)), ("stale", len(reading.stale)),
-                              ("malformed", len(reading.malformed)), ("not_read", reading.not_read)):
+                              ("malformed", len(reading.malformed)), ("not_read", reading.not_read),
+                              ("not_on_node", len(reading.not_on_node))):
             files.add_metric([status], float(count))
         yield files
         if self._scheduler is not None:
@@ -173,10 +181,22 @@ def probe_settings(config: ServeConfig) -> ProbeSettings | None:
     )
 
 
+def result_binding(config: ServeConfig) -> PodKnown | None:
+    """Results are bound to the pods of this node (the pod list shared with the NCCL
+    collector). Not in simulate mode: the simulated node lists its training pods only, not
+    the pods its simulated result files name."""
+    if config.simulate:
+        return None
+    from exporter.sources.kube import shared_pod_metadata
+
+    return pod_known_on_node(shared_pod_metadata(config.node_name, config.extra))
+
+
 def build(config: ServeConfig) -> ProbeCollector:
     settings = probe_settings(config)
     scheduler = None if settings is None else ProbeScheduler(settings, config.probe_results, occupancy_checks(config))
-    return ProbeCollector(config.probe_results, config.probe_max_age_seconds, scheduler)
+    return ProbeCollector(config.probe_results, config.probe_max_age_seconds, scheduler,
+                          pod_known=result_binding(config))
 
 
 SPEC = CollectorSpec(

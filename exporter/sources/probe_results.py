@@ -7,6 +7,12 @@ are ignored, symlinks and non-regular files are refused, a file over 1 MiB or on
 not parse is *malformed*, a result older than ``max_age_seconds`` is *stale*; each is
 skipped and counted, never a crash. At most ``max_files`` files (the newest) are read.
 
+A pre-flight or probe-Job result names the pod that wrote it, and anyone who can write the
+folder can name any pod. With a ``pod_known`` predicate (``exporter.sources.podlogs.PodKnown``,
+from the node's pod list) a result naming a pod that is not on this node is not used while
+the pod list is complete (*not_on_node*); without a complete list it is used as it says.
+Results without a pod (scheduled probes) are node-wide and not bound.
+
 Scrapes come every few seconds and files rarely change: pass a ``ParseCache`` (owned by the
 caller, one per folder) and a file is parsed again only when its inode, size or mtime
 changed. The cache holds only the files of the last reading.
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +40,7 @@ class ProbeResultsReading:
     stale: list[str] = field(default_factory=list)  # file names
     malformed: list[tuple[str, str]] = field(default_factory=list)  # (file name, reason)
     not_read: int = 0  # files beyond max_files
+    not_on_node: list[str] = field(default_factory=list)  # file names of results naming a pod not on this node
     folder_present: bool = False
 
 
@@ -75,9 +83,9 @@ def _parse(path: Path) -> ProbeResult | MalformedResult:
 
 def read_probe_results(
     folder: Path, now: float, max_age_seconds: float, max_files: int = DEFAULT_MAX_FILES,
-    cache: ParseCache | None = None,
+    cache: ParseCache | None = None, pod_known: Callable[[str, str, str], bool | None] | None = None,
 ) -> ProbeResultsReading:
-    """Every usable result in ``folder``; stale and malformed files listed, not raised."""
+    """Every usable result in ``folder``; stale, malformed and unbound files listed, not raised."""
     reading = ProbeResultsReading(folder_present=folder.is_dir())
     cache = {} if cache is None else cache
     try:
@@ -99,6 +107,9 @@ def read_probe_results(
         result = cached[1]
         if isinstance(result, MalformedResult):
             reading.malformed.append((name, str(result)))
+            continue
+        if result.pod and pod_known is not None and pod_known(result.namespace, result.pod, "") is False:
+            reading.not_on_node.append(name)
             continue
         if now - result.finished_at > max_age_seconds:
             reading.stale.append(name)
