@@ -35,7 +35,7 @@ LABEL_KEYS = {"source", "why", *FIELDS}
 VERDICTS = {"rdma", "tcp_fallback", "single_node", "unknown"}
 EXIT_TCP_FALLBACK = 3
 TCP_CLASS_NETWORKS = {"Socket"}
-TCP_CLASS_PREFIXES = ("GPUDirectTCPX", "FastSocket")
+TCP_CLASS_PREFIXES = ("GPUDirectTCPX", "FastSocket", "FasTrak")
 RUN_TIMEOUT_S = 60
 
 

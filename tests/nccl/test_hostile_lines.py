@@ -110,3 +110,18 @@ def test_the_line_from_the_review_is_cheap() -> None:
     analyzer.feed(line)
     analyzer.result()
     assert time.perf_counter() - started < PER_LINE_SECONDS
+
+
+def test_log_derived_names_are_capped() -> None:
+    """``Using network <60 KB>`` once made a 15 MB /metrics page: names that become label values
+    (network, version, commId) are cut to what NCCL itself can print."""
+    analyzer = LogAnalyzer()
+    huge = "x" * 60000
+    analyzer.feed(f"h:1:2 [0] NCCL INFO Using network {huge}")
+    analyzer.feed("h:1:2 [0] NCCL INFO comm 0x1 rank 0 nranks 2 cudaDev 0 busId 1000 commId 0x1234 - Init COMPLETE")
+    analyzer.feed(f"h:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/{huge}/0")
+    analyzer.feed(f"NCCL version 2.18.3+{huge}")
+    verdict = analyzer.result()
+    labels = [verdict.network, verdict.nccl_version] + [
+        value for c in verdict.communicators for value in (c.comm_id, c.network, c.nccl_version)]
+    assert all(value is None or len(value) <= g.MAX_NAME_CHARS for value in labels), [len(v or "") for v in labels]
