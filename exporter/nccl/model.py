@@ -18,6 +18,16 @@ from exporter.nccl.verdict import NcclWarning, Verdict, connection_class, decide
 UNATTRIBUTED = "unattributed"
 _MEMO_ENTRIES = 4096  # parsed messages remembered per stream (cleared when full)
 _MEMO_MESSAGE_CHARS = 512  # longer messages are parsed every time
+# What each remembered fact costs, in bytes (CPython 3.11, measured with tracemalloc; the parser
+# benchmark checks ``approx_bytes`` against tracemalloc in every run): the estimate a node-wide
+# memory budget is enforced with, without walking the objects.
+_BYTES_BASE = 16 * 1024
+_BYTES_PER_RANK_FACT = 64  # a rank's process, GPU, NVLS channels, pointer reference
+_BYTES_PER_CONNECTION = 540  # a distinct connection line, its key and its cited record
+_BYTES_PER_PROCESS = 1150
+_BYTES_PER_PROCESS_ENTRY = 200  # a comm pointer, logging thread or NCCL_* setting of a process
+_BYTES_PER_MEMO_ENTRY = 200  # plus the characters of the remembered message
+_BYTES_PER_PREFIX_ENTRY = 250
 
 
 @dataclass(frozen=True)
@@ -221,6 +231,7 @@ class LogAnalyzer:
         self._cached: Verdict | None = None
         self._prefixes: dict[str, g.Prefix | None] = {}  # parsed line prefixes by their text
         self._events: dict[str, g.Event | None] = {}  # parsed messages by their text
+        self._memo_chars = 0  # characters of the messages in _events
         self._nodes: tuple[list[Process], dict[int, object]] | None = None  # see process_nodes()
         self._handlers = {
             g.VersionEvent: self._on_version, g.NetworkEvent: self._on_network, g.IbDevicesEvent: self._on_ib_devices,
@@ -313,7 +324,9 @@ class LogAnalyzer:
         if len(message) <= _MEMO_MESSAGE_CHARS:
             if len(self._events) >= _MEMO_ENTRIES:
                 self._events.clear()
+                self._memo_chars = 0
             self._events[message] = event
+            self._memo_chars += len(message)
         return event
 
     def _record(self, record: g.Record) -> None:
@@ -467,7 +480,7 @@ class LogAnalyzer:
             comm = self.communicators[key] = Communicator(key, comm_id, self._comm_order)
         return comm
 
-    def _evict_oldest_communicator(self) -> None:
+    def _evict_oldest_communicator(self, reason: str = "communicators") -> None:
         """Drop the oldest communicator, keeping what it showed in ``retired``. Costs its own size:
         threads still naming it as their context find it gone (every use checks), and the pointers
         naming it are found through its own references."""
@@ -492,7 +505,7 @@ class LogAnalyzer:
             if process.pointers.get(pointer) == oldest_key:
                 del process.pointers[pointer]
         self.retired.count += 1
-        self._count("communicators")
+        self._count(reason)
 
     def _only_rdma_lines(self, comm: Communicator) -> bool:
         """The communicator shows NET lines and all are on RDMA-class networks (then its network is
@@ -702,6 +715,33 @@ class LogAnalyzer:
             self.communicators[context].connections.add(key)
         elif len(thread.pending) < self.limits.max_connections:
             thread.pending.append(key)
+
+    # -- memory -----------------------------------------------------------------------------
+
+    def approx_bytes(self) -> int:
+        """What this analyzer holds, estimated from the counts of what it remembers (see _BYTES_*)."""
+        rank_facts = sum(len(c.rank_process) + len(c.rank_gpu) + len(c.nvls_channels) + len(c.pointer_refs)
+                         for c in self.communicators.values())
+        rank_facts += len(self.loose_ranks) + len(self.test_ranks)
+        entries = sum(len(p.pointers) + len(p.threads) + len(p.env) for p in self.processes.values())
+        return (_BYTES_BASE + _BYTES_PER_RANK_FACT * rank_facts + _BYTES_PER_CONNECTION * len(self.connections)
+                + _BYTES_PER_PROCESS * len(self.processes) + _BYTES_PER_PROCESS_ENTRY * entries
+                + _BYTES_PER_MEMO_ENTRY * len(self._events) + self._memo_chars
+                + _BYTES_PER_PREFIX_ENTRY * len(self._prefixes))
+
+    def shrink(self, target_bytes: int) -> int:
+        """Give memory back until at most ``target_bytes`` are held (a node-wide budget asks): first
+        the caches of parsed lines, then the oldest communicators, whose conclusions are kept
+        (``retired``), each counted as ``budget`` in ``overflow``. Returns the estimate after."""
+        self._events.clear()
+        self._memo_chars = 0
+        self._prefixes.clear()
+        size = self.approx_bytes()
+        while size > target_bytes and self.communicators:
+            self._evict_oldest_communicator(reason="budget")
+            size = self.approx_bytes()
+        self._cached = None
+        return size
 
     # -- output -----------------------------------------------------------------------------
 

@@ -94,6 +94,17 @@ def network_class(name: str | None, provider: str | None = None) -> str | None:
     return None
 
 
+# What people write in the ccl-health.io/expected-network label besides NCCL's own names.
+_EXPECTED_ALIASES = {"tcp": TCP, "socket": TCP, "sockets": TCP, "ethernet": TCP,
+                     "rdma": RDMA, "infiniband": RDMA, "roce": RDMA, "efa": RDMA}
+
+
+def expected_network_class(value: str | None) -> str | None:
+    """The class of a declared expected network (``socket``, ``tcp``, ``IB``, ``rdma``, ``FastSocket``, ...)."""
+    key = (value or "").strip().lower()
+    return _EXPECTED_ALIASES.get(key) or network_class(value)
+
+
 def transport_of_network(name: str) -> str:
     """The ``transport`` label of a ``via NET/<name>`` connection: net_ib, net_socket or net_plugin."""
     if name == "IB":

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from exporter.nccl.grammar import ConnectionEvent
@@ -691,3 +691,34 @@ def decide(analyzer: LogAnalyzer) -> Verdict:
         warnings=tuple(analyzer.warnings),
         reasons=tuple(dict.fromkeys(reasons)),
     )
+
+
+def with_node_context(verdict: Verdict, gpus_on_node: int | None, gpus_held_here: int | None) -> Verdict:
+    """The verdict once what the node knows and the log does not is added.
+
+    A communicator with more ranks than this node has GPUs, or than the job's pods hold here, spans
+    nodes: NCCL never puts two ranks of one communicator on one GPU. Only communicators the log left
+    open (``inter_node_tcp`` None on a TCP-class network) are decided this way; a log that already
+    decides keeps its answer.
+    """
+    if verdict.verdict != "unknown":
+        return verdict
+    bounds = [(n, what) for n, what in ((gpus_held_here, "the job's pods hold here"), (gpus_on_node, "this node has"))
+              if n]
+    if not bounds:
+        return verdict
+    bound, what = min(bounds)
+    decided: list[CommunicatorSummary] = []
+    communicators = []
+    for c in verdict.communicators:
+        if c.inter_node_tcp is None and c.network_class == TCP and c.nranks and c.nranks > bound:
+            c = replace(c, inter_node_tcp=True)
+            decided.append(c)
+        communicators.append(c)
+    if not decided:
+        return verdict
+    first = decided[0]
+    reason = (f"communicator {first.comm_id} has {first.nranks} ranks but {what} {bound} GPUs: it spans nodes, "
+              f"on TCP-class network {shown_network(first.network, first.network_class)}")
+    return replace(verdict, verdict="tcp_fallback", inter_node_tcp=True, communicators=tuple(communicators),
+                   reasons=(reason, *verdict.reasons))

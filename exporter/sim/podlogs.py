@@ -29,7 +29,7 @@ from pathlib import Path
 
 from exporter.sim.node import SimClock
 from exporter.sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
-from exporter.sources.kube import PodMetadata, attribute_job
+from exporter.sources.kube import EXPECTED_NETWORK_LABEL, PodMetadata, attribute_job
 
 NCCL_VERSION = "2.21.5"
 CUDA_VERSION = "12.4"
@@ -240,10 +240,18 @@ class SimPodLogs:
     def lookup(self, namespace: str, pod: str) -> PodMetadata | None:
         with self._lock:
             job = self._running.get((namespace, pod))
-        if job is None:
-            return None
+        return None if job is None else self._metadata(job)
+
+    @staticmethod
+    def _metadata(job: SimJob) -> PodMetadata:
         job_name, job_kind = attribute_job(job.labels, ())
-        return PodMetadata(namespace, pod, job.uid, job_name, job_kind)
+        return PodMetadata(job.namespace, job.pod, job.uid, job_name, job_kind,
+                           job.labels.get(EXPECTED_NETWORK_LABEL, ""), host_network=False)
 
     def is_authoritative(self) -> bool:
         return True
+
+    def pods(self) -> list[PodMetadata]:
+        with self._lock:
+            jobs = list(self._running.values())
+        return sorted((self._metadata(job) for job in jobs), key=lambda p: (p.namespace, p.name))
