@@ -584,8 +584,10 @@ class NcclCollector:
         by_one_label = [
             (CounterMetricFamily, "ccl_nccl_dropped_total",
              "Input the NCCL pipeline dropped or cut to stay bounded, by reason: parser_* (parser "
-             "caps: communicators, processes, ...), tail_long_line, tail_stream_evicted, "
-             "tail_malformed_cri, tail_truncated, tail_replaced, tail_gz_cap, tail_gz_corrupt.",
+             "caps: communicators, processes, ...; parser_budget: the node-wide parser memory budget), "
+             "tail_long_line, tail_stream_evicted, tail_malformed_cri, tail_truncated, tail_replaced, "
+             "tail_gz_cap, tail_gz_corrupt, tail_state_invalid, tail_pod_not_on_node, tail_pod_uid_mismatch, "
+             "tail_symlink, tail_folder_cap.",
              "reason", snap.dropped),
             (CounterMetricFamily, "ccl_nccl_log_read_bytes_total", "Bytes read from pod logs and NCCL debug files.",
              "source", snap.tail_bytes),
@@ -593,9 +595,9 @@ class NcclCollector:
              "source", snap.tail_lines),
             (CounterMetricFamily, "ccl_nccl_log_skipped_bytes_total",
              "Bytes not parsed, by reason: initial_cap (busy log found at start), long_line, "
-             "stream_evicted, vanished (file deleted before it was read to its end), gz_cap and "
-             "gz_corrupt (rest of a .gz resumed after a restart: past the decompression cap, or "
-             "corrupt; compressed bytes).",
+             "stream_evicted, vanished (file deleted before it was read to its end), pod_not_on_node "
+             "(files of a pod that left the node), gz_cap and gz_corrupt (rest of a .gz resumed after a "
+             "restart: past the decompression cap, or corrupt; compressed bytes).",
              "reason", snap.tail_skipped),
             (GaugeMetricFamily, "ccl_nccl_log_files", "Log files being tailed.", "source", snap.tail_files),
         ]

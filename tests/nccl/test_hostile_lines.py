@@ -4,7 +4,8 @@ A pod can print anything. A regular expression that backtracks over a long run o
 looks for (``NET/`` x 16,000 before ``GPU Direct RDMA``) turns one 64 KiB line into seconds of CPU
 and stalls fallback detection for every pod on the node. Each test builds 64 KiB lines out of
 NCCL's own vocabulary (the tokens the patterns anchor on, repeated, then a tail that completes a
-match) and bounds the time one line may take. A linear scan of 64 KiB takes about a millisecond;
+match; the generator is ``bench.hostile_parse``'s, which measures the same lines) and bounds the
+time one line may take. A linear scan of 64 KiB takes about a millisecond;
 the bound is two orders of magnitude above that and far below what a quadratic pattern needs
 (seconds), so the test tells the two apart on a busy machine without timing anything real.
 """
@@ -13,40 +14,15 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
+from bench.hostile_parse import hostile_lines
 from exporter.nccl import LogAnalyzer, cri
 from exporter.nccl import grammar as g
 
-LINE_CHARS = 64 * 1024
 PER_LINE_SECONDS = 0.25
-
-# Pieces of NCCL output that the patterns anchor on or repeat over.
-TOKENS = (
-    "NET/", "NET/IB : ", "NET/Socket : ", "NET/OFI ", "NET/Plugin: ", "comm ", "nccl", "ncclComm", "Channel 00/0 : ",
-    "Ring 00 : ", "0[0] -> 1[1] ", " via ", "via NET/", "COLLNET/", "Coll 00 : 0 [send] via COLLNET/", "GPU Direct RDMA ",
-    " coll channels, ", "[0]", "[0]mlx5_0:1/IB ", "; OOB ", "h:1:2 [0] ", "a:1:1 [0] NCCL INFO ", "NCCL INFO ", "NCCL ",
-    " ", "\t", ":", "1", "a", "-", ".", "[", "]", "(", "(RayTrainWorker pid=1) ", "[repeated 2x across cluster]",
-    "2024-01-01T00:00:00.000000001Z ", "rank 1 nranks 2 ", "nRanks 2 nNodes 1 ", "Using network ", "Loaded net plugin ",
-    "set by environment to ", "# Rank 0 Group 0 Pid 1 on ", "\x1b[", "| ", "Bootstrap : Using ", "busId ", "commId 0x",
-    "Selected provider is ", "NCCL_", "0x", "stdout F ", " P ",
-)
-# Tails that complete a match at the end of the line, so that a pattern which backtracks does so.
-TAILS = (
-    "", "GPU Direct RDMA Enabled for x", "comm 0x1 rank 0 nranks 2 cudaDev 0 busId 1000 - Init COMPLETE",
-    "Coll 0 : 0 [send] via COLLNET/x/0", "Channel 00/0 : 0[0] -> 1[1] [send] via NET/Socket/0",
-    "[repeated 2x across cluster]", "h:1:1 [0] NCCL INFO Using network Socket", ": Using [0]eth0:10.0.0.1<0>",
-    "NCCL_IB_DISABLE set by environment to 1.", "x:1", "]:1 x",
-)
-
-
-def hostile_lines() -> Iterator[tuple[str, str]]:
-    for token in TOKENS:
-        body = token * (LINE_CHARS // len(token) + 1)
-        for tail in TAILS:
-            yield f"{token!r}*N + {tail!r}", body[: LINE_CHARS - len(tail)] + tail
 
 
 def patterns() -> list[tuple[str, re.Pattern[str]]]:
