@@ -340,7 +340,7 @@ class NcclCollector:
                         StreamKey(key.source, key.namespace, key.pod, key.pod_uid, key.container,
                                   str(newest[(key.pod_uid, key.container)]))
                     )
-                    expired = newer is not None and self._verdict(newer).verdict != "unknown"
+                    expired = newer is not None and self._supersedes(self._verdict(newer))
                 if expired:
                     self._retire(pod, pod.streams.pop(key))
             listed = self.metadata.lookup(pod.namespace, pod.pod)
@@ -376,6 +376,12 @@ class NcclCollector:
             stream.verdict = stream.analyzer.result()
             stream.dirty = False
         return stream.verdict
+
+    @staticmethod
+    def _supersedes(verdict: Verdict) -> bool:
+        """A restarted container's log replaces the previous run's once it says something: a verdict,
+        or a communicator whose network is known (its placement may stay open)."""
+        return verdict.verdict != "unknown" or any(c.network_class for c in verdict.communicators)
 
     def _job_gpus_here(self, pod: _Pod, meta: PodMetadata | None, gpus: GpuInventory) -> int | None:
         """GPUs the pod's training job holds on this node (its pods' pod-resources GPUs); None when

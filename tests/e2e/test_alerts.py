@@ -139,3 +139,24 @@ def test_probe_below_its_baseline_fires_for_that_node(start_cluster) -> None:  #
     assert alert["labels"]["severity"] == "warning"
     assert not _alerts_named(cluster, "CclProbeBusBandwidthBelowFloor"), "150 GB/s is above the floor"
     assert [a["labels"]["node"] for a in _alerts_named(cluster, "CclProbeBusBandwidthBelowBaseline")] == ["gpu-node-01"]
+
+
+def test_tcp_fallback_the_log_cannot_place_pages_from_the_jobs_nodes(start_cluster) -> None:  # type: ignore[no-untyped-def]
+    """The pod's container restarts on NCCL 2.18 over Socket, and its log leaves the placement open
+    (no nNodes line; a communicator of 8 ranks, only this node's 4 in the log, on a node with 8 GPUs
+    that the pod holds): the exporter says "cannot tell", and the job's GPU pods on two RDMA nodes
+    decide it in the rules."""
+    cluster = start_cluster(nodes=2, intervals=Intervals())
+    node = cluster.node("gpu-node-01")
+    node.act("nccl-job-restart", namespace=TRAINING_NAMESPACE, pod=TRAINING_POD, network="Socket", placement="open")
+    want = {"namespace": TRAINING_NAMESPACE, "pod": TRAINING_POD, "job_name": "llama-70b", "node": "gpu-node-01",
+            "evidence": "placement"}
+    got = cluster.receiver.wait_alert("CclNcclTcpFallback", "firing", timeout=60, match=want)
+    assert got is not None, cluster.prometheus.alerts()
+    _, alert = got
+    assert alert["labels"]["severity"] == "critical"
+    assert "Evidence: placement" in " ".join(alert["annotations"]["description"].split())
+    selector = f'node="gpu-node-01",namespace="{TRAINING_NAMESPACE}",pod="{TRAINING_POD}"'
+    assert cluster.prometheus.values(f'ccl_nccl_verdict{{{selector},verdict="unknown"}}') == [1.0]
+    assert cluster.prometheus.values(f'ccl_nccl_tcp_fallback{{{selector}}}') == [0.0], "the log alone cannot tell"
+    assert [a["labels"]["node"] for a in _alerts_named(cluster, "CclNcclTcpFallback")] == ["gpu-node-01"]
