@@ -80,6 +80,26 @@ def test_counters_only_suspected_fallback(start_cluster) -> None:  # type: ignor
     assert not _alerts_named(cluster, "CclNcclTcpFallback"), "no NCCL log says so: only the suspicion"
 
 
+def test_data_loading_over_the_pod_network_is_not_taken_for_a_fallback(start_cluster) -> None:  # type: ignore[no-untyped-def]
+    """The look-alike of the counters-only suspicion: the same job without NCCL logs and idle RDMA,
+    reading its dataset over the pod network (2 GB/s in, 50 MB/s out): gradients go both ways,
+    a dataset one way. After longer than the compressed window and ``for:``, nothing fires."""
+    def scene(exporters: list[SimulatedExporter]) -> None:
+        make_healthy(exporters)
+        for exporter in exporters:
+            exporter.act("rdma-traffic-stop")
+            exporter.act("nccl-job-stop", namespace=TRAINING_NAMESPACE, pod=TRAINING_POD)
+
+    cluster = start_cluster(nodes=2, intervals=Intervals(), before_scrape=scene)
+    cluster.kubelet.set_traffic(TRAINING_NAMESPACE, TRAINING_POD, 5e7, 2e9)
+    time.sleep(20)
+    rate = cluster.prometheus.values(
+        f'namespace_pod:container_network_receive_bytes:rate5m{{namespace="{TRAINING_NAMESPACE}",pod="{TRAINING_POD}"}}')
+    assert rate and rate[0] > 1e9, "the traffic was seen (not vacuously quiet)"
+    assert not _alerts_named(cluster, "CclSuspectedTcpFallback"), cluster.prometheus.alerts()
+    assert "CclSuspectedTcpFallback" not in cluster.receiver.alertnames("firing")
+
+
 def test_healthy_multi_node_job_fires_nothing(start_cluster) -> None:  # type: ignore[no-untyped-def]
     """Two nodes of one job on RDMA with NVLink busy: after longer than the longest compressed
     ``for:`` of the fabric alerts (15 s), nothing is firing and nothing was delivered."""
