@@ -2,7 +2,10 @@
 
 Files and folders (walked, sorted) are read as one log stream — one job's logs, whatever
 their wrappers: plain text, ``.gz`` rotated logs, CRI pod logs (partial lines joined).
-Exit 0 healthy or unknown, 3 when a TCP fallback is found, 1 when an input cannot be read.
+
+Exit codes: 0 no fallback shown (RDMA, or one node), 3 TCP fallback, 4 the log does not show
+enough to tell ("cannot tell" is an answer, never silence), 1 an input cannot be read (one line on
+stderr, no verdict on stdout: a verdict on part of a job's logs would be a guess), 2 usage.
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ from exporter.nccl.verdict import transport_key
 EXIT_OK = 0
 EXIT_UNREADABLE = 1
 EXIT_TCP_FALLBACK = 3
+EXIT_CANNOT_TELL = 4
+EXIT_CODES = {"rdma": EXIT_OK, "single_node": EXIT_OK, "tcp_fallback": EXIT_TCP_FALLBACK, "unknown": EXIT_CANNOT_TELL}
+# What a job needs so that its log shows the transport (every line the verdict reads is INIT or NET).
+LOGGING_HINT = "NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET"
 _CHUNK = 1 << 20
 
 
@@ -32,7 +39,8 @@ def add_parser(sub: argparse._SubParsersAction, environ: Mapping[str, str]) -> a
         help="offline verdict on NCCL logs: RDMA or TCP fallback",
         description="Read NCCL_DEBUG=INFO logs (files or folders; plain, .gz or CRI pod logs; any NCCL "
         "2.3-2.30 and any launcher wrapper) as one job and say whether inter-node traffic runs on "
-        "RDMA or fell back to TCP. Exit 0 healthy/unknown, 3 TCP fallback found, 1 unreadable input.",
+        "RDMA or fell back to TCP. Exit 0 no fallback shown (RDMA, or one node), 3 TCP fallback, "
+        "4 the log does not show enough to tell, 1 unreadable input (nothing on stdout), 2 usage.",
     )
     parser.add_argument("--json", action="store_true", help="print exactly one JSON object")
     parser.add_argument("paths", nargs="+", metavar="PATH",
@@ -123,7 +131,17 @@ def one_line(verdict: Verdict) -> str:
     return f"NCCL verdict: {verdict.verdict.upper()} - {meaning} ({', '.join(facts)})"
 
 
-def render_text(verdict: Verdict, out: TextIO) -> None:
+def next_step(verdict: Verdict) -> str:
+    """What the exit code means for the job, and what to do when the log cannot tell."""
+    if verdict.verdict == "unknown":
+        return (f"  cannot tell (exit {EXIT_CANNOT_TELL}): run the job with {LOGGING_HINT} and give this command "
+                "the log from the start of the job (NCCL prints its network choice once, at communicator init)")
+    if verdict.verdict == "tcp_fallback":
+        return f"  TCP fallback (exit {EXIT_TCP_FALLBACK}): see the CclNcclTcpFallback runbook"
+    return f"  no fallback shown (exit {EXIT_OK})"
+
+
+def render_text(verdict: Verdict, out: TextIO, warning_counts: Mapping[str, int] | None = None) -> None:
     rows = [("COMMUNICATOR", "RANKS", "NODES", "NETWORK", "GDR", "INTER-NODE TCP", "CONNECTIONS")]
     for c in verdict.communicators:
         transports = " ".join(f"{transport_key(k)}={v}" for k, v in sorted(c.transports.items())) or "-"
@@ -137,10 +155,12 @@ def render_text(verdict: Verdict, out: TextIO) -> None:
     out.write(one_line(verdict) + "\n")
     for reason in verdict.reasons:
         out.write(f"  because: {reason}\n")
-    if verdict.warnings:
-        counts: dict[str, int] = {}
+    out.write(next_step(verdict) + "\n")
+    counts = dict(warning_counts) if warning_counts is not None else {}
+    if warning_counts is None:  # only the verdict's sample of warning lines is known
         for w in verdict.warnings:
             counts[w.category] = counts.get(w.category, 0) + 1
+    if counts:
         out.write("  warnings: " + ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())) + "\n")
 
 
@@ -163,13 +183,13 @@ def run(args: argparse.Namespace) -> int:
                 feed_file(analyzer, file)
             except (OSError, EOFError, gzip.BadGzipFile) as exc:
                 unreadable.append(f"{file}: {exc}")
+    if unreadable:
+        more = f" (and {len(unreadable) - 1} more unreadable inputs)" if len(unreadable) > 1 else ""
+        print(f"ccl-exporter analyze: cannot read {unreadable[0]}{more}", file=sys.stderr)
+        return EXIT_UNREADABLE
     verdict = analyzer.result()
-    for problem in unreadable:
-        print(f"ccl-exporter analyze: cannot read {problem}", file=sys.stderr)
     if args.json:
         sys.stdout.write(json.dumps(verdict.to_json(), sort_keys=False) + "\n")
     else:
-        render_text(verdict, sys.stdout)
-    if unreadable:
-        return EXIT_UNREADABLE
-    return EXIT_TCP_FALLBACK if verdict.verdict == "tcp_fallback" else EXIT_OK
+        render_text(verdict, sys.stdout, analyzer.warnings_by_category)
+    return EXIT_CODES[verdict.verdict]

@@ -121,6 +121,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, s
     _add(nccl, environ, "--collector.nccl.grace-period", 300.0,
          "seconds the series of a pod whose logs are gone (or that left the node) stay exposed",
          type=float, dest="nccl_grace_period")
+    _add(nccl, environ, "--collector.nccl.parser-memory-budget", 64 * 1024 * 1024,
+         "bytes all streams' NCCL log analyzers may hold together; over it the largest forget their "
+         "oldest communicators (their conclusions are kept)", type=int, dest="nccl_parser_memory_budget")
     probe = parser.add_argument_group("idle-time bus-bandwidth probes (collector probe)")
     _add(probe, environ, "--probe.interval", 0.0, "seconds between probes while the GPUs are idle; 0 = off",
          type=float, dest="probe_interval")
@@ -179,6 +182,7 @@ def config_from_args(args: argparse.Namespace, specs: Sequence[CollectorSpec]) -
         enabled_collectors=tuple(enabled),
         log_level=str(args.log_level),
         nccl_grace_period_seconds=float(args.nccl_grace_period),
+        nccl_parser_memory_budget_bytes=int(args.nccl_parser_memory_budget),
         probe_interval_seconds=float(args.probe_interval),
         probe_timeout_seconds=float(args.probe_timeout),
         probe_backend=str(args.probe_backend),

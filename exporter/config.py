@@ -43,6 +43,7 @@ class ServeConfig:
     enabled_collectors: tuple[str, ...] = ()
     log_level: str = "info"
     nccl_grace_period_seconds: float = 300.0
+    nccl_parser_memory_budget_bytes: int = 64 * 1024 * 1024
     # idle-time bus-bandwidth probes (collector "probe"); interval 0 = off
     probe_interval_seconds: float = 0.0
     probe_timeout_seconds: float = 120.0

@@ -72,6 +72,11 @@ def pod(namespace: str, name: str, uid: str, labels: dict[str, str], rv: str, ow
 LLAMA = pod("training", "llama-worker-0", "u1", {"training.kubeflow.org/job-name": "llama"}, "101", [CONTROLLER])
 BERT = pod("research", "bert-0", "u2", {"batch.kubernetes.io/job-name": "bert"}, "102")
 RESNET = pod("vision", "resnet-0", "u3", {"volcano.sh/job-name": "resnet"}, "105")
+# A pod that says it runs on TCP on purpose, with the host network.
+ETL = pod("data", "etl-0", "u4", {"job-name": "etl", "ccl-health.io/expected-network": "socket"}, "103")
+ETL["spec"]["hostNetwork"] = True
+# Namespaces that declare an expected network for all their pods.
+NAMESPACES = [{"metadata": {"name": "research", "labels": {"ccl-health.io/expected-network": "socket"}}}]
 
 
 class RecordedApi(BaseHTTPRequestHandler):
@@ -84,21 +89,29 @@ class RecordedApi(BaseHTTPRequestHandler):
     def log_message(self, *args: object) -> None:
         pass
 
+    def send_json(self, document: dict) -> None:
+        body = json.dumps(document).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         url = urlparse(self.path)
         query = parse_qs(url.query)
         type(self).queries.append(query)
+        if url.path == "/api/v1/namespaces":
+            self.send_json({"kind": "NamespaceList", "apiVersion": "v1", "metadata": {"resourceVersion": "9"},
+                            "items": NAMESPACES if query.get("labelSelector") == ["ccl-health.io/expected-network"]
+                            else []})
+            return
         if url.path != "/api/v1/pods":
             self.send_error(404)
             return
         if query.get("watch") != ["true"]:
-            body = json.dumps({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "100"},
-                               "items": [LLAMA, BERT]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self.send_json({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "100"},
+                            "items": [LLAMA, BERT, ETL]})
             return
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -151,11 +164,17 @@ def test_cache_lists_and_watches_this_nodes_pods(recorded_api: str) -> None:
         assert wait_for(lambda: cache.lookup("vision", "resnet-0") is not None)
         assert wait_for(lambda: cache.lookup("training", "llama-worker-0") is None)
         assert cache.is_authoritative()
-        assert cache.lookup("research", "bert-0") == PodMetadata("research", "bert-0", "u2", "bert-v2", "VolcanoJob")
-        assert cache.lookup("vision", "resnet-0") == PodMetadata("vision", "resnet-0", "u3", "resnet", "VolcanoJob")
+        # research declares TCP for its pods: the namespace label reaches the pod's record.
+        assert cache.lookup("research", "bert-0") == PodMetadata("research", "bert-0", "u2", "bert-v2", "VolcanoJob",
+                                                                 "socket", False)
+        assert cache.lookup("vision", "resnet-0") == PodMetadata("vision", "resnet-0", "u3", "resnet", "VolcanoJob",
+                                                                 "", False)
+        assert cache.lookup("data", "etl-0") == PodMetadata("data", "etl-0", "u4", "etl", "Job", "socket", True)
+        assert [p.name for p in cache.pods()] == ["etl-0", "bert-0", "resnet-0"]
     finally:
         cache.close()
-    listing, watching = RecordedApi.queries[0], RecordedApi.queries[1]
+    pod_queries = [q for q in RecordedApi.queries if "fieldSelector" in q]
+    listing, watching = pod_queries[0], pod_queries[1]
     assert listing["fieldSelector"] == ["spec.nodeName=gpu-node-7"]
     assert watching["fieldSelector"] == ["spec.nodeName=gpu-node-7"]
     assert watching["resourceVersion"] == ["100"] and watching["watch"] == ["true"]
@@ -195,3 +214,18 @@ def test_no_node_name_means_no_watch(caplog: pytest.LogCaptureFixture) -> None:
     cache = KubePodCache("")
     cache.start()
     assert cache.status == "no node name" and not cache.is_authoritative()
+
+
+def test_without_permission_to_list_namespaces_pod_labels_still_count(caplog: pytest.LogCaptureFixture) -> None:
+    class Forbidden(Exception):
+        status = 403
+
+    class Api:
+        def list_namespace(self, **_: object) -> None:
+            raise Forbidden("namespaces is forbidden")
+
+    caplog.set_level(logging.INFO, logger="exporter.sources.kube")
+    cache = KubePodCache("gpu-node-7")
+    for _ in range(3):
+        cache._read_namespace_expectations(Api())
+    assert len([r for r in caplog.records if "cannot list namespaces" in r.getMessage()]) == 1

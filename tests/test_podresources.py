@@ -36,10 +36,10 @@ PODS = [
     Pod("kube-system", "coredns-1", [Container("coredns", {})]),
 ]
 EXPECTED = [
-    {"gpu": "0", "uuid": uuid(0), "namespace": "ml-training", "pod": "llama-worker-0", "container": "trainer", "resource": "nvidia.com/gpu", "job_name": "", "job_kind": ""},
-    {"gpu": "1", "uuid": uuid(1), "namespace": "ml-training", "pod": "llama-worker-0", "container": "trainer", "resource": "nvidia.com/gpu", "job_name": "", "job_kind": ""},
-    {"gpu": "2", "uuid": uuid(2), "namespace": "ml-training", "pod": "llama-worker-1", "container": "trainer", "resource": "nvidia.com/gpu.shared", "job_name": "", "job_kind": ""},
-    {"gpu": "", "uuid": MIG, "namespace": "inference", "pod": "llm-0", "container": "server", "resource": "nvidia.com/mig-1g.18gb", "job_name": "", "job_kind": ""},
+    {"gpu": "0", "uuid": uuid(0), "namespace": "ml-training", "pod": "llama-worker-0", "container": "trainer", "resource": "nvidia.com/gpu", "job_name": "", "job_kind": "", "host_network": ""},
+    {"gpu": "1", "uuid": uuid(1), "namespace": "ml-training", "pod": "llama-worker-0", "container": "trainer", "resource": "nvidia.com/gpu", "job_name": "", "job_kind": "", "host_network": ""},
+    {"gpu": "2", "uuid": uuid(2), "namespace": "ml-training", "pod": "llama-worker-1", "container": "trainer", "resource": "nvidia.com/gpu.shared", "job_name": "", "job_kind": "", "host_network": ""},
+    {"gpu": "", "uuid": MIG, "namespace": "inference", "pod": "llm-0", "container": "server", "resource": "nvidia.com/mig-1g.18gb", "job_name": "", "job_kind": "", "host_network": ""},
 ]
 
 
@@ -141,7 +141,9 @@ def test_gpu_pod_info_names_the_training_job() -> None:
     class Known:
         def lookup(self, namespace: str, pod: str) -> PodMetadata | None:
             if (namespace, pod) == ("ml", "llama-worker-0"):
-                return PodMetadata("ml", "llama-worker-0", "uid-1", "llama", "PyTorchJob")
+                return PodMetadata("ml", "llama-worker-0", "uid-1", "llama", "PyTorchJob", host_network=False)
+            if (namespace, pod) == ("ml", "mpi-launcher-0"):
+                return PodMetadata("ml", "mpi-launcher-0", "uid-2", "mpi", "MPIJob", host_network=True)
             return None
 
         def is_authoritative(self) -> bool:
@@ -150,7 +152,11 @@ def test_gpu_pod_info_names_the_training_job() -> None:
     assignments = [
         GpuAssignment(namespace="ml", pod="llama-worker-0", container="trainer", resource="nvidia.com/gpu", device_id="GPU-a"),
         GpuAssignment(namespace="ml", pod="unknown-0", container="c", resource="nvidia.com/gpu", device_id="GPU-b"),
+        GpuAssignment(namespace="ml", pod="mpi-launcher-0", container="c", resource="nvidia.com/gpu", device_id="GPU-c"),
     ]
     family = PodResourcesCollector.family(assignments, {"GPU-a": "0"}, Known())
-    labels = sorted((s.labels["pod"], s.labels["job_name"], s.labels["job_kind"], s.labels["gpu"]) for s in family.samples)
-    assert labels == [("llama-worker-0", "llama", "PyTorchJob", "0"), ("unknown-0", "", "", "")]
+    labels = sorted((s.labels["pod"], s.labels["job_name"], s.labels["job_kind"], s.labels["gpu"], s.labels["host_network"])
+                    for s in family.samples)
+    # host_network tells the rules that cAdvisor's network counters of that pod are the host's.
+    assert labels == [("llama-worker-0", "llama", "PyTorchJob", "0", "false"), ("mpi-launcher-0", "mpi", "MPIJob", "", "true"),
+                      ("unknown-0", "", "", "", "")]

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from exporter.cli import build_parser
-from exporter.probe.preflight import PortSpec, parse_rate_gbps, run_preflight
-from exporter.probe.results import parse_result
+from exporter.probe.preflight import PortSpec, parse_rate_gbps, probe_checks, run_preflight
+from exporter.probe.results import ProbeResult, Transport, parse_result
 
 HEALTHY_ENV = {"POD_NAMESPACE": "team-a", "POD_NAME": "llama-worker-0", "JOB_NAME": "llama"}
 
@@ -166,3 +166,22 @@ def test_gang_probe_requires_rdma_and_a_floor(node: Path) -> None:
     document = json.loads(next(results.iterdir()).read_text())
     assert document["transport"]["name"] == "gloo/tcp"
     assert document["collectives"][0]["rows"][0]["size_bytes"] == 65536
+
+
+@pytest.mark.parametrize(("allow", "ok"), [(False, False), (True, True)])
+def test_a_transport_nccl_cannot_tell_fails_closed_unless_allowed(allow: bool, ok: bool) -> None:
+    """NCCL's log of the probe did not show the transport: "cannot tell" is not a pass."""
+    unknown = ProbeResult(source="preflight", started_at=0.0, finished_at=1.0, world_size=16, nnodes=2,
+                          transport=Transport("unknown", "unknown", reasons=("the log shows no NCCL network selection",)))
+    (check,) = [c for c in probe_checks(unknown, "rdma", None, allow_unknown_transport=allow) if c.check == "probe_transport"]
+    assert check.ok is ok
+    assert "cannot tell" in check.message and "the log shows no NCCL network selection" in check.message
+    if not ok:
+        assert "--allow-unknown-transport" in check.message
+
+
+def test_the_allow_flag_is_parsed_and_read_from_the_environment() -> None:
+    assert build_parser({}).parse_args(["preflight"]).allow_unknown_transport is False
+    assert build_parser({}).parse_args(["preflight", "--allow-unknown-transport"]).allow_unknown_transport is True
+    env = {"CCL_EXPORTER_ALLOW_UNKNOWN_TRANSPORT": "true"}
+    assert build_parser(env).parse_args(["preflight"]).allow_unknown_transport is True

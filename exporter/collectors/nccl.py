@@ -25,7 +25,9 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from exporter.collectors.base import CollectorSpec, CollectorUnavailable
 from exporter.config import ServeConfig
 from exporter.nccl import Limits, LogAnalyzer, Verdict
-from exporter.nccl.networks import RDMA, network_class
+from exporter.nccl.networks import RDMA, expected_network_class
+from exporter.nccl.verdict import with_node_context
+from exporter.sources.gpu_inventory import GpuInventory, GpuInventorySource
 from exporter.sources.kube import NoPodMetadata, PodMetadata, PodMetadataSource
 from exporter.sources.podlogs import SOURCE_POD_LOG, PodLogTailer, StreamKey, TailLimits
 from exporter.sources.rdma import RdmaReading, read_rdma
@@ -37,11 +39,19 @@ RDMA_TRANSPORTS = ("net_ib", "net_plugin", "collnet")
 GDR_LABELS = {"1": "true", "0": "false"}  # the parser's transport-key gdr field → label
 NOTE_WARNINGS = "warnings"
 NOTE_DROPPED = "dropped"
+# ccl_nccl_verdict states, one series each (kube-state-metrics' phase convention), and how a pod's
+# streams combine: any fallback decides; then RDMA (a process uses one network for all its
+# communicators); "cannot tell" outranks "one node", which a later communicator may contradict.
+VERDICTS = ("rdma", "single_node", "tcp_fallback", "unknown")
+_VERDICT_PRIORITY = ("tcp_fallback", "rdma", "unknown", "single_node")
 
 
 # The parser's caps as the exporter runs it: tighter than the offline defaults, since one node
-# holds an analyzer per stream (a pod's processes rarely exceed 8, their communicators 64).
-EXPORTER_PARSER_LIMITS = Limits(max_processes=64, max_pointers=64, max_communicators=64, max_connections=2048)
+# holds an analyzer per stream (a pod's log shows its own ranks, rarely more than 8 processes and
+# a few dozen communicators). At these caps one analyzer holds about 10 MB; the node-wide budget
+# (NcclLimits.parser_memory_budget_bytes) bounds them all together.
+EXPORTER_PARSER_LIMITS = Limits(max_processes=64, max_pointers=64, max_communicators=32, max_connections=2048,
+                                max_ranks=1024)
 
 
 @dataclass(frozen=True)
@@ -51,6 +61,10 @@ class NcclLimits:
     max_communicator_series_per_pod: int = 256
     max_communicator_series: int = 4096
     max_warning_categories: int = 64
+    # Every stream's analyzer together (their own estimate, LogAnalyzer.approx_bytes). Over it, the
+    # largest give back memory (parsed-line caches, then their oldest communicators, whose
+    # conclusions are kept) down to 80 % of it, counted as ccl_nccl_dropped_total{reason="parser_budget"}.
+    parser_memory_budget_bytes: int = 64 * 1024 * 1024
 
 
 @dataclass
@@ -63,6 +77,7 @@ class _Stream:
     verdict: Verdict | None = None
     dirty: bool = False
     removed_at: float | None = None  # files gone; kept for the grace period
+    size: int = 0  # the analyzer's approx_bytes after its last lines
 
     def warnings(self) -> dict[str, int]:
         return _add_counts(self.warnings_base, self.analyzer.warnings_by_category)
@@ -88,12 +103,14 @@ class PodReport:
     pod: str
     job_name: str
     job_kind: str
-    communicators: tuple[tuple[str, str, str, str, str], ...]  # comm_id, nranks, nnodes, network, version
+    # comm_id, nranks, nnodes, network, network_class, version
+    communicators: tuple[tuple[str, str, str, str, str, str], ...]
     connections: tuple[tuple[str, str, str, str, int], ...]  # comm_id, transport, scope, gdr, count
     has_nccl: bool
     inter_node_tcp: bool
     gdr_disabled: bool
     warnings: tuple[tuple[str, int], ...]
+    verdict: str = "unknown"  # one of VERDICTS, with what the node knows (GPU counts) added
 
 
 @dataclass(frozen=True)
@@ -111,6 +128,9 @@ class Snapshot:
     unattributed_files: int = 0
     metadata_available: bool = False
     state_save_errors: int = 0
+    parser_bytes: int = 0
+    # namespace, pod, job_name, job_kind, expected_network, its class: pods that declare their network
+    expectations: tuple[tuple[str, str, str, str, str, str], ...] = ()
 
 
 def _add_counts(base: Mapping[str, int], extra: Mapping[str, int]) -> dict[str, int]:
@@ -155,6 +175,7 @@ class NcclCollector:
         limits: NcclLimits | None = None,
         clock: Callable[[], float] = time.monotonic,
         rdma_reader: Callable[[Path], RdmaReading] = read_rdma,
+        gpu_inventory: GpuInventorySource | None = None,
     ) -> None:
         self.tailer = tailer
         self.metadata: PodMetadataSource = metadata or NoPodMetadata()
@@ -170,6 +191,8 @@ class NcclCollector:
         self._pods: dict[tuple[str, str], _Pod] = {}
         self._dropped_retired: dict[str, int] = {}  # parser overflow of analyzers no longer held
         self._rdma: tuple[float, bool | None] | None = None
+        self._gpu_inventory = gpu_inventory
+        self._parser_bytes = 0
         self._last_save = clock()
         self._step_lock = threading.Lock()
         self._snapshot = Snapshot()
@@ -222,6 +245,7 @@ class NcclCollector:
                 if pod is not None and key in pod.streams:
                     pod.streams[key].removed_at = now
             self._expire(now)
+            self._enforce_parser_budget()
             if now - self._last_save >= self._save_every:
                 self._last_save = now
                 self.tailer.save_state(self._notes())
@@ -272,6 +296,23 @@ class NcclCollector:
         for line in lines:
             feed(line)
         stream.dirty = True
+        stream.size = stream.analyzer.approx_bytes()
+
+    def _enforce_parser_budget(self) -> None:
+        """Keep every analyzer of the node together within the budget: the largest shrink first."""
+        streams = [stream for pod in self._pods.values() for stream in pod.streams.values()]
+        total = sum(stream.size for stream in streams)
+        budget = self.limits.parser_memory_budget_bytes
+        if total > budget:
+            target = int(budget * 0.8)
+            for stream in sorted(streams, key=lambda st: st.size, reverse=True):
+                if total <= target:
+                    break
+                before = stream.size
+                stream.size = stream.analyzer.shrink(max(0, before - (total - target)))
+                stream.dirty = True
+                total -= before - stream.size
+        self._parser_bytes = total
 
     def _notes(self) -> dict[StreamKey, dict]:
         notes: dict[StreamKey, dict] = {}
@@ -299,7 +340,7 @@ class NcclCollector:
                         StreamKey(key.source, key.namespace, key.pod, key.pod_uid, key.container,
                                   str(newest[(key.pod_uid, key.container)]))
                     )
-                    expired = newer is not None and self._verdict(newer).verdict != "unknown"
+                    expired = newer is not None and self._supersedes(self._verdict(newer))
                 if expired:
                     self._retire(pod, pod.streams.pop(key))
             listed = self.metadata.lookup(pod.namespace, pod.pod)
@@ -336,28 +377,50 @@ class NcclCollector:
             stream.dirty = False
         return stream.verdict
 
-    def _pod_report(self, pod: _Pod, meta: PodMetadata | None) -> PodReport:
-        communicators: set[tuple[str, str, str, str, str]] = set()
+    @staticmethod
+    def _supersedes(verdict: Verdict) -> bool:
+        """A restarted container's log replaces the previous run's once it says something: a verdict,
+        or a communicator whose network is known (its placement may stay open)."""
+        return verdict.verdict != "unknown" or any(c.network_class for c in verdict.communicators)
+
+    def _job_gpus_here(self, pod: _Pod, meta: PodMetadata | None, gpus: GpuInventory) -> int | None:
+        """GPUs the pod's training job holds on this node (its pods' pod-resources GPUs); None when
+        the pod itself holds none that the kubelet knows of (then the count says nothing)."""
+        if gpus.by_pod.get((pod.namespace, pod.pod), 0) == 0:
+            return None
+        job_pods = [(pod.namespace, pod.pod)]
+        if meta is not None and meta.job_name:
+            for namespace, name in gpus.by_pod:
+                other = self.metadata.lookup(namespace, name) if (namespace, name) != job_pods[0] else None
+                if other is not None and namespace == pod.namespace and other.job_name == meta.job_name:
+                    job_pods.append((namespace, name))
+        return gpus.held(job_pods)
+
+    def _pod_report(self, pod: _Pod, meta: PodMetadata | None, gpus: GpuInventory | None = None) -> PodReport:
+        communicators: set[tuple[str, str, str, str, str, str]] = set()
         connections: dict[tuple[str, str, str, str], int] = {}
         has_nccl = inter_node_tcp = gdr_disabled = False
         warnings = dict(pod.retired_warnings)
+        gpus = gpus or GpuInventory()
+        job_gpus = self._job_gpus_here(pod, meta, gpus)
+        verdicts: set[str] = set()
         for stream in pod.streams.values():
-            verdict = self._verdict(stream)
+            verdict = with_node_context(self._verdict(stream), gpus.total, job_gpus)
             warnings = _add_counts(warnings, stream.warnings())
             if verdict.verdict != "unknown" or verdict.communicators or verdict.network:
                 has_nccl = True
+                verdicts.add(verdict.verdict)
             inter_node_tcp = inter_node_tcp or verdict.inter_node_tcp is True
             for comm in verdict.communicators:
                 comm_id = _label(comm.comm_id)
                 communicators.add(
-                    (comm_id, _label(comm.nranks), _label(comm.nnodes), _label(comm.network), _label(comm.nccl_version))
+                    (comm_id, _label(comm.nranks), _label(comm.nnodes), _label(comm.network),
+                     _label(comm.network_class), _label(comm.nccl_version))
                 )
                 for (transport, scope, gdr), count in comm.transports.items():
                     slot = (comm_id, _label(transport), _label(scope) or "unknown", GDR_LABELS.get(gdr, "unknown"))
                     connections[slot] = connections.get(slot, 0) + int(count)
-                    rdma_net = transport == "net_ib" or (
-                        transport in RDMA_TRANSPORTS and network_class(comm.network) == RDMA
-                    )
+                    rdma_net = transport == "net_ib" or (transport in RDMA_TRANSPORTS and comm.network_class == RDMA)
                     if rdma_net and scope == "inter_node" and gdr == "0":
                         gdr_disabled = True
         return PodReport(
@@ -371,17 +434,40 @@ class NcclCollector:
             inter_node_tcp=inter_node_tcp,
             gdr_disabled=gdr_disabled,
             warnings=tuple(sorted(warnings.items())),
+            verdict=next((v for v in _VERDICT_PRIORITY if v in verdicts), "unknown"),
+        )
+
+    def _silent_gpu_pods(self, gpus: GpuInventory) -> list[PodReport]:
+        """GPU pods of this node whose logs show no NCCL output at all: "cannot tell", said out loud."""
+        reports = []
+        for namespace, name in sorted(gpus.by_pod):
+            if (namespace, name) in self._pods:
+                continue
+            meta = self.metadata.lookup(namespace, name)
+            reports.append(PodReport(namespace, name, meta.job_name if meta else "", meta.job_kind if meta else "",
+                                     (), (), False, False, False, (), "unknown"))
+        return reports
+
+    def _expectations(self) -> tuple[tuple[str, str, str, str, str, str], ...]:
+        pods = getattr(self.metadata, "pods", None)
+        listed = pods() if callable(pods) else []
+        return tuple(
+            (p.namespace, p.name, p.job_name, p.job_kind, p.expected_network,
+             _label(expected_network_class(p.expected_network)))
+            for p in listed if p.expected_network
         )
 
     def _build_snapshot(self) -> Snapshot:
         reports = []
         analyzers = 0
         dropped = dict(self._dropped_retired)
+        gpus = self._gpu_inventory.read() if self._gpu_inventory is not None else GpuInventory()
         for pod in self._pods.values():
             analyzers += len(pod.streams)
             for stream in pod.streams.values():
                 dropped = _add_counts(dropped, {f"parser_{k}": v for k, v in stream.dropped().items()})
-            reports.append(self._pod_report(pod, self.metadata.lookup(pod.namespace, pod.pod)))
+            reports.append(self._pod_report(pod, self.metadata.lookup(pod.namespace, pod.pod), gpus))
+        reports += self._silent_gpu_pods(gpus)
         stats = self.tailer.stats
         dropped = _add_counts(dropped, {f"tail_{k}": v for k, v in stats.events.items()})
         return Snapshot(
@@ -398,6 +484,8 @@ class NcclCollector:
             unattributed_files=stats.unattributed_files,
             metadata_available=self.metadata.is_authoritative(),
             state_save_errors=stats.state_errors,
+            expectations=self._expectations(),
+            parser_bytes=self._parser_bytes,
         )
 
     # -- scrape ----------------------------------------------------------------------
@@ -414,9 +502,25 @@ class NcclCollector:
         info = GaugeMetricFamily(
             "ccl_nccl_communicator_info",
             "An NCCL communicator seen in the pod's logs; always 1. network as NCCL printed it "
-            "(IB, Socket, IBext_v8, AWS Libfabric, ...), empty when the log did not say.",
-            labels=pod_labels + ["comm_id", "nranks", "nnodes", "network", "nccl_version"],
+            "(IB, Socket, IBext_v8, AWS Libfabric, ...), empty when the log did not say; network_class "
+            "rdma or tcp (by name, or by aws-ofi-nccl's libfabric provider), empty when unknown.",
+            labels=pod_labels + ["comm_id", "nranks", "nnodes", "network", "network_class", "nccl_version"],
         )
+        verdict_family = GaugeMetricFamily(
+            "ccl_nccl_verdict",
+            "The pod's NCCL transport verdict, one series per state (rdma, single_node, tcp_fallback, "
+            "unknown): 1 for the current one. unknown = its logs (and this node's GPU count) do not show "
+            "which network carries inter-node traffic, also for GPU pods that print no NCCL logs.",
+            labels=pod_labels + ["verdict"],
+        )
+        expected = GaugeMetricFamily(
+            "ccl_pod_expected_network_info",
+            "A pod on this node that declares the network it runs on (label ccl-health.io/expected-network "
+            "on the pod or its namespace); always 1. network_class tcp means TCP on purpose: not a fallback.",
+            labels=pod_labels + ["expected_network", "network_class"],
+        )
+        for namespace, pod, job_name, job_kind, value, cls in snap.expectations:
+            expected.add_metric([namespace, pod, job_name, job_kind, value, cls], 1.0)
         connections = GaugeMetricFamily(
             "ccl_nccl_connections",
             "Channel connections of a communicator by transport (net_ib, net_socket, net_plugin, "
@@ -449,9 +553,11 @@ class NcclCollector:
         info_dropped = conn_dropped = warn_dropped = 0
         flag_fallback = snap.node_has_active_rdma is True
         for report in snap.pods:
+            head = [report.namespace, report.pod, report.job_name, report.job_kind]
+            for state in VERDICTS:
+                verdict_family.add_metric(head + [state], 1.0 if report.verdict == state else 0.0)
             if not report.has_nccl and not report.warnings:
                 continue
-            head = [report.namespace, report.pod, report.job_name, report.job_kind]
             if report.has_nccl:
                 fallback.add_metric(head, 1.0 if (report.inter_node_tcp and flag_fallback) else 0.0)
                 gdr.add_metric(head, 1.0 if report.gdr_disabled else 0.0)
@@ -484,8 +590,10 @@ class NcclCollector:
         by_one_label = [
             (CounterMetricFamily, "ccl_nccl_dropped_total",
              "Input the NCCL pipeline dropped or cut to stay bounded, by reason: parser_* (parser "
-             "caps: communicators, processes, ...), tail_long_line, tail_stream_evicted, "
-             "tail_malformed_cri, tail_truncated, tail_replaced, tail_gz_cap, tail_gz_corrupt.",
+             "caps: communicators, processes, ...; parser_budget: the node-wide parser memory budget), "
+             "tail_long_line, tail_stream_evicted, tail_malformed_cri, tail_truncated, tail_replaced, "
+             "tail_gz_cap, tail_gz_corrupt, tail_state_invalid, tail_pod_not_on_node, tail_pod_uid_mismatch, "
+             "tail_symlink, tail_folder_cap.",
              "reason", snap.dropped),
             (CounterMetricFamily, "ccl_nccl_log_read_bytes_total", "Bytes read from pod logs and NCCL debug files.",
              "source", snap.tail_bytes),
@@ -493,15 +601,18 @@ class NcclCollector:
              "source", snap.tail_lines),
             (CounterMetricFamily, "ccl_nccl_log_skipped_bytes_total",
              "Bytes not parsed, by reason: initial_cap (busy log found at start), long_line, "
-             "stream_evicted, vanished (file deleted before it was read to its end), gz_cap and "
-             "gz_corrupt (rest of a .gz resumed after a restart: past the decompression cap, or "
-             "corrupt; compressed bytes).",
+             "stream_evicted, vanished (file deleted before it was read to its end), pod_not_on_node "
+             "(files of a pod that left the node), gz_cap and gz_corrupt (rest of a .gz resumed after a "
+             "restart: past the decompression cap, or corrupt; compressed bytes).",
              "reason", snap.tail_skipped),
             (GaugeMetricFamily, "ccl_nccl_log_files", "Log files being tailed.", "source", snap.tail_files),
         ]
         gauges = [
             ("ccl_nccl_log_streams", "Log streams (container runs and debug files) being tailed.", snap.streams),
             ("ccl_nccl_log_backlog_bytes", "Bytes written to tailed files and not yet read.", snap.backlog_bytes),
+            ("ccl_nccl_parser_memory_bytes",
+             "Memory the NCCL log analyzers of all streams hold (their own estimate), kept within "
+             "--collector.nccl.parser-memory-budget.", snap.parser_bytes),
             ("ccl_nccl_log_unattributed_files",
              "Entries under the NCCL debug-file folder outside a <namespace>_<pod> folder (not read).",
              snap.unattributed_files),
@@ -512,7 +623,7 @@ class NcclCollector:
              "1 when this node has an ACTIVE RDMA port (what TCP fallback is judged against); "
              "absent when it could not be read.", None if snap.node_has_active_rdma is None else int(snap.node_has_active_rdma)),
         ]
-        out: list[Metric] = [info, connections, fallback, gdr, warnings, series_dropped]
+        out: list[Metric] = [info, verdict_family, connections, fallback, gdr, warnings, series_dropped, expected]
         for family_type, metric_name, help_text, label, pairs in by_one_label:
             labelled = family_type(metric_name, help_text, labels=[label])
             for label_value, count in pairs:
@@ -538,10 +649,18 @@ def build_collector(config: ServeConfig) -> NcclCollector:
     from exporter.sources.kube import shared_pod_metadata
     from exporter.sources.podlogs import pod_known_on_node
 
+    from exporter.sources.nvml import nvml_backend
+    from exporter.sources.podresources import PodResourcesClient
+
     metadata = shared_pod_metadata(config.node_name, config.extra)
     tailer = PodLogTailer(config.pod_logs, config.nccl_debug_files, config.state, TailLimits(),
                           pod_known=pod_known_on_node(metadata))
-    return NcclCollector(tailer, config.sysfs, metadata, grace_seconds=config.nccl_grace_period_seconds)
+    # GPU counts decide placement a log leaves open (a communicator larger than this node spans nodes).
+    gpus = GpuInventorySource(nvml_backend(config.extra) if "nvml" in config.enabled_collectors else None,
+                              PodResourcesClient(config.pod_resources))
+    return NcclCollector(tailer, config.sysfs, metadata, grace_seconds=config.nccl_grace_period_seconds,
+                         gpu_inventory=gpus,
+                         limits=NcclLimits(parser_memory_budget_bytes=config.nccl_parser_memory_budget_bytes))
 
 
 SPEC = CollectorSpec(

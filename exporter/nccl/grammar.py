@@ -37,10 +37,11 @@ class Record(NamedTuple):
 
 
 _LEVEL_RE = re.compile(r"NCCL (INFO|WARN|TRACE)(?: |$)")
+_PRE_2_3_LEVEL_RE = re.compile(r"\] (INFO|WARN) ")
 # Matched against the text just before a level marker; anchored at its end.
 _PREFIX_RE = re.compile(
-    r"(?P<host>[^\s:|/\[\]]+):(?P<pid>\d{1,10}):(?P<tid>\d{1,10}) \[(?P<dev>-?\d{1,6})\] "
-    r"(?:\[Rank \d+\] )?(?:\d+\.\d+ )?(?:(?P<loc>\S+:\d+)(?: \([^)]{0,200}\))? )?$"
+    r"(?<![^\s:|/\[\]])(?P<host>[^\s:|/\[\]]{1,253}):(?P<pid>\d{1,10}):(?P<tid>\d{1,10}) \[(?P<dev>-?\d{1,6})\] "
+    r"(?:\[Rank \d{1,7}\] )?(?:\d{1,12}\.\d{1,9} )?(?:(?P<loc>\S{1,300}:\d{1,7})(?: \([^)]{0,200}\))? )?$"
 )
 _ISO_TIME_RE = re.compile(
     r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?"
@@ -52,7 +53,7 @@ _WRAPPER_RE = re.compile(
     r"|\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?\s?"
     r"|\[[^\]]{0,256}\](?:<std(?:out|err)>)?:?\s?"
     r"|\([^()]{0,200}pid=\d+[^()]{0,200}\)\s?"  # Ray: "(RayTrainWorker pid=285, ip=10.0.0.2) "
-    r"|[A-Za-z0-9][\w.-]{0,253}(?:: (?=\S)|\s+\|\s?)"  # pdsh/srun --label "host: ", compose "svc-1  | "
+    r"|(?<![\w.-])[A-Za-z0-9][\w.-]{0,253}(?:: (?=\S)|\s+\|\s?)"  # pdsh/srun --label "host: ", compose "svc-1  | "
 )
 _PREFIX_WINDOW = 512
 # Trailing padding and frames: log viewers pad lines to the terminal width and close them with
@@ -60,7 +61,7 @@ _PREFIX_WINDOW = 512
 TRAILER = " \t\r\n|\u2502\u2503\u2551"
 # ANSI SGR/CSI sequences (coloured console output, kubectl/k9s/stern colours).
 # The first folded line also carries Ray's explanation after the marker: drop both.
-_RAY_REPEATED_RE = re.compile(r"\s*\[repeated \d{1,9}x across cluster\].*$")
+_RAY_REPEATED_RE = re.compile(r"(?<!\s)\s*\[repeated \d{1,9}x across cluster\].*$")
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]{0,32}[A-Za-z]|\x1b\][^\x07\x1b]{0,256}(?:\x07|\x1b\\)")
 
 
@@ -137,6 +138,11 @@ def split_records(line: str, prefixes: dict[str, Prefix | None] | None = None) -
         line = _RAY_REPEATED_RE.sub("", line)
     first = _LEVEL_RE.search(line)
     if first is None:
+        old = _PRE_2_3_LEVEL_RE.search(line)
+        if old is not None:  # NCCL 2.2 and older: "host:pid:tid [dev] INFO message", no "NCCL" word
+            prefix, _ = _prefix_before(line, old.start() + 2, 0)
+            if prefix is not None:
+                return [Record(prefix, old.group(1), line[old.end():].rstrip(TRAILER))]
         body = strip_wrappers(line).rstrip(TRAILER)
         return [Record(None, None, body)] if body else []
     start, end = first.span()
@@ -184,8 +190,79 @@ class IbDevicesEvent(NamedTuple):
     oob_address: str | None
 
 
-class IbNoDeviceEvent(NamedTuple):
-    """``NET/IB : No device found.``"""
+# Why NCCL's IB transport is unusable in a process (IbUnavailableEvent.reason).
+IB_NO_DEVICE = "no_device"  # "NET/IB : No device found." (also an IBext plugin's copy of it)
+IB_NO_VERBS = "no_verbs_library"  # "Failed to open libibverbs.so[.1]" (WARN up to 2.10, INFO from 2.11)
+IB_NO_INTERFACE = "no_ip_interface"  # "NET/IB : No IP interface found."
+IB_NO_DEVICE_LISTED = "no_device_listed"  # "NET/IB : Using [RO]; OOB ..." with an empty device list (2.23+)
+IB_INIT_FAILED = "init_failed"  # "Failed to initialize NET plugin IB" (2.27+)
+IB_ZERO_DEVICES = "zero_devices"  # 2.3's "Net/IB: call to devices() returned 0 devices."
+
+
+class IbUnavailableEvent(NamedTuple):
+    """A line saying that NCCL's IB (verbs) transport cannot be used by this process."""
+
+    reason: str
+
+
+# What a net plugin line says of the plugin (PluginEvent.state).
+PLUGIN_LOADED = "loaded"  # "NET/Plugin: Loaded net plugin X (vN)": found, not yet initialised
+PLUGIN_IN_USE = "in_use"  # initialised with devices: "Initialized NET plugin X", a plugin's own init lines
+PLUGIN_FAILED = "failed"  # "Failed to initialize NET plugin X", "NET/OFI No eligible providers were found"
+PLUGIN_DISABLED = "disabled"  # "NET/FastSocket disabled", "NET/GPUDirectTCPX disabled"
+
+# Plugins whose own log lines name them (the prefix of their lines): the net name they register.
+PLUGIN_PREFIXES: tuple[tuple[str, str], ...] = (
+    ("NET/FastSocket", "FastSocket"),  # google/nccl-fastsocket
+    ("NET/GPUDirectTCPX", "GPUDirectTCPX"),  # GCP A3 High TCPX plugin (registers GPUDirectTCPX_v7)
+    ("NET/FasTrak", "FasTrak"),  # GCP A3 Mega TCPXO plugin
+)
+OFI_FAMILY = "OFI"  # aws-ofi-nccl: lines start "NET/OFI "; registers "AWS Libfabric", "Libfabric" or "OFI"
+
+
+class PluginEvent(NamedTuple):
+    """A line about a net plugin: NCCL's own (``NET/Plugin``, ``Initialized NET plugin X``) or the
+    plugin's (``NET/FastSocket : ...``, ``NET/OFI ...``)."""
+
+    family: str | None  # "FastSocket", "GPUDirectTCPX", "FasTrak", "OFI"; None for NCCL's generic lines
+    name: str | None  # the network name the line gives, if any
+    state: str
+
+
+class OfiProviderEvent(NamedTuple):
+    """aws-ofi-nccl's libfabric provider: ``NET/OFI Selected Provider is efa (found 4 nics)``,
+    ``... Selected provider is tcp;ofi_rxm, fabric is 172.31.0.0/20 (found 1 nics)``."""
+
+    provider: str
+    fabric: str | None
+
+
+class InterfaceEvent(NamedTuple):
+    """2.3's ``NET : Using interface eth0:10.0.0.1<0>`` (one line per interface found)."""
+
+    interface: str
+    address: str
+
+
+class RankEvent(NamedTuple):
+    """A line naming the rank of the process that logs it, without a communicator pointer: 2.3's
+    ``rank R nranks N``, ``Trees [0] 1/-1/-1->R->-1`` (2.4+), ``Ring 00 : P -> R -> N`` (GRAPH)."""
+
+    rank: int
+    nranks: int | None
+
+
+class RingOrderEvent(NamedTuple):
+    """Rank 0's listing of one ring, ``Channel 00/02 :    0   1`` (2.7+) or ``Channel 00 : 0 1``:
+    every rank of the communicator, once."""
+
+    ranks: tuple[int, ...]
+
+
+class AllRanksEvent(NamedTuple):
+    """``nranks N`` alone: ncclCommInitAll (2.3-2.4), one process driving every GPU of the communicator."""
+
+    nranks: int
 
 
 class SocketDevicesEvent(NamedTuple):
@@ -230,7 +307,9 @@ class CommInitEvent(NamedTuple):
     rank: int
     nranks: int
     comm_id: str | None  # "0x…" (2.16.2+)
-    phase: str | None  # "START", "COMPLETE" or None (2.3's bare "comm %p rank %d nranks %d")
+    # "START", "COMPLETE", None (2.3's bare "comm %p rank %d nranks %d") or "END" (a Destroy or
+    # Abort line: it only tells the communicator's size and the logging rank)
+    phase: str | None
     gpu_id: str | None = None  # the GPU as channel lines of the same version name it (see below)
 
 
@@ -270,9 +349,11 @@ class TestRankEvent(NamedTuple):
 
 
 Event = (
-    VersionEvent | NetworkEvent | IbDevicesEvent | IbNoDeviceEvent | SocketDevicesEvent | BootstrapEvent
+    VersionEvent | NetworkEvent | IbDevicesEvent | IbUnavailableEvent | SocketDevicesEvent | BootstrapEvent
     | ConnectionEvent | CommInitEvent | CommNodesEvent | ChannelSummaryEvent | GdrEvent | EnvEvent | TestRankEvent
+    | PluginEvent | OfiProviderEvent | InterfaceEvent | RankEvent | RingOrderEvent | AllRanksEvent
 )
+MAX_NAME_CHARS = 64  # a network, plugin or provider name longer than this is not NCCL's (cut there)
 
 VERSION_RE = re.compile(r"NCCL version (?P<v>\d{1,3}\.\d{1,3}\.\d{1,4})(?P<suffix>[^\s+]{0,16})")
 _USING_NETWORK_RE = re.compile(r"(?:Using (?:network|internal Network)|Assigned NET plugin) (?P<name>.+?)(?: to comm)?$")
@@ -286,32 +367,48 @@ _CONN_RE = re.compile(
     r" -> (?P<dst>\d{1,7})(?:\[(?P<dstid>[0-9a-fA-F]{1,16})\])?(?: \[(?P<dir>send|receive)\])? via (?P<via>.+)$"
 )
 _NET_VIA_RE = re.compile(
-    r"NET/(?P<net>.+?)/(?P<dev>\d+)(?:\((?P<proxy>\d+)\))?(?P<gdr>/GDRDMA)?(?:\(PCI\))?(?:/Shared)?(?:\s|$)"
+    r"NET/(?P<net>.{1,64}?)/(?P<dev>\d{1,4})(?:\((?P<proxy>\d+)\))?(?P<gdr>/GDRDMA)?(?:\(PCI\))?(?:/Shared)?(?:\s|$)"
 )
 _COLLNET_RE = re.compile(
     r"Coll(?:Net)? (?P<ch>\d{1,4})(?:/(?P<conn>\d{1,4}))? : (?P<rank>\d{1,7}) \[(?P<dir>send|receive)\]"
-    r" via COLLNET/(?P<net>.+?)/(?P<dev>\d+)(?P<gdr>/GDRDMA)?"
+    r" via COLLNET/(?P<net>[^/]{1,64})/(?P<dev>\d{1,4})(?P<gdr>/GDRDMA)?"
 )
 _COMM_RE = re.compile(
-    r"(?:\[Rank \d+\] )?(?:nccl\w+ )?comm (?P<ptr>\S+) rank (?P<rank>\d{1,7}) nranks (?P<nranks>\d{1,7})(?P<rest>.*)$"
+    r"comm (?P<ptr>\S{1,64}) rank (?P<rank>\d{1,7}) nranks (?P<nranks>\d{1,7})(?P<rest>.*)$"
 )
 _COMM_ID_RE = re.compile(r"commId (?P<id>0x[0-9a-fA-F]{1,16})")
 _NVML_RE = re.compile(r"nvmlDev (\d{1,4})")
 _BUSID_RE = re.compile(r"busId ([0-9a-fA-F]{1,16})")
 _PHASE_RE = re.compile(r"- (?P<what>Init|Destroy|Abort) (?P<phase>START|COMPLETE)")
 _NNODES_RE = re.compile(
-    r"comm (?P<ptr>\S+) rank (?P<rank>\d{1,7}) nRanks (?P<nranks>\d{1,7}) nNodes (?P<nnodes>\d{1,7})"
+    r"comm (?P<ptr>\S{1,64}) rank (?P<rank>\d{1,7}) nRanks (?P<nranks>\d{1,7}) nNodes (?P<nnodes>\d{1,7})"
     r" localRanks (?P<lranks>\d{1,7}) localRank (?P<lrank>\d{1,7})(?: MNNVL (?P<mnnvl>\d))?"
 )
 _CHANNELS_RE = re.compile(
     r"(?P<coll>\d{1,5}) coll channels, (?:(?P<collnet>\d{1,5}) collnet channels, )?"
     r"(?:(?P<nvls>\d{1,5}) nvls channels, )?\d{1,5} p2p channels"
 )
-_GDR_RE = re.compile(r"(?:NET/(?P<net>[^:]+?) ?: )?GPU Direct RDMA (?P<state>Enabled|Disabled) for (?P<subject>.*)$")
+_GDR_RE = re.compile(r"(?:NET/(?P<net>[^:]{1,64}?) ?: )?GPU Direct RDMA (?P<state>Enabled|Disabled) for (?P<subject>.*)$")
 _TEST_RANK_RE = re.compile(
-    r"#\s*Rank\s+(?P<rank>\d{1,7})\s+Group\s+\d+\s+Pid\s+(?P<pid>\d{1,10})\s+on\s+(?P<host>\S+)\s+device\s+\d+"
+    r"#?\s{0,16}Rank\s{1,16}(?P<rank>\d{1,7})\s{1,16}(?:Group\s{1,16}\d{1,7}\s{1,16})?Pid\s{1,16}(?P<pid>\d{1,10})"
+    r"\s{1,16}on\s{1,16}(?P<host>\S{1,253})\s{1,16}device\s{1,16}\d{1,4}"
 )
 _ENV_RE = re.compile(r"(?P<var>NCCL_[A-Z0-9_]{1,64}) set by environment to (?P<val>.*?)\.?$")
+_PLUGIN_NAME_RE = re.compile(
+    r"(?P<what>Loaded net plugin|Initialized NET plugin|Failed to initialize NET plugin) (?P<name>.{1,64}?)"
+    r"(?: \(v\d{1,3}\))?\.?$"
+)
+_OFI_PROVIDER_RE = re.compile(
+    r"Selected [Pp]rovider is (?P<provider>[^\s,()]{1,64})(?:, fabric is (?P<fabric>[^\s()]{1,64}))?"
+)
+_OFI_FAILED = ("No eligible providers", "Only EFA provider is supported", "initialization failed",
+               "Couldn't find any optimal provider", "No viable endpoint found", "Unable to find a protocol")
+_INTERFACE_RE = re.compile(r"NET : Using interface (?P<if>[^\s:]{1,64}):(?P<addr>[^\s<]{1,64})")
+_RANK_NRANKS_RE = re.compile(r"rank (?P<rank>\d{1,7}) nranks (?P<nranks>\d{1,7})$")
+_ALL_RANKS_RE = re.compile(r"nranks (?P<nranks>\d{1,7})$")
+_TREES_RE = re.compile(r"Trees \[\d{1,4}\] -?\d{1,7}(?:/-?\d{1,7}){0,2}->(?P<rank>\d{1,7})->")
+_RING_POSITION_RE = re.compile(r"Ring \d{1,4} : -?\d{1,7} -> (?P<rank>\d{1,7}) -> -?\d{1,7}$")
+_RING_ORDER_RE = re.compile(r"(?:Ring|Channel) \d{1,4}(?:/\d{1,4})? :(?P<ranks>(?: +\d{1,7}){1,8192}) *$")
 
 
 def _connection(m: re.Match[str]) -> ConnectionEvent | None:
@@ -347,6 +444,38 @@ def _connection(m: re.Match[str]) -> ConnectionEvent | None:
     return None
 
 
+def _net_line(message: str) -> Event | None:
+    """Lines starting ``NET/``: IB unavailable, 2.3's interfaces, plugins known by their own lines."""
+    if message.startswith("NET/IB"):
+        if "No device found" in message:
+            return IbUnavailableEvent(IB_NO_DEVICE)
+        if "No IP interface found" in message:
+            return IbUnavailableEvent(IB_NO_INTERFACE)
+        return None
+    if message.startswith("NET : Using interface"):
+        m = _INTERFACE_RE.match(message)
+        return InterfaceEvent(m.group("if"), m.group("addr")) if m else None
+    if message.startswith("NET/OFI "):
+        m = _OFI_PROVIDER_RE.search(message, 8, 8 + 200)
+        if m is not None:
+            return OfiProviderEvent(m.group("provider"), m.group("fabric"))
+        if any(reason in message for reason in _OFI_FAILED):
+            return PluginEvent(OFI_FAMILY, None, PLUGIN_FAILED)
+        return None
+    for prefix, family in PLUGIN_PREFIXES:
+        if message.startswith(prefix):
+            rest = message[len(prefix):]
+            if rest.startswith(("/", "_")):  # NET/GPUDirectTCPX/CUDA, a longer name: the same plugin
+                rest = rest.lstrip("/_")
+            words = rest.lstrip(" :").lower()
+            if words.startswith("disabled"):
+                return PluginEvent(family, None, PLUGIN_DISABLED)
+            if words.startswith("initialization start"):
+                return PluginEvent(family, None, PLUGIN_LOADED)
+            return PluginEvent(family, None, PLUGIN_IN_USE)
+    return None
+
+
 def parse_message(message: str) -> Event | None:
     """The event one NCCL message body describes, or None for lines that do not matter here."""
     if " via " in message:
@@ -361,14 +490,12 @@ def parse_message(message: str) -> Event | None:
                 dst=rank, src_id=None, dst_id=None, direction=c.group("dir"), network=c.group("net"),
                 gdr=c.group("gdr") is not None, mnnvl=False, ids_are_devices=False, via=message[c.start("net") - 8:],
             )
-        return None
     if "comm " in message:
         m = _COMM_RE.search(message)
         if m is not None:
             rest = m.group("rest")
             phase = _PHASE_RE.search(rest)
-            if phase is not None and phase.group("what") != "Init":
-                return None  # Destroy / Abort COMPLETE
+            ended = phase is not None and phase.group("what") != "Init"  # Destroy / Abort
             cid = _COMM_ID_RE.search(rest)
             nvml, bus = _NVML_RE.search(rest), _BUSID_RE.search(rest)
             # Channel lines name GPUs by NVML index from 2.18.3 (whose init lines print nvmlDev and
@@ -377,7 +504,7 @@ def parse_message(message: str) -> Event | None:
             return CommInitEvent(
                 pointer=m.group("ptr"), rank=int(m.group("rank")), nranks=int(m.group("nranks")),
                 comm_id=cid.group("id").lower() if cid else None,
-                phase=phase.group("phase") if phase else None,
+                phase="END" if ended else (phase.group("phase") if phase else None),
                 gpu_id=gpu_id,
             )
         n = _NNODES_RE.search(message)
@@ -387,11 +514,10 @@ def parse_message(message: str) -> Event | None:
                 nnodes=int(n.group("nnodes")), local_ranks=int(n.group("lranks")), local_rank=int(n.group("lrank")),
                 mnnvl=n.group("mnnvl") == "1",
             )
-        return None
     if "Using" in message or "Assigned NET plugin" in message:
         m = _USING_NETWORK_RE.match(message)
         if m is not None:
-            return NetworkEvent(m.group("name").strip())
+            return NetworkEvent(m.group("name").strip()[:MAX_NAME_CHARS])
         m = _IB_USING_RE.match(message)
         if m is not None:
             devices = tuple(
@@ -410,12 +536,42 @@ def parse_message(message: str) -> Event | None:
         m = _BOOTSTRAP_RE.match(message)
         if m is not None:
             return BootstrapEvent(m.group("if"), m.group("addr"))
-        return None
     if "NCCL version" in message:
         m = VERSION_RE.search(message)
         return VersionEvent(m.group("v") + m.group("suffix")) if m else None
-    if "No device found" in message and message.startswith("NET/IB"):
-        return IbNoDeviceEvent()
+    if message.startswith(("NET/", "NET : ")):
+        event = _net_line(message)
+        if event is not None:
+            return event
+    if "nranks " in message:
+        m = _RANK_NRANKS_RE.match(message)
+        if m is not None:
+            return RankEvent(int(m.group("rank")), int(m.group("nranks")))
+        m = _ALL_RANKS_RE.match(message)
+        if m is not None:
+            return AllRanksEvent(int(m.group("nranks")))
+    if " plugin " in message or " NET plugin " in message:
+        m = _PLUGIN_NAME_RE.search(message)
+        if m is not None:
+            state = {"Loaded net plugin": PLUGIN_LOADED, "Initialized NET plugin": PLUGIN_IN_USE}.get(
+                m.group("what"), PLUGIN_FAILED)
+            name = m.group("name").strip()
+            if state == PLUGIN_FAILED and name == "IB":
+                return IbUnavailableEvent(IB_INIT_FAILED)
+            return PluginEvent(None, name, state)
+    if message.startswith("Failed to open libibverbs"):
+        return IbUnavailableEvent(IB_NO_VERBS)
+    if message.startswith("Net/IB") and "returned 0 devices" in message:
+        return IbUnavailableEvent(IB_ZERO_DEVICES)
+    if message.startswith("Trees "):
+        m = _TREES_RE.match(message)
+        return RankEvent(int(m.group("rank")), None) if m else None
+    if message.startswith(("Channel ", "Ring ")) and " -> " not in message:
+        m = _RING_ORDER_RE.match(message)
+        return RingOrderEvent(tuple(int(r) for r in m.group("ranks").split())) if m else None
+    if message.startswith("Ring ") and " -> " in message:
+        m = _RING_POSITION_RE.match(message)
+        return RankEvent(int(m.group("rank")), None) if m else None
     if "set by environment to" in message:
         m = _ENV_RE.match(message)
         return EnvEvent(m.group("var"), m.group("val").strip()) if m else None
@@ -424,7 +580,7 @@ def parse_message(message: str) -> Event | None:
         if m is not None:
             return GdrEvent(m.group("state") == "Enabled", m.group("net"), m.group("subject"))
         return None
-    if message.startswith("#") and " Pid " in message:
+    if message.startswith(("#", "Rank ")) and " Pid " in message:
         m = _TEST_RANK_RE.match(message)
         if m is not None:
             return TestRankEvent(int(m.group("rank")), int(m.group("pid")), m.group("host").split(".", 1)[0])
@@ -460,11 +616,12 @@ WARNING_CATEGORIES: tuple[str, ...] = tuple(c for c, _ in _WARNING_CATEGORIES) +
 
 def info_matters(message: str) -> bool:
     """False for an INFO message that neither :func:`parse_message` nor :func:`warning_category`
-    uses (most INFO lines: trees, rings, tuning, allocations); one substring test per event kind."""
+    uses (most INFO lines: tuning, allocations, topology); one substring test per event kind."""
     return (" via " in message or "comm " in message or "Using" in message or "set by environment to" in message
             or "NCCL version" in message or "GPU Direct RDMA" in message or " coll channels, " in message
-            or "No device found" in message or "Assigned NET plugin" in message or " Pid " in message
-            or "Failed to open libibverbs" in message)
+            or message.startswith(("NET/", "NET : ", "Trees ", "Channel ", "Ring ", "Failed to open libibverbs", "nranks ",
+                                   "rank ", "Net/IB"))
+            or " plugin " in message or " NET plugin " in message or " Pid " in message)
 
 
 def warning_category(record: Record) -> str | None:

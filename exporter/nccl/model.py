@@ -12,12 +12,22 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from exporter.nccl import grammar as g
-from exporter.nccl.networks import RDMA, network_class
-from exporter.nccl.verdict import NcclWarning, Verdict, decide, node_keys, summarize_communicators
+from exporter.nccl.networks import NO_SELECTION, RDMA, Selection, is_libfabric, network_class
+from exporter.nccl.verdict import NcclWarning, Verdict, connection_class, decide, node_keys, summarize_communicators
 
 UNATTRIBUTED = "unattributed"
 _MEMO_ENTRIES = 4096  # parsed messages remembered per stream (cleared when full)
 _MEMO_MESSAGE_CHARS = 512  # longer messages are parsed every time
+# What each remembered fact costs, in bytes (CPython 3.11, measured with tracemalloc; the parser
+# benchmark checks ``approx_bytes`` against tracemalloc in every run): the estimate a node-wide
+# memory budget is enforced with, without walking the objects.
+_BYTES_BASE = 16 * 1024
+_BYTES_PER_RANK_FACT = 64  # a rank's process, GPU, NVLS channels, pointer reference
+_BYTES_PER_CONNECTION = 540  # a distinct connection line, its key and its cited record
+_BYTES_PER_PROCESS = 1150
+_BYTES_PER_PROCESS_ENTRY = 200  # a comm pointer, logging thread or NCCL_* setting of a process
+_BYTES_PER_MEMO_ENTRY = 200  # plus the characters of the remembered message
+_BYTES_PER_PREFIX_ENTRY = 250
 
 
 @dataclass(frozen=True)
@@ -38,12 +48,17 @@ class Limits:
     max_cited_chars: int = 300  # length of a line quoted in a reason or warning
 
 
+def is_loopback(interface: str, address: str) -> bool:
+    return interface == "lo" or interface.startswith("lo:") or address.startswith("127.") or address in ("::1", "[::1]")
+
+
 class Process:
     """One NCCL process, identified by ``(hostname, pid)`` from the line prefix."""
 
-    __slots__ = ("key", "host", "address", "oob_address", "network", "network_line", "ib_devices", "ib_failed",
-                 "socket_seen", "threads", "saw_start", "pointers", "env", "version", "gdr_hca",
-                 "ib_datapath_line", "named_comm")
+    __slots__ = ("key", "host", "address", "oob_address", "network", "network_line", "ib_devices", "ib_line",
+                 "ib_failed", "socket_seen", "threads", "saw_start", "pointers", "env", "version", "gdr_hca",
+                 "ib_datapath_line", "named_comm", "plugin_loaded", "plugin_loaded_line", "plugin_in_use",
+                 "plugin_in_use_line", "ofi_in_use", "plugins_failed", "ofi_provider", "loopback", "loose_ranks")
 
     def __init__(self, key: tuple[str, int] | None) -> None:
         self.key = key
@@ -53,7 +68,8 @@ class Process:
         self.network: str | None = None  # last "Using network"
         self.network_line: str | None = None
         self.ib_devices: tuple[g.IbDevice, ...] | None = None
-        self.ib_failed = False
+        self.ib_line: str | None = None  # the NET/IB : Using line that listed devices
+        self.ib_failed: str | None = None  # the line showing IB unusable (no device, no libibverbs, ...)
         self.socket_seen: str | None = None  # the NET/Socket : Using line
         self.threads: dict[int, Thread] = {}  # by tid: one process may init several ranks on threads
         self.saw_start = False  # prints "Init START" (2.18.3+): a thread's context opens at START
@@ -63,38 +79,65 @@ class Process:
         self.gdr_hca: dict[bool, str] = {}  # GDR enabled/disabled per HCA on an RDMA net -> cited line
         self.ib_datapath_line: str | None = None  # a NET/IB completion/async WARN: IB carries traffic
         self.named_comm = False  # logged an init or nNodes line (its pointers may since be evicted)
+        self.plugin_loaded: str | None = None  # "Loaded net plugin X": X
+        self.plugin_loaded_line: str | None = None
+        self.plugin_in_use: str | None = None  # a plugin shown initialised with devices (its net name)
+        self.plugin_in_use_line: str | None = None
+        self.ofi_in_use = False  # aws-ofi-nccl selected a provider (its net name may be unknown)
+        self.plugins_failed: set[str] = set()  # names and families shown failed or disabled (bounded)
+        self.ofi_provider: str | None = None  # aws-ofi-nccl's libfabric provider
+        self.loopback: bool | None = None  # bootstrap/socket interfaces: all loopback (True), any other (False)
+        self.loose_ranks: set[int] = set()  # ranks this process logged outside any known communicator
 
     def label(self) -> str:
         return f"{self.key[0]}:{self.key[1]}" if self.key else "(no prefix)"
 
-    def selected_network(self) -> tuple[str | None, str | None]:
+    def _ib_unusable(self) -> bool:
+        return self.ib_failed is not None or self.env.get("NCCL_IB_DISABLE", "0").strip() not in ("0", "")
+
+    def selected_network(self) -> Selection:
         """The network this process uses, and the line that says so.
 
-        ``Using network`` when printed (2.6+). Before it (2.4–2.5) IB counts when ``NET/IB : Using``
-        was printed, Socket only when IB failed or was disabled: 2.4 prints ``NET/Socket : Using`` on
-        every rank even when IB is then selected.
+        ``Using network`` (2.6+) or ``Assigned NET plugin`` (2.28+) when printed. Otherwise what the
+        networks' own init lines show. NCCL tries the external plugin, then IB, then Socket, and keeps
+        the first that initialises with devices: a plugin shown initialised (``Initialized NET plugin
+        X``, aws-ofi-nccl's selected provider, FastSocket/TCPX/FasTrak init lines) wins; then Socket
+        when IB is shown unusable; then IB when ``NET/IB : Using`` lists devices (2.4 prints
+        ``NET/Socket : Using`` on every rank even when IB is then selected, so that line alone is not
+        Socket); then a loaded plugin that no line shows failing.
         """
+        provider = self.ofi_provider
         if self.network:
-            return self.network, self.network_line
+            return Selection(self.network, self.network_line, network_class(self.network, provider))
+        if self.plugin_in_use is not None or self.ofi_in_use:
+            name = self.plugin_in_use
+            line = self.plugin_in_use_line
+            return Selection(name, line, network_class(name, provider))
+        if self._ib_unusable() and self.socket_seen:
+            return Selection("Socket", self.socket_seen, network_class("Socket"))
         if self.ib_devices:
-            return "IB", None
-        ib_disabled = self.env.get("NCCL_IB_DISABLE", "0").strip() not in ("0", "")
-        if self.socket_seen and (self.ib_failed or ib_disabled):
-            return "Socket", self.socket_seen
+            loaded = self.plugin_loaded
+            if loaded and loaded not in self.plugins_failed and network_class(loaded) == RDMA and not is_libfabric(loaded):
+                return Selection(loaded, self.plugin_loaded_line, RDMA)  # an IBext plugin prints NET/IB lines too
+            return Selection("IB", self.ib_line, RDMA)
+        loaded = self.plugin_loaded
+        if loaded and loaded not in self.plugins_failed and not self.socket_seen and not self._ib_unusable():
+            return Selection(loaded, self.plugin_loaded_line, network_class(loaded, provider))
         if self.ib_datapath_line:
-            return "IB", self.ib_datapath_line
-        return None, None
+            return Selection("IB", self.ib_datapath_line, RDMA)
+        return NO_SELECTION
 
 
 class Thread:
     """What one logging thread is initialising: connection lines carry no communicator."""
 
-    __slots__ = ("context", "pending", "pending_network", "inits")
+    __slots__ = ("context", "pending", "pending_network", "pending_ranks", "inits")
 
     def __init__(self) -> None:
         self.context: str | None = None  # communicator whose init (or runtime connect) this thread logs
         self.pending: list[tuple] = []  # connection keys logged before their communicator is known
         self.pending_network: str | None = None  # "Using network" not yet tied to a communicator
+        self.pending_ranks: list[tuple[int, int | None]] = []  # (rank, nranks) lines before their init line
         self.inits = 0  # init lines seen: tells apart identical lines of successive inits
         # (2.19+ prints it just before Init START; 2.13–2.18.1 before Init COMPLETE)
 
@@ -174,6 +217,13 @@ class LogAnalyzer:
         self.connections: dict[tuple, Connection] = {}
         self.versions: Counter[str] = Counter()
         self.test_ranks: dict[int, tuple[str, int]] = {}  # nccl-tests device table: rank -> (host, pid)
+        self.test_runs_mixed = False
+        # Ranks logged outside any known communicator (Trees, ring listings, 2.3 rank lines,
+        # ncclCommInitAll), and the communicator size such lines gave: placed when the log names at
+        # most one communicator.
+        self.loose_ranks: dict[int, Process] = {}
+        self.loose_nranks: int | None = None
+        self.loose_mixed = False
         self.warnings: list[NcclWarning] = []
         self.retired = Retired()
         self.lines = 0
@@ -181,13 +231,17 @@ class LogAnalyzer:
         self._cached: Verdict | None = None
         self._prefixes: dict[str, g.Prefix | None] = {}  # parsed line prefixes by their text
         self._events: dict[str, g.Event | None] = {}  # parsed messages by their text
+        self._memo_chars = 0  # characters of the messages in _events
         self._nodes: tuple[list[Process], dict[int, object]] | None = None  # see process_nodes()
         self._handlers = {
             g.VersionEvent: self._on_version, g.NetworkEvent: self._on_network, g.IbDevicesEvent: self._on_ib_devices,
-            g.IbNoDeviceEvent: self._on_ib_no_device, g.SocketDevicesEvent: self._on_socket_devices,
+            g.IbUnavailableEvent: self._on_ib_unavailable, g.SocketDevicesEvent: self._on_socket_devices,
             g.BootstrapEvent: self._on_bootstrap, g.EnvEvent: self._on_env, g.GdrEvent: self._on_gdr,
             g.CommInitEvent: self._on_comm_init, g.CommNodesEvent: self._on_comm_nodes,
             g.ChannelSummaryEvent: self._on_channel_summary, g.ConnectionEvent: self._on_connection,
+            g.PluginEvent: self._on_plugin, g.OfiProviderEvent: self._on_ofi_provider,
+            g.InterfaceEvent: self._on_interface, g.RankEvent: self._on_rank, g.RingOrderEvent: self._on_ring_order,
+            g.AllRanksEvent: self._on_all_ranks,
         }
 
     # -- input ------------------------------------------------------------------------------
@@ -270,7 +324,9 @@ class LogAnalyzer:
         if len(message) <= _MEMO_MESSAGE_CHARS:
             if len(self._events) >= _MEMO_ENTRIES:
                 self._events.clear()
+                self._memo_chars = 0
             self._events[message] = event
+            self._memo_chars += len(message)
         return event
 
     def _record(self, record: g.Record) -> None:
@@ -295,7 +351,10 @@ class LogAnalyzer:
             return  # a bare body of these says nothing about whose it is
         self._cached = None
         if isinstance(event, g.TestRankEvent):
-            if event.rank in self.test_ranks or len(self.test_ranks) < self.limits.max_ranks:
+            known = self.test_ranks.get(event.rank)
+            if known is not None and known != (event.host, event.pid):
+                self.test_runs_mixed = True  # the tables of several runs: rank numbers name different processes
+            if known is not None or len(self.test_ranks) < self.limits.max_ranks:
                 self.test_ranks[event.rank] = (event.host, event.pid)
             else:
                 self._count("ranks")
@@ -341,22 +400,66 @@ class LogAnalyzer:
             comm.network, comm.network_line = event.name, cited
 
     def _on_ib_devices(self, process: Process, thread: Thread, event: g.IbDevicesEvent, record: g.Record) -> None:
-        process.ib_devices = event.devices or process.ib_devices or ()
+        if not event.devices:  # "NET/IB : Using [RO]; OOB eth0:..." with no device (2.23+ after No device found)
+            process.ib_failed = process.ib_failed or self._cite(record)
+        elif not process.ib_devices:
+            process.ib_devices, process.ib_line = event.devices, self._cite(record)
         if event.oob_address and not event.oob_address.startswith("127.") and process.oob_address != event.oob_address:
             process.oob_address = event.oob_address
             self._nodes = None
 
-    def _on_ib_no_device(self, process: Process, thread: Thread, event: g.IbNoDeviceEvent, record: g.Record) -> None:
-        process.ib_failed = True
+    def _on_ib_unavailable(self, process: Process, thread: Thread, event: g.IbUnavailableEvent,
+                           record: g.Record) -> None:
+        process.ib_failed = process.ib_failed or self._cite(record)
+
+    def _note_interface(self, process: Process, interface: str, address: str) -> None:
+        local = is_loopback(interface, address)
+        process.loopback = local if process.loopback is None else (process.loopback and local)
 
     def _on_socket_devices(self, process: Process, thread: Thread, event: g.SocketDevicesEvent,
                                record: g.Record) -> None:
-        process.socket_seen = self._cite(record)
+        process.socket_seen = process.socket_seen or self._cite(record)
+        for interface, address in event.interfaces:
+            self._note_interface(process, interface, address)
 
     def _on_bootstrap(self, process: Process, thread: Thread, event: g.BootstrapEvent, record: g.Record) -> None:
+        if not any(c in event.address for c in ".:"):
+            return  # 2.30's "Bootstrap: Using <net device>:<port>" of a bootstrap plugin: no address
+        self._note_interface(process, event.interface, event.address)
         if not event.address.startswith("127.") and process.address != event.address:
             process.address = event.address
             self._nodes = None
+
+    def _on_interface(self, process: Process, thread: Thread, event: g.InterfaceEvent, record: g.Record) -> None:
+        self._note_interface(process, event.interface, event.address)
+
+    def _on_plugin(self, process: Process, thread: Thread, event: g.PluginEvent, record: g.Record) -> None:
+        name = event.name[:g.MAX_NAME_CHARS] if event.name else None
+        loaded = process.plugin_loaded
+        family_loaded = bool(event.family and loaded and loaded.lower().startswith(event.family.lower()))
+        if event.state == g.PLUGIN_LOADED:
+            if name or not loaded:
+                process.plugin_loaded, process.plugin_loaded_line = name or event.family, self._cite(record)
+        elif event.state == g.PLUGIN_IN_USE:
+            if process.plugin_in_use is None or name:
+                process.plugin_in_use = name or (loaded if family_loaded else event.family)
+                process.plugin_in_use_line = self._cite(record)
+        elif len(process.plugins_failed) < self.limits.max_env:  # failed or disabled
+            failed = {n for n in (name, event.family, loaded if (family_loaded or (
+                event.family == g.OFI_FAMILY and is_libfabric(loaded))) else None) if n}
+            process.plugins_failed |= failed
+            if process.plugin_in_use in failed:
+                process.plugin_in_use = process.plugin_in_use_line = None
+            if event.family == g.OFI_FAMILY and process.ofi_provider is None:
+                process.ofi_in_use = False
+
+    def _on_ofi_provider(self, process: Process, thread: Thread, event: g.OfiProviderEvent, record: g.Record) -> None:
+        process.ofi_provider = event.provider[:g.MAX_NAME_CHARS]
+        process.ofi_in_use = True
+        if process.plugin_in_use is None:
+            loaded = process.plugin_loaded
+            process.plugin_in_use = loaded if is_libfabric(loaded) else None
+            process.plugin_in_use_line = self._cite(record)
 
     def _on_env(self, process: Process, thread: Thread, event: g.EnvEvent, record: g.Record) -> None:
         if event.variable in process.env or len(process.env) < self.limits.max_env:
@@ -377,7 +480,7 @@ class LogAnalyzer:
             comm = self.communicators[key] = Communicator(key, comm_id, self._comm_order)
         return comm
 
-    def _evict_oldest_communicator(self) -> None:
+    def _evict_oldest_communicator(self, reason: str = "communicators") -> None:
         """Drop the oldest communicator, keeping what it showed in ``retired``. Costs its own size:
         threads still naming it as their context find it gone (every use checks), and the pointers
         naming it are found through its own references."""
@@ -391,7 +494,7 @@ class LogAnalyzer:
                 self.retired.inter_node_tcp = True
                 if len(self.retired.reasons) < 4:
                     self.retired.reasons.extend(reasons[:1])
-            elif summary.inter_node_tcp is False and network_class(summary.network) == RDMA:
+            elif summary.inter_node_tcp is False and summary.network_class == RDMA:
                 self.retired.inter_node_rdma = True
         comm = self.communicators.pop(oldest_key)
         for key in comm.connections:
@@ -402,17 +505,17 @@ class LogAnalyzer:
             if process.pointers.get(pointer) == oldest_key:
                 del process.pointers[pointer]
         self.retired.count += 1
-        self._count("communicators")
+        self._count(reason)
 
     def _only_rdma_lines(self, comm: Communicator) -> bool:
         """The communicator shows NET lines and all are on RDMA-class networks (then its network is
         that one and none of its traffic can be TCP)."""
-        names = set()
+        classes = set()
         for key in comm.connections:
             connection = self.connections.get(key)
             if connection is not None and connection.event.kind == "net":
-                names.add(connection.event.network)
-        return bool(names) and all(network_class(name) == RDMA for name in names)
+                classes.add(connection_class(connection))
+        return classes == {RDMA}
 
     def _point(self, process: Process, pointer: str, comm: Communicator) -> None:
         """Remember that ``pointer`` of ``process`` names ``comm`` (bounded per process)."""
@@ -428,6 +531,8 @@ class LogAnalyzer:
             seen = {id(p): p for p in self.processes.values()}
             for c in self.connections.values():
                 seen.setdefault(id(c.process), c.process)
+            for p in self.loose_ranks.values():
+                seen.setdefault(id(p), p)
             processes = list(seen.values())
             self._nodes = (processes, node_keys(processes))
         return self._nodes
@@ -442,6 +547,14 @@ class LogAnalyzer:
             self._count("ranks")
 
     def _on_comm_init(self, process: Process, thread: Thread, event: g.CommInitEvent, record: g.Record) -> None:
+        if event.phase == "END":  # Destroy/Abort: the communicator's size and this rank, nothing else
+            key = event.comm_id or process.pointers.get(event.pointer) or f"nranks:{event.nranks}"
+            comm = self._communicator(key, event.comm_id)
+            comm.nranks = comm.nranks or event.nranks
+            if record.prefix is not None:
+                self._add_rank(comm, event.rank, process)
+            process.named_comm = True
+            return
         key = event.comm_id or f"nranks:{event.nranks}"
         comm = self._communicator(key, event.comm_id)
         placeholder = process.pointers.get(event.pointer)
@@ -456,6 +569,11 @@ class LogAnalyzer:
                 comm.mixed = True
         process.named_comm = True
         self._point(process, event.pointer, comm)
+        for rank, nranks in thread.pending_ranks:
+            if rank == event.rank and nranks in (None, event.nranks) and self.loose_ranks.get(rank) is process:
+                process.loose_ranks.discard(rank)  # it was this init's own rank: placed by this line
+                del self.loose_ranks[rank]
+        thread.pending_ranks = []
         if thread.pending_network and comm.network is None:
             comm.network, comm.network_line = thread.pending_network, process.network_line
         thread.pending_network = None
@@ -470,6 +588,52 @@ class LogAnalyzer:
         # With START lines (2.18.3+), connections printed after COMPLETE are runtime connects
         # (2.22+) of this communicator; without them, the next lines belong to a new init.
         thread.context = key if (process.saw_start or event.phase is None) else None
+
+    def _on_rank(self, process: Process, thread: Thread, event: g.RankEvent, record: g.Record) -> None:
+        """A line naming this process's rank: placed in the communicator being initialised, or kept as
+        a loose rank (used when the log names at most one communicator)."""
+        if record.prefix is None:
+            return
+        comm = self.communicators.get(thread.context) if thread.context else None
+        if comm is not None and event.nranks in (None, comm.nranks):
+            self._add_rank(comm, event.rank, process)
+            return
+        self._loose_rank(process, event.rank, event.nranks)
+        if len(thread.pending_ranks) < self.limits.max_pointers:
+            thread.pending_ranks.append((event.rank, event.nranks))
+
+    def _loose_rank(self, process: Process, rank: int, nranks: int | None) -> None:
+        if nranks is not None and nranks > rank:
+            self.loose_nranks = max(self.loose_nranks or 0, nranks)
+        known = self.loose_ranks.get(rank)
+        if known is None and len(self.loose_ranks) >= self.limits.max_ranks:
+            self._count("ranks")
+            return
+        if known is not None and known is not process:
+            self.loose_mixed = True  # two processes claim one rank: several communicators' lines
+        if known is None:
+            self._nodes = None
+        self.loose_ranks[rank] = process
+        if len(process.loose_ranks) < self.limits.max_ranks:
+            process.loose_ranks.add(rank)
+
+    def _on_ring_order(self, process: Process, thread: Thread, event: g.RingOrderEvent, record: g.Record) -> None:
+        """Rank 0 lists each ring: the process is rank 0 and the communicator has that many ranks
+        (when the listing holds every rank 0..N-1 once)."""
+        nranks = len(event.ranks)
+        if sorted(event.ranks) != list(range(nranks)):
+            return
+        self._on_rank(process, thread, g.RankEvent(0, nranks), record)
+        comm = self.communicators.get(thread.context) if thread.context else None
+        if comm is not None and comm.nranks is None:
+            comm.nranks = nranks
+
+    def _on_all_ranks(self, process: Process, thread: Thread, event: g.AllRanksEvent, record: g.Record) -> None:
+        """ncclCommInitAll: this one process drives every rank of the communicator."""
+        if record.prefix is None:
+            return
+        for rank in range(min(event.nranks, self.limits.max_ranks)):
+            self._loose_rank(process, rank, event.nranks)
 
     def _merge(self, old: Communicator, new: Communicator) -> None:
         """Fold a communicator known only by size (an ``nNodes`` line seen before the line naming its
@@ -551,6 +715,33 @@ class LogAnalyzer:
             self.communicators[context].connections.add(key)
         elif len(thread.pending) < self.limits.max_connections:
             thread.pending.append(key)
+
+    # -- memory -----------------------------------------------------------------------------
+
+    def approx_bytes(self) -> int:
+        """What this analyzer holds, estimated from the counts of what it remembers (see _BYTES_*)."""
+        rank_facts = sum(len(c.rank_process) + len(c.rank_gpu) + len(c.nvls_channels) + len(c.pointer_refs)
+                         for c in self.communicators.values())
+        rank_facts += len(self.loose_ranks) + len(self.test_ranks)
+        entries = sum(len(p.pointers) + len(p.threads) + len(p.env) for p in self.processes.values())
+        return (_BYTES_BASE + _BYTES_PER_RANK_FACT * rank_facts + _BYTES_PER_CONNECTION * len(self.connections)
+                + _BYTES_PER_PROCESS * len(self.processes) + _BYTES_PER_PROCESS_ENTRY * entries
+                + _BYTES_PER_MEMO_ENTRY * len(self._events) + self._memo_chars
+                + _BYTES_PER_PREFIX_ENTRY * len(self._prefixes))
+
+    def shrink(self, target_bytes: int) -> int:
+        """Give memory back until at most ``target_bytes`` are held (a node-wide budget asks): first
+        the caches of parsed lines, then the oldest communicators, whose conclusions are kept
+        (``retired``), each counted as ``budget`` in ``overflow``. Returns the estimate after."""
+        self._events.clear()
+        self._memo_chars = 0
+        self._prefixes.clear()
+        size = self.approx_bytes()
+        while size > target_bytes and self.communicators:
+            self._evict_oldest_communicator(reason="budget")
+            size = self.approx_bytes()
+        self._cached = None
+        return size
 
     # -- output -----------------------------------------------------------------------------
 

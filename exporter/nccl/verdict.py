@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from exporter.nccl.grammar import ConnectionEvent
-from exporter.nccl.networks import RDMA, TCP, network_class, transport_of_network
+from exporter.nccl.networks import NO_SELECTION, RDMA, TCP, Selection, network_class, transport_of_network
 
 if TYPE_CHECKING:  # pragma: no cover
     from exporter.nccl.model import Communicator, Connection, LogAnalyzer, Process
@@ -51,6 +51,8 @@ class CommunicatorSummary:
     transports: dict[tuple[str, str, str], int]  # (transport, scope, gdr "1"/"0"/"") -> connections
     gdr: bool | str | None
     inter_node_tcp: bool | None
+    # "rdma", "tcp" or None: the network's class by the table, or by aws-ofi-nccl's provider
+    network_class: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -58,6 +60,7 @@ class CommunicatorSummary:
             "nranks": self.nranks,
             "nnodes": self.nnodes,
             "network": self.network,
+            "network_class": self.network_class,
             "nccl_version": self.nccl_version,
             "gdr": self.gdr,
             "inter_node_tcp": self.inter_node_tcp,
@@ -236,20 +239,36 @@ def host_node_key(host: str, processes: Iterable[Process]) -> object | None:
     return (host, next(iter(addresses))) if addresses else (host, "")
 
 
-def _comm_network(comm: Communicator | None, conns: list[Connection], processes: list[Process]) -> tuple[str | None, str | None]:
-    names = Counter(c.event.network for c in conns if c.event.kind == "net" and c.event.network)
-    if names:
-        tcp = [n for n in names if network_class(n) == TCP]
-        name = tcp[0] if tcp else names.most_common(1)[0][0]
-        cited = next(c.cited for c in conns if c.event.kind == "net" and c.event.network == name)
-        return name, cited
-    selected = [(n, line) for n, line in (p.selected_network() for p in processes) if n]
+def provider_of(processes: Iterable[Process]) -> str | None:
+    """aws-ofi-nccl's libfabric provider as these processes show it (a TCP-class one first)."""
+    providers = [p.ofi_provider for p in processes if p.ofi_provider]
+    tcp = [p for p in providers if network_class(None, p) == TCP]
+    return (tcp or providers or [None])[0]
+
+
+def connection_class(connection: Connection) -> str | None:
+    return network_class(connection.event.network, connection.process.ofi_provider)
+
+
+def _comm_network(comm: Communicator | None, conns: list[Connection], processes: list[Process]) -> Selection:
+    """The communicator's network (name, the line that shows it, class): its connection lines first,
+    then its init's ``Using network``, then what each process's own lines show it selected."""
+    net_lines = [c for c in conns if c.event.kind == "net" and c.event.network]
+    if net_lines:
+        tcp = [c for c in net_lines if connection_class(c) == TCP]
+        if tcp:
+            chosen = tcp[0]
+        else:
+            name = Counter(c.event.network for c in net_lines).most_common(1)[0][0]
+            chosen = next(c for c in net_lines if c.event.network == name)
+        return Selection(chosen.event.network, chosen.cited, connection_class(chosen))
+    selected = [sel for sel in (p.selected_network() for p in processes) if sel.name or sel.cls]
     if comm is not None and comm.network:
-        selected.insert(0, (comm.network, comm.network_line))
+        selected.insert(0, Selection(comm.network, comm.network_line, network_class(comm.network, provider_of(processes))))
     if not selected:
-        return None, None
+        return NO_SELECTION
     # Ranks that disagree (one node on IB, another on Socket) are judged by the TCP one.
-    tcp = [(n, line) for n, line in selected if network_class(n) == TCP]
+    tcp = [sel for sel in selected if sel.cls == TCP]
     return tcp[0] if tcp else selected[0]
 
 
@@ -263,14 +282,24 @@ def _analyze(analyzer: LogAnalyzer, key: str, comm: Communicator | None, conns: 
             mixed |= known.key != c.process.key
     if mixed:
         return _analyze_mixed(analyzer, key, comm, conns, rank_process, nodes_of, version)
+    nranks = comm.nranks if comm is not None else None
+    if _takes_loose_ranks(analyzer, key):
+        for rank, process in analyzer.loose_ranks.items():
+            rank_process.setdefault(rank, process)
+        nranks = nranks or analyzer.loose_nranks
     host_links = [(r, nodes_of[id(p)]) for r, p in rank_process.items() if id(p) in nodes_of]
-    table = analyzer.test_ranks
+    table = analyzer.test_ranks if not analyzer.test_runs_mixed else {}
     if table and (key == UNATTRIBUTED or (comm is not None and comm.nranks == len(table))):
+        if nranks is None and sorted(table) == list(range(len(table))):
+            nranks = len(table)  # the nccl-tests device table lists every rank of the run
         all_processes, _ = analyzer.process_nodes()
-        for rank, (host, _) in table.items():
+        for rank, (host, pid) in table.items():
             node = host_node_key(host, all_processes)
             if node is not None:
                 host_links.append((rank, node))
+            process = analyzer.processes.get((host, pid))
+            if process is not None:
+                rank_process.setdefault(rank, process)
     same_links = [(c.event.src, c.event.dst) for c in conns
                   if (c.event.kind == "shm" or (c.event.kind == "p2p" and not c.event.mnnvl))]
     rank_ids: dict[int, str] = dict(comm.rank_gpu) if comm is not None else {}
@@ -293,14 +322,17 @@ def _analyze(analyzer: LogAnalyzer, key: str, comm: Communicator | None, conns: 
             hosts_trusted = True
             placement, _ = _place(host_links, same_links, rank_ids, True, False)
 
-    nranks = comm.nranks if comm is not None else None
     nnodes = comm.nnodes if comm is not None else None
     exact_nodes = nnodes
+    single_why: str | None = None
     if exact_nodes is None and hosts_trusted and nranks and nranks <= analyzer.limits.max_ranks:
         comps = {placement.comp(r) for r in range(nranks)}
         if all(placement.comp_nodes.get(c) for c in comps):
             exact_nodes = len(comps)
+            single_why = "every rank logged from one node"
     single = exact_nodes == 1 or nranks == 1
+    if nranks == 1 and exact_nodes is None:
+        single_why = "it has one rank"
     multi: bool | None = None
     if (exact_nodes or 0) > 1:
         multi = True
@@ -310,6 +342,11 @@ def _analyze(analyzer: LogAnalyzer, key: str, comm: Communicator | None, conns: 
         len(comps) > 1 for comps in placement.id_comps.values()
     ):
         multi = True
+    processes = list({id(p): p for p in list(rank_process.values()) + [c.process for c in conns]}.values())
+    if multi is None and _only_loopback(processes):
+        # NCCL's sockets (bootstrap, NET/Socket) can reach no other node: one node, whatever else.
+        single, multi, exact_nodes = True, False, 1
+        single_why = "its processes use loopback interfaces only (" + _loopback_line(processes) + ")"
 
     def scope(a: int, b: int) -> str:
         if a == b:
@@ -321,16 +358,33 @@ def _analyze(analyzer: LogAnalyzer, key: str, comm: Communicator | None, conns: 
             return INTER
         return INTRA if single else UNKNOWN
 
-    processes = list({id(p): p for p in list(rank_process.values()) + [c.process for c in conns]}.values())
     return _summarize(analyzer, key, comm, conns, processes, lambda e: scope(e.src, e.dst), multi, single,
-                      exact_nodes, "ranks logged from different nodes", version)
+                      exact_nodes, "ranks placed on different nodes", version, nranks, single_why)
+
+
+def _takes_loose_ranks(analyzer: LogAnalyzer, key: str) -> bool:
+    """Ranks logged outside any known communicator belong to this one: the log names no other."""
+    if not analyzer.loose_ranks or analyzer.loose_mixed:
+        return False
+    named = [k for k in analyzer.communicators if k != UNATTRIBUTED]
+    return (named == [key]) or (not named and key == UNATTRIBUTED)
+
+
+def _only_loopback(processes: Iterable[Process]) -> bool:
+    shown = [p.loopback for p in processes if p.loopback is not None]
+    return bool(shown) and all(shown)
+
+
+def _loopback_line(processes: Iterable[Process]) -> str:
+    hosts = sorted({p.label() for p in processes if p.loopback})
+    return ", ".join(hosts[:4]) + (" ..." if len(hosts) > 4 else "")
 
 
 def _summarize(analyzer: LogAnalyzer, key: str, comm: Communicator | None, conns: list[Connection],
                processes: list[Process], scope: Callable[[ConnectionEvent], str], multi: bool | None,
-               single: bool, exact_nodes: int | None, multi_why: str | None, version: str | None) -> _CommFacts:
+               single: bool, exact_nodes: int | None, multi_why: str | None, version: str | None,
+               nranks: int | None, single_why: str | None = None) -> _CommFacts:
     """Count transports by scope and decide one communicator's network, GDR and inter-node TCP."""
-    nranks = comm.nranks if comm is not None else None
     transports: Counter[tuple[str, str, str]] = Counter()
     reasons: list[str] = []
     tcp_inter: Connection | None = None
@@ -340,7 +394,7 @@ def _summarize(analyzer: LogAnalyzer, key: str, comm: Communicator | None, conns
         if e.kind == "net":
             s = scope(e)
             transports[(transport_of_network(e.network or ""), s, "1" if e.gdr else "0")] += 1
-            cls = network_class(e.network)
+            cls = connection_class(c)
             if cls == TCP and s == INTER and tcp_inter is None:
                 tcp_inter = c
             if cls == RDMA:
@@ -357,36 +411,35 @@ def _summarize(analyzer: LogAnalyzer, key: str, comm: Communicator | None, conns
     if tcp_inter is not None:
         multi = True
 
-    network, network_line = _comm_network(comm, conns, processes)
-    cls = network_class(network)
+    network, network_line, cls = _comm_network(comm, conns, processes)
     label = key if key != UNATTRIBUTED else "(communicator not named in the log)"
 
     inter_node_tcp: bool | None
     if tcp_inter is not None:
         inter_node_tcp = True
-        reasons.append(f"communicator {label}: inter-node connection over TCP-class network {network}: "
+        reasons.append(f"communicator {label}: inter-node connection over TCP-class network {shown_network(network, cls)}: "
                        f"\"{tcp_inter.cited}\"")
     elif multi and cls == TCP and not (comm is not None and comm.mnnvl):
         inter_node_tcp = True
         evidence = comm.nnodes_line if comm is not None and comm.nnodes_line else None
         why = f"\"{evidence}\"" if evidence else (multi_why or "several nodes")
         reasons.append(f"communicator {label} spans {exact_nodes or 'several'} nodes ({why}) and uses "
-                       f"TCP-class network {network}" + (f": \"{network_line}\"" if network_line else ""))
+                       f"TCP-class network {shown_network(network, cls)}" + (f": \"{network_line}\"" if network_line else ""))
     elif single:
         inter_node_tcp = False
         reasons.append(f"communicator {label} is on a single node"
-                       + (f": \"{comm.nnodes_line}\"" if comm is not None and comm.nnodes_line else
-                          " (every rank logged from one node)"))
+                       + (f": \"{comm.nnodes_line}\"" if comm is not None and comm.nnodes_line and exact_nodes == 1 else
+                          f" ({single_why or 'every rank logged from one node'})"))
     elif cls == RDMA:
         inter_node_tcp = False
-        reasons.append(f"communicator {label} uses RDMA network {network}"
+        reasons.append(f"communicator {label} uses RDMA network {shown_network(network, cls)}"
                        + (f": \"{network_line}\"" if network_line else ""))
     else:
         inter_node_tcp = None
         if network is not None and cls is None:
             reasons.append(f"communicator {label}: network {network} is not in the RDMA/TCP table")
         elif cls == TCP:
-            reasons.append(f"communicator {label} uses TCP-class network {network} but the log does not show "
+            reasons.append(f"communicator {label} uses TCP-class network {shown_network(network, cls)} but the log does not show "
                            "whether its traffic crosses nodes")
 
     gdr: bool | str | None = None
@@ -409,6 +462,7 @@ def _summarize(analyzer: LogAnalyzer, key: str, comm: Communicator | None, conns
         transports=dict(transports),
         gdr=gdr,
         inter_node_tcp=inter_node_tcp,
+        network_class=cls,
     )
     return _CommFacts(summary, reasons, multi)
 
@@ -432,7 +486,8 @@ def _analyze_mixed(analyzer: LogAnalyzer, key: str, comm: Communicator | None, c
     has_net = any(c.event.kind == "net" for c in conns)
     multi: bool | None = True if ((nnodes or 0) > 1 or (len(hosts) > 1 and has_net)) else (False if single else None)
     return _summarize(analyzer, key, comm, conns, processes, scope, multi, single, nnodes,
-                      "ranks logged from several nodes" if len(hosts) > 1 else None, version)
+                      "ranks logged from several nodes" if len(hosts) > 1 else None, version,
+                      comm.nranks if comm is not None else None)
 
 
 def _only_communicator(analyzer: LogAnalyzer, process: Process) -> str:
@@ -496,6 +551,8 @@ def _facts(analyzer: LogAnalyzer, only: str | None = None) -> list[_CommFacts]:
         _adopt_strays(analyzer, buckets, nodes_of)
         keys = [k for k in analyzer.communicators if k != UNATTRIBUTED or k in buckets]
         keys += [k for k in buckets if k not in analyzer.communicators]
+        if not keys and (_takes_loose_ranks(analyzer, UNATTRIBUTED) or (analyzer.test_ranks and not analyzer.test_runs_mixed)):
+            keys = [UNATTRIBUTED]  # no communicator named, but lines that place ranks (Trees, ring listings, nccl-tests table)
     version = analyzer.versions.most_common(1)[0][0] if analyzer.versions else None
     return [_analyze(analyzer, k, analyzer.communicators.get(k), buckets.get(k, []), nodes_of, version)
             for k in keys]
@@ -505,13 +562,28 @@ def summarize_communicators(analyzer: LogAnalyzer, only: str | None = None) -> l
     return [(f.summary, f.reasons) for f in _facts(analyzer, only)]
 
 
-def _log_network_classes(analyzer: LogAnalyzer, facts: list[_CommFacts],
-                         selected: list[tuple[str, str | None]]) -> set[str | None]:
+def _log_network_classes(analyzer: LogAnalyzer, facts: list[_CommFacts], selected: list[Selection]) -> set[str | None]:
     """The classes of every network the log names: connection lines, selections, communicators."""
-    names = {c.event.network for c in analyzer.connections.values() if c.event.network}
-    names |= {f.summary.network for f in facts if f.summary.network}
-    names |= {n for n, _ in selected}
-    return {network_class(n) for n in names}
+    classes = {connection_class(c) for c in analyzer.connections.values() if c.event.network}
+    classes |= {f.summary.network_class for f in facts if f.summary.network or f.summary.network_class}
+    classes |= {sel.cls for sel in selected}
+    return classes
+
+
+def _one_job(analyzer: LogAnalyzer, facts: list[_CommFacts]) -> bool:
+    """The log's processes are ranks of one communicator: the nccl-tests device table lists them, or
+    the log shows one communicator size of two or more (init lines, a ring listing, 2.3 rank lines).
+    Without such a tie, processes on two hosts that each chose a TCP network may be two jobs."""
+    if analyzer.test_ranks and not analyzer.test_runs_mixed:
+        return True
+    sizes = {f.summary.nranks for f in facts if f.summary.nranks} | (
+        {analyzer.loose_nranks} if analyzer.loose_nranks else set())
+    return len(sizes) == 1 and next(iter(sizes)) >= 2
+
+
+def shown_network(name: str | None, cls: str | None) -> str:
+    """A network as a reason names it (aws-ofi-nccl known by its provider line has no name)."""
+    return name or ("(aws-ofi-nccl)" if cls else "(unnamed)")
 
 
 def decide(analyzer: LogAnalyzer) -> Verdict:
@@ -520,10 +592,12 @@ def decide(analyzer: LogAnalyzer) -> Verdict:
     reasons: list[str] = []
     processes, nodes_of = analyzer.process_nodes()
     version = analyzer.versions.most_common(1)[0][0] if analyzer.versions else None
+    selected = [sel for sel in (p.selected_network() for p in processes) if sel.name or sel.cls]
 
     values = [f.summary.inter_node_tcp for f in facts]
     inter_node_tcp: bool | None
     deciding: list[_CommFacts] = []
+    log_single = False
     if True in values or retired.inter_node_tcp:
         inter_node_tcp = True
         deciding = [f for f in facts if f.summary.inter_node_tcp is True]
@@ -532,22 +606,27 @@ def decide(analyzer: LogAnalyzer) -> Verdict:
         if retired.inter_node_tcp:
             reasons.extend(retired.reasons[:1])
     else:
-        selected = [(n, line) for n, line in (p.selected_network() for p in processes) if n]
-        tcp_selected = [(n, line) for n, line in selected if network_class(n) == TCP]
+        tcp_selected = [sel for sel in selected if sel.cls == TCP]
         distinct_hosts = {nodes_of[id(p)] for p in processes if id(p) in nodes_of}
         table_nodes = {host_node_key(h, processes) for h, _ in analyzer.test_ranks.values()}
         distinct_hosts |= {n for n in table_nodes if n is not None}
         undecided = all(v is None for v in values)
-        if undecided and tcp_selected and len(distinct_hosts) > 1:
+        if undecided and tcp_selected and len(distinct_hosts) > 1 and _one_job(analyzer, facts):
             inter_node_tcp = True
             hosts = ", ".join(sorted({str(h) for h, _ in distinct_hosts})[:4])
-            reasons.append(f"the job spans several nodes ({hosts}) and selected TCP-class network {tcp_selected[0][0]}: "
-                           f"\"{tcp_selected[0][1]}\"")
+            first = tcp_selected[0]
+            reasons.append(f"the job spans several nodes ({hosts}) and selected TCP-class network "
+                           f"{shown_network(first.name, first.cls)}: \"{first.line}\"")
+        elif (not facts or undecided) and _only_loopback(processes) and not retired.inter_node_tcp:
+            inter_node_tcp, log_single = False, True
+            reasons.append("every process uses loopback interfaces only (" + _loopback_line(processes)
+                           + "): NCCL cannot reach another node")
         elif not facts or undecided:
-            classes = {network_class(n) for n, _ in selected}
+            classes = {sel.cls for sel in selected}
             if selected and classes == {RDMA} and not retired.inter_node_tcp:
                 inter_node_tcp = False
-                reasons.append(f"every process uses RDMA network {selected[0][0]}: \"{selected[0][1]}\"")
+                first = selected[0]
+                reasons.append(f"every process uses RDMA network {shown_network(first.name, first.cls)}: \"{first.line}\"")
             else:
                 inter_node_tcp = None
                 reasons.extend(r for f in facts for r in f.reasons[:1])
@@ -556,20 +635,22 @@ def decide(analyzer: LogAnalyzer) -> Verdict:
             # names (connection lines, selections) is RDMA-class: a process uses one network.
             rdma_only = _log_network_classes(analyzer, facts, selected) == {RDMA}
             open_tcp = [f for f in facts if f.summary.inter_node_tcp is None and f.summary.transports
-                        and (network_class(f.summary.network) == TCP
-                             or (network_class(f.summary.network) is None
+                        and (f.summary.network_class == TCP
+                             or (f.summary.network_class is None
                                  and (f.summary.network is not None or not rdma_only)))]
             inter_node_tcp = None if open_tcp else False
             deciding = [f for f in facts if f.summary.inter_node_tcp is False]
             for f in (open_tcp or deciding)[:3]:
                 reasons.extend(f.reasons[:1])
 
-    networks = Counter(f.summary.network for f in (deciding or facts) if f.summary.network)
-    if networks:
-        network: str | None = networks.most_common(1)[0][0]
+    named = [f.summary for f in (deciding or facts) if f.summary.network or f.summary.network_class]
+    if named:
+        top = Counter(c.network for c in named).most_common(1)[0][0]
+        network: str | None = top
+        network_cls = next(c.network_class for c in named if c.network == top)
     else:
-        selected_names = Counter(n for n, _ in (p.selected_network() for p in processes) if n)
-        network = selected_names.most_common(1)[0][0] if selected_names else None
+        top_selection = Counter(selected).most_common(1)[0][0] if selected else NO_SELECTION
+        network, network_cls = top_selection.name, top_selection.cls
 
     gdrs = {f.summary.gdr for f in facts if f.summary.gdr is not None}
     gdr: bool | str | None = None
@@ -577,18 +658,18 @@ def decide(analyzer: LogAnalyzer) -> Verdict:
         gdr = "mixed" if ("mixed" in gdrs or len(gdrs) > 1) else next(iter(gdrs))
 
     node_counts = [f.summary.nnodes for f in facts if f.summary.nnodes]
-    nodes = max(node_counts) if node_counts else None
+    nodes = max(node_counts) if node_counts else (1 if log_single else None)
     rank_counts = [f.summary.nranks for f in facts if f.summary.nranks]
     nranks = max(rank_counts) if rank_counts else None
 
-    all_single = bool(facts) and all(f.multi_node is False for f in facts) and not retired.inter_node_tcp
+    all_single = log_single or (bool(facts) and all(f.multi_node is False for f in facts) and not retired.inter_node_tcp)
     if inter_node_tcp is True:
         verdict = "tcp_fallback"
     elif all_single:
         verdict = "single_node"
         if not reasons:
             reasons.extend(r for f in facts for r in f.reasons[:1])
-    elif inter_node_tcp is False and (network_class(network) == RDMA or retired.inter_node_rdma):
+    elif inter_node_tcp is False and (network_cls == RDMA or retired.inter_node_rdma):
         verdict = "rdma"
     else:
         verdict = "unknown"
@@ -610,3 +691,34 @@ def decide(analyzer: LogAnalyzer) -> Verdict:
         warnings=tuple(analyzer.warnings),
         reasons=tuple(dict.fromkeys(reasons)),
     )
+
+
+def with_node_context(verdict: Verdict, gpus_on_node: int | None, gpus_held_here: int | None) -> Verdict:
+    """The verdict once what the node knows and the log does not is added.
+
+    A communicator with more ranks than this node has GPUs, or than the job's pods hold here, spans
+    nodes: NCCL never puts two ranks of one communicator on one GPU. Only communicators the log left
+    open (``inter_node_tcp`` None on a TCP-class network) are decided this way; a log that already
+    decides keeps its answer.
+    """
+    if verdict.verdict != "unknown":
+        return verdict
+    bounds = [(n, what) for n, what in ((gpus_held_here, "the job's pods hold here"), (gpus_on_node, "this node has"))
+              if n]
+    if not bounds:
+        return verdict
+    bound, what = min(bounds)
+    decided: list[CommunicatorSummary] = []
+    communicators = []
+    for c in verdict.communicators:
+        if c.inter_node_tcp is None and c.network_class == TCP and c.nranks and c.nranks > bound:
+            c = replace(c, inter_node_tcp=True)
+            decided.append(c)
+        communicators.append(c)
+    if not decided:
+        return verdict
+    first = decided[0]
+    reason = (f"communicator {first.comm_id} has {first.nranks} ranks but {what} {bound} GPUs: it spans nodes, "
+              f"on TCP-class network {shown_network(first.network, first.network_class)}")
+    return replace(verdict, verdict="tcp_fallback", inter_node_tcp=True, communicators=tuple(communicators),
+                   reasons=(reason, *verdict.reasons))

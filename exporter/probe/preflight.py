@@ -231,7 +231,8 @@ def host_checks(
     return checks
 
 
-def probe_checks(result: ProbeResult, require_transport: str, min_busbw_gbs: float | None) -> list[Check]:
+def probe_checks(result: ProbeResult, require_transport: str, min_busbw_gbs: float | None,
+                 allow_unknown_transport: bool = False) -> list[Check]:
     checks = [_ok("probe", f"{len(result.collectives)} collective(s) correct on {result.world_size} ranks, "
                   f"{result.nnodes} node(s)") if result.success
               else _fail("probe", result.error or "; ".join(
@@ -240,6 +241,15 @@ def probe_checks(result: ProbeResult, require_transport: str, min_busbw_gbs: flo
         t: Transport = result.transport
         if t.kind == require_transport:
             checks.append(_ok("probe_transport", f"traffic ran on {describe_transport(result)}"))
+        elif t.kind == "unknown":
+            # "Cannot tell" fails closed: a job must not start on a fabric nobody could check.
+            why = f" ({t.reasons[0]})" if t.reasons else ""
+            if allow_unknown_transport:
+                checks.append(_ok("probe_transport", f"cannot tell which transport the traffic used{why}; "
+                                  "allowed by --allow-unknown-transport"))
+            else:
+                checks.append(_fail("probe_transport", f"cannot tell which transport the traffic used{why}; "
+                                    f"expected {require_transport} (pass --allow-unknown-transport to accept)"))
         else:
             why = f" — {t.reasons[0]}" if t.reasons else ""
             checks.append(_fail("probe_transport", f"traffic ran on {describe_transport(result)}, "
@@ -281,7 +291,7 @@ def run_preflight(args: argparse.Namespace, environ: Mapping[str, str] | None = 
     probe_result = None
     if request is not None:
         probe_result = run_probe(request, identity, environ)
-        checks += probe_checks(probe_result, args.require_transport, args.min_busbw)
+        checks += probe_checks(probe_result, args.require_transport, args.min_busbw, args.allow_unknown_transport)
     checks = [c for c in checks if c.check not in skip]
     for check in checks:
         print(f"{'ok  ' if check.ok else 'FAIL'} {check.check}: {check.message}", file=out)
@@ -331,6 +341,10 @@ def add_parser(sub: argparse._SubParsersAction, environ: Mapping[str, str]) -> a
     probe.add_argument("--probe", action="store_true", help="also run a short probe across the job's pods")
     probe.add_argument("--require-transport", choices=["any", "rdma", "tcp", "intra_node"], default="any",
                        help="transport the probe's traffic must have used (from NCCL's own log)")
+    probe.add_argument("--allow-unknown-transport", action="store_true",
+                       default=default("--allow-unknown-transport", "false").lower() in ("1", "true", "yes", "on"),
+                       help="pass --require-transport when NCCL's log cannot tell the transport "
+                       "(by default preflight fails closed)")
     probe.add_argument("--min-busbw", type=float, default=None, help="minimum average busbw, GB/s (1e9 bytes/s)")
     add_probe_arguments(parser, environ)
     parser.add_argument("--no-write", dest="write_results", action="store_false", help="do not write a result file")

@@ -31,8 +31,9 @@ Actions:
 - ``nvlink-down`` / ``nvlink-up`` ``gpu=<index> link=<index>``: one NVLink goes inactive or back.
 - ``nccl-job-start`` ``namespace= pod= job_name= [network=IB|Socket] [nnodes=2] [gdr=true]``: a
   training pod (PyTorchJob labels) starts and NCCL's init lines land in its log.
-- ``nccl-job-restart`` ``namespace= pod= [network=Socket] [gdr=false]``: the pod's container
-  restarts and NCCL comes back on ``network`` -- by default the silent fallback to TCP sockets.
+- ``nccl-job-restart`` ``namespace= pod= [network=Socket] [gdr=false] [placement=shown|open]``: the pod's
+  container restarts and NCCL comes back on ``network`` -- by default the silent fallback to TCP
+  sockets; ``placement=open``: an NCCL 2.18 log that does not show which nodes the communicator spans.
 - ``nccl-job-stop`` ``namespace= pod=``: the pod is deleted (its log folder goes away).
 - ``advance`` ``[seconds=1]``: advance the simulation immediately (besides its 1 s ticker).
 """
@@ -225,8 +226,12 @@ def nccl_job_start(node: SimulatedNode, params: Params) -> dict[str, Any]:
 def nccl_job_restart(node: SimulatedNode, params: Params) -> dict[str, Any]:
     namespace, pod = _required(params, "namespace", "pod")
     network = _network(params, "Socket")
+    placement = params.get("placement", "shown")
+    if placement not in ("shown", "open"):
+        raise ActionError("placement must be shown or open")
     try:
-        job = _pod_logs(node).restart_job(namespace, pod, network=network, gdr=_flag(params, "gdr", network == "IB"))
+        job = _pod_logs(node).restart_job(namespace, pod, network=network, gdr=_flag(params, "gdr", network == "IB"),
+                                          placement_shown=placement == "shown")
     except KeyError:
         raise ActionError(f"no running simulated pod {namespace}/{pod}") from None
     return {"namespace": namespace, "pod": pod, "network": job.network, "restarts": job.restarts}

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from exporter.sim.node import SimClock
 from exporter.sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
-from exporter.sources.kube import PodMetadata, attribute_job
+from exporter.sources.kube import EXPECTED_NETWORK_LABEL, PodMetadata, attribute_job
 
 NCCL_VERSION = "2.21.5"
 CUDA_VERSION = "12.4"
@@ -66,6 +66,9 @@ class SimJob:
     nvls: bool = False
     container: str = "pytorch"
     node_index: int = 0  # this node's place in the job: ranks [node_index*8, node_index*8+8)
+    # False: the log leaves placement open (NCCL 2.18, no nNodes line; an 8-rank communicator with
+    # 4 ranks on each of two nodes, only this node's ranks in the log) -- what cluster context decides
+    placement_shown: bool = True
     restarts: int = 0
     step: int = 0
     uid: str = field(default="")
@@ -86,8 +89,37 @@ def _cri(line: str, stream: str = "stdout") -> str:
     return f"{stamp} {stream} F {line}\n"
 
 
+def nccl_init_lines_placement_open(job: SimJob) -> list[str]:
+    """NCCL 2.18.3 at INFO for a communicator of 8 ranks, 4 on this node and 4 on another: 2.18
+    prints no nNodes line, and this pod's log names only its own ranks, so nothing in it says where
+    ranks 4-7 are (a pipeline group across two nodes, say). The pod holds all 8 GPUs of the node."""
+    host, nranks, local_ranks = job.pod, GPUS_PER_NODE, GPUS_PER_NODE // 2
+    base_pid = 101 + 20 * job.restarts
+    lines = ["NCCL version 2.18.3+cuda12.2"]
+    for local in range(local_ranks):
+        pid = base_pid + local
+        p = f"{host}:{pid}:{pid} [{local}] NCCL INFO "
+        comm = f"0x{0x55d4c0a1b000 + 0x1000 * local:x}"
+        init = (f"comm {comm} rank {local} nranks {nranks} cudaDev {local} nvmlDev {local} busId "
+                f"{0x18 + 0x10 * local:x}000 commId {job.comm_id}")
+        lines += [p + "Bootstrap : Using eth0:10.0.3.17<0>"]
+        if job.network == "IB":
+            lines.append(p + "NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB [RO]; OOB eth0:10.0.3.17<0>")
+        else:
+            lines += [p + "NET/IB : No device found.", p + "NET/Socket : Using [0]eth0:10.0.3.17<0>"]
+        lines += [p + f"Using network {job.network}", p + f"{init} - Init START"]
+        if local < local_ranks - 1:
+            lines.append(p + f"Channel 00/0 : {local}[{local}] -> {local + 1}[{local + 1}] via P2P/IPC/read")
+        else:
+            lines.append(p + f"Channel 00/0 : {local}[{local}] -> {local + 1}[{local + 1}] [send] via NET/{job.network}/0")
+        lines.append(p + f"{init} - Init COMPLETE")
+    return lines
+
+
 def nccl_init_lines(job: SimJob) -> list[str]:
     """What NCCL 2.21 prints at INFO while the job's first communicator is built on this node."""
+    if not job.placement_shown:
+        return nccl_init_lines_placement_open(job)
     host = job.pod
     nranks = job.nnodes * GPUS_PER_NODE
     first = job.node_index * GPUS_PER_NODE
@@ -203,11 +235,12 @@ class SimPodLogs:
         self._append(job, nccl_init_lines(job))
         return job
 
-    def restart_job(self, namespace: str, pod: str, *, network: str | None = None, gdr: bool | None = None) -> SimJob:
+    def restart_job(self, namespace: str, pod: str, *, network: str | None = None, gdr: bool | None = None,
+                    placement_shown: bool | None = None) -> SimJob:
         """The container restarts (``<n+1>.log``) and NCCL comes back, on ``network`` if given.
 
         ``restart_job(ns, pod, network="Socket", gdr=False)`` is how a healthy job is made to
-        fall back to TCP in a demo.
+        fall back to TCP in a demo; ``placement_shown=False`` makes its log leave the placement open.
         """
         with self._lock:
             job = self._running[(namespace, pod)]
@@ -217,6 +250,8 @@ class SimPodLogs:
                 job.network = network
             if gdr is not None:
                 job.gdr = gdr
+            if placement_shown is not None:
+                job.placement_shown = placement_shown
         self._append(job, nccl_init_lines(job))
         return job
 
@@ -240,10 +275,18 @@ class SimPodLogs:
     def lookup(self, namespace: str, pod: str) -> PodMetadata | None:
         with self._lock:
             job = self._running.get((namespace, pod))
-        if job is None:
-            return None
+        return None if job is None else self._metadata(job)
+
+    @staticmethod
+    def _metadata(job: SimJob) -> PodMetadata:
         job_name, job_kind = attribute_job(job.labels, ())
-        return PodMetadata(namespace, pod, job.uid, job_name, job_kind)
+        return PodMetadata(job.namespace, job.pod, job.uid, job_name, job_kind,
+                           job.labels.get(EXPECTED_NETWORK_LABEL, ""), host_network=False)
 
     def is_authoritative(self) -> bool:
         return True
+
+    def pods(self) -> list[PodMetadata]:
+        with self._lock:
+            jobs = list(self._running.values())
+        return sorted((self._metadata(job) for job in jobs), key=lambda p: (p.namespace, p.name))

@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
 log = logging.getLogger(__name__)
@@ -33,6 +33,9 @@ POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 POD_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 KUEUE_POD_GROUP = "kueue.x-k8s.io/pod-group-name"
 TRAINER_PREFIX = "trainer.kubeflow.org/"
+# A pod, or its namespace, that runs on TCP on purpose says so; the pod's own label wins.
+EXPECTED_NETWORK_LABEL = "ccl-health.io/expected-network"
+MAX_LABEL_VALUE_CHARS = 63  # Kubernetes' own limit for a label value
 
 # training.kubeflow.org/operator-name → the job's kind (training-operator, MPI operator v2).
 KUBEFLOW_OPERATOR_KINDS = {
@@ -103,6 +106,15 @@ class PodMetadata:
     uid: str
     job_name: str
     job_kind: str
+    expected_network: str = ""  # the pod's ccl-health.io/expected-network label ("" when unset)
+    host_network: bool | None = None  # spec.hostNetwork (None when the source does not say)
+
+
+def with_namespace_expectation(record: PodMetadata, namespace_labels: Mapping[str, str]) -> PodMetadata:
+    """The record with its namespace's expected network when the pod declares none itself."""
+    if record.expected_network or record.namespace not in namespace_labels:
+        return record
+    return replace(record, expected_network=namespace_labels[record.namespace])
 
 
 @runtime_checkable
@@ -117,6 +129,10 @@ class PodMetadataSource(Protocol):
         """True when every pod of the node is listed, so an absent pod is gone."""
         ...
 
+    def pods(self) -> list[PodMetadata]:
+        """Every pod of the node the source knows (empty when it knows none)."""
+        ...
+
 
 class NoPodMetadata:
     """No attribution at all (the collector's default when nothing else is configured)."""
@@ -126,6 +142,9 @@ class NoPodMetadata:
 
     def is_authoritative(self) -> bool:
         return False
+
+    def pods(self) -> list[PodMetadata]:
+        return []
 
 
 def pod_metadata_from_object(pod: Any) -> PodMetadata | None:
@@ -141,8 +160,15 @@ def pod_metadata_from_object(pod: Any) -> PodMetadata | None:
     if not namespace or not name:
         return None
     owners = field("owner_references") if not isinstance(meta, Mapping) else meta.get("ownerReferences")
-    job_name, job_kind = attribute_job(field("labels") or {}, owners or (), field("annotations") or {})
-    return PodMetadata(namespace, name, field("uid") or "", job_name, job_kind)
+    labels = field("labels") or {}
+    job_name, job_kind = attribute_job(labels, owners or (), field("annotations") or {})
+    spec = pod.get("spec") if isinstance(pod, Mapping) else getattr(pod, "spec", None)
+    host_network = None
+    if spec is not None:
+        raw = spec.get("hostNetwork") if isinstance(spec, Mapping) else getattr(spec, "host_network", None)
+        host_network = bool(raw)  # absent means false in the API
+    expected = str(labels.get(EXPECTED_NETWORK_LABEL) or "")[:MAX_LABEL_VALUE_CHARS]
+    return PodMetadata(namespace, name, field("uid") or "", job_name, job_kind, expected, host_network)
 
 
 def in_cluster_api() -> Any:
@@ -170,6 +196,8 @@ class KubePodCache:
         self._max_pods = max_pods
         self._min_cycle = min_cycle_seconds
         self._pods: dict[tuple[str, str], PodMetadata] = {}
+        self._namespace_expectations: dict[str, str] = {}  # namespace -> its expected-network label
+        self._namespaces_readable = True
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._synced = False
@@ -193,14 +221,44 @@ class KubePodCache:
 
     def lookup(self, namespace: str, pod: str) -> PodMetadata | None:
         with self._lock:
-            return self._pods.get((namespace, pod))
+            record = self._pods.get((namespace, pod))
+            return None if record is None else with_namespace_expectation(record, self._namespace_expectations)
 
     def is_authoritative(self) -> bool:
         return self._synced
 
     def pods(self) -> list[PodMetadata]:
         with self._lock:
-            return sorted(self._pods.values(), key=lambda p: (p.namespace, p.name))
+            return sorted((with_namespace_expectation(p, self._namespace_expectations) for p in self._pods.values()),
+                          key=lambda p: (p.namespace, p.name))
+
+    def _read_namespace_expectations(self, api: Any) -> None:
+        """Namespaces that declare an expected network (one small list per list/watch cycle, so a
+        namespace label change is seen within ``watch_seconds``). Without permission to list
+        namespaces, pods' own labels still count; said once in the log."""
+        if not self._namespaces_readable:
+            return
+        try:
+            listing = api.list_namespace(label_selector=EXPECTED_NETWORK_LABEL, _request_timeout=30)
+        except Exception as exc:  # noqa: BLE001 - 403 without the RBAC rule, API down: keep going
+            status = getattr(exc, "status", None)
+            if status in (401, 403):
+                self._namespaces_readable = False
+                log.warning("cannot list namespaces (%s): only pods' own %s labels count", status,
+                            EXPECTED_NETWORK_LABEL)
+            return
+        found: dict[str, str] = {}
+        for item in getattr(listing, "items", None) or []:
+            meta = item.get("metadata") if isinstance(item, Mapping) else getattr(item, "metadata", None)
+            if meta is None:
+                continue
+            name = meta.get("name") if isinstance(meta, Mapping) else getattr(meta, "name", None)
+            labels = (meta.get("labels") if isinstance(meta, Mapping) else getattr(meta, "labels", None)) or {}
+            value = str(labels.get(EXPECTED_NETWORK_LABEL) or "")[:MAX_LABEL_VALUE_CHARS]
+            if name and value and len(found) < self._max_pods:
+                found[str(name)] = value
+        with self._lock:
+            self._namespace_expectations = found
 
     def _replace(self, items: Iterable[Any]) -> None:
         fresh: dict[tuple[str, str], PodMetadata] = {}
@@ -235,6 +293,7 @@ class KubePodCache:
         backoff = self._min_cycle
         while not self._stop.is_set():
             started = time.monotonic()
+            self._read_namespace_expectations(api)
             try:
                 listing = api.list_pod_for_all_namespaces(field_selector=selector, _request_timeout=30)
                 self._replace(listing.items or [])

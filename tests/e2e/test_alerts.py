@@ -80,6 +80,26 @@ def test_counters_only_suspected_fallback(start_cluster) -> None:  # type: ignor
     assert not _alerts_named(cluster, "CclNcclTcpFallback"), "no NCCL log says so: only the suspicion"
 
 
+def test_data_loading_over_the_pod_network_is_not_taken_for_a_fallback(start_cluster) -> None:  # type: ignore[no-untyped-def]
+    """The look-alike of the counters-only suspicion: the same job without NCCL logs and idle RDMA,
+    reading its dataset over the pod network (2 GB/s in, 50 MB/s out): gradients go both ways,
+    a dataset one way. After longer than the compressed window and ``for:``, nothing fires."""
+    def scene(exporters: list[SimulatedExporter]) -> None:
+        make_healthy(exporters)
+        for exporter in exporters:
+            exporter.act("rdma-traffic-stop")
+            exporter.act("nccl-job-stop", namespace=TRAINING_NAMESPACE, pod=TRAINING_POD)
+
+    cluster = start_cluster(nodes=2, intervals=Intervals(), before_scrape=scene)
+    cluster.kubelet.set_traffic(TRAINING_NAMESPACE, TRAINING_POD, 5e7, 2e9)
+    time.sleep(20)
+    rate = cluster.prometheus.values(
+        f'namespace_pod:container_network_receive_bytes:rate5m{{namespace="{TRAINING_NAMESPACE}",pod="{TRAINING_POD}"}}')
+    assert rate and rate[0] > 1e9, "the traffic was seen (not vacuously quiet)"
+    assert not _alerts_named(cluster, "CclSuspectedTcpFallback"), cluster.prometheus.alerts()
+    assert "CclSuspectedTcpFallback" not in cluster.receiver.alertnames("firing")
+
+
 def test_healthy_multi_node_job_fires_nothing(start_cluster) -> None:  # type: ignore[no-untyped-def]
     """Two nodes of one job on RDMA with NVLink busy: after longer than the longest compressed
     ``for:`` of the fabric alerts (15 s), nothing is firing and nothing was delivered."""
@@ -139,3 +159,24 @@ def test_probe_below_its_baseline_fires_for_that_node(start_cluster) -> None:  #
     assert alert["labels"]["severity"] == "warning"
     assert not _alerts_named(cluster, "CclProbeBusBandwidthBelowFloor"), "150 GB/s is above the floor"
     assert [a["labels"]["node"] for a in _alerts_named(cluster, "CclProbeBusBandwidthBelowBaseline")] == ["gpu-node-01"]
+
+
+def test_tcp_fallback_the_log_cannot_place_pages_from_the_jobs_nodes(start_cluster) -> None:  # type: ignore[no-untyped-def]
+    """The pod's container restarts on NCCL 2.18 over Socket, and its log leaves the placement open
+    (no nNodes line; a communicator of 8 ranks, only this node's 4 in the log, on a node with 8 GPUs
+    that the pod holds): the exporter says "cannot tell", and the job's GPU pods on two RDMA nodes
+    decide it in the rules."""
+    cluster = start_cluster(nodes=2, intervals=Intervals())
+    node = cluster.node("gpu-node-01")
+    node.act("nccl-job-restart", namespace=TRAINING_NAMESPACE, pod=TRAINING_POD, network="Socket", placement="open")
+    want = {"namespace": TRAINING_NAMESPACE, "pod": TRAINING_POD, "job_name": "llama-70b", "node": "gpu-node-01",
+            "evidence": "placement"}
+    got = cluster.receiver.wait_alert("CclNcclTcpFallback", "firing", timeout=60, match=want)
+    assert got is not None, cluster.prometheus.alerts()
+    _, alert = got
+    assert alert["labels"]["severity"] == "critical"
+    assert "Evidence: placement" in " ".join(alert["annotations"]["description"].split())
+    selector = f'node="gpu-node-01",namespace="{TRAINING_NAMESPACE}",pod="{TRAINING_POD}"'
+    assert cluster.prometheus.values(f'ccl_nccl_verdict{{{selector},verdict="unknown"}}') == [1.0]
+    assert cluster.prometheus.values(f'ccl_nccl_tcp_fallback{{{selector}}}') == [0.0], "the log alone cannot tell"
+    assert [a["labels"]["node"] for a in _alerts_named(cluster, "CclNcclTcpFallback")] == ["gpu-node-01"]

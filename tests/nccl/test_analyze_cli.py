@@ -47,9 +47,43 @@ def test_healthy_exits_0_with_a_table_and_a_one_line_verdict(capsys: pytest.Capt
     assert "RDMA" in verdict_line and "network IB" in verdict_line and "nodes 2" in verdict_line
 
 
-def test_unknown_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+def test_cannot_tell_exits_4_and_says_what_the_job_needs(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "--json", str(FIXTURES / "truncated_before_network.log"))
-    assert code == 0 and json.loads(out)["inter_node_tcp"] is None
+    assert code == 4 and json.loads(out)["inter_node_tcp"] is None and json.loads(out)["verdict"] == "unknown"
+    code, out, _ = run(capsys, str(FIXTURES / "truncated_before_network.log"))
+    assert code == 4
+    assert "cannot tell (exit 4)" in out and "NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET" in out
+
+
+def test_an_empty_log_cannot_tell(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "empty.log").write_text("")
+    code, out, _ = run(capsys, "--json", str(tmp_path / "empty.log"))
+    assert code == 4 and json.loads(out)["verdict"] == "unknown"
+
+
+def test_single_node_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "--json", str(FIXTURES / "v2_19_single_node_socket.log"))
+    assert code == 0 and json.loads(out)["verdict"] == "single_node"
+
+
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["analyze"])
+    assert exc.value.code == 2
+    with pytest.raises(SystemExit) as exc:
+        main(["analyze", "--no-such-flag", str(HEALTHY)])
+    assert exc.value.code == 2
+
+
+def test_warning_counts_are_counts_not_the_sample(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The JSON keeps a sample of warning lines; the text output counts every one of them."""
+    log = tmp_path / "warnings.log"
+    log.write_text(HEALTHY.read_text() + "".join(
+        f"h:7:7 [0] transport/net_ib.cc:1295 NCCL WARN NET/IB : Got completion from peer 10.0.0.{i % 250} "
+        f"with error 12, opcode 0, len 0, vendor err 129\n" for i in range(100)))
+    code, out, _ = run(capsys, str(log))
+    assert code == 0
+    assert "ib_completion_error x100" in out
 
 
 def test_folder_is_walked_and_gz_rotated_logs_are_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -89,8 +123,10 @@ def test_unreadable_input_exits_1_and_says_why(tmp_path: Path, capsys: pytest.Ca
     bad_gz.write_bytes(b"\x1f\x8b\x08\x00garbage")
     code, out, err = run(capsys, "--json", str(HEALTHY), str(tmp_path / "missing.log"), str(bad_gz))
     assert code == 1
-    assert json.loads(out)["verdict"] == "rdma"  # what could be read is still judged
-    assert "missing.log" in err and "broken.log.gz" in err
+    assert out == ""  # a verdict on part of a job's logs would be a guess
+    assert err.count("\n") == 1 and "missing.log" in err and "1 more unreadable" in err
+    code, out, err = run(capsys, str(bad_gz))
+    assert (code, out) == (1, "") and "broken.log.gz" in err and err.count("\n") == 1
 
 
 def test_a_line_longer_than_memory_should_hold_is_skipped_not_loaded(tmp_path: Path,

@@ -34,8 +34,9 @@ FIELDS = ("verdict", "inter_node_tcp", "network", "gdr", "nccl_version")
 LABEL_KEYS = {"source", "why", *FIELDS}
 VERDICTS = {"rdma", "tcp_fallback", "single_node", "unknown"}
 EXIT_TCP_FALLBACK = 3
+EXIT_CANNOT_TELL = 4
 TCP_CLASS_NETWORKS = {"Socket"}
-TCP_CLASS_PREFIXES = ("GPUDirectTCPX", "FastSocket")
+TCP_CLASS_PREFIXES = ("GPUDirectTCPX", "FastSocket", "FasTrak")
 RUN_TIMEOUT_S = 60
 
 
@@ -102,7 +103,7 @@ def _mismatches(label: dict[str, Any], code: int, got: dict[str, Any] | None) ->
         for field in FIELDS
         if field not in got or got[field] != label[field]
     ]
-    want_code = EXIT_TCP_FALLBACK if label["verdict"] == "tcp_fallback" else 0
+    want_code = {"tcp_fallback": EXIT_TCP_FALLBACK, "unknown": EXIT_CANNOT_TELL}.get(label["verdict"], 0)
     if code != want_code:
         wrong.append(f"exit code: want {want_code} got {code}")
     return wrong

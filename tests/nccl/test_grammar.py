@@ -83,7 +83,7 @@ EVENT_CASES = [
     ("Using internal Network IB", g.NetworkEvent("IB")),
     ("Using network AWS Libfabric", g.NetworkEvent("AWS Libfabric")),
     ("Assigned NET plugin IBext_v10 to comm", g.NetworkEvent("IBext_v10")),
-    ("NET/IB : No device found.", g.IbNoDeviceEvent()),
+    ("NET/IB : No device found.", g.IbUnavailableEvent(g.IB_NO_DEVICE)),
     ("NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/RoCE [RO]; OOB eth0:10.0.0.1<0>",
      g.IbDevicesEvent((g.IbDevice(0, "mlx5_0", 1, "IB"), g.IbDevice(1, "mlx5_1", 1, "RoCE")), "eth0", "10.0.0.1")),
     ("NET/IB : Using [0]mlx5_0:1/IB/SHARP ; OOB ib0:10.0.0.1<0>",
@@ -100,7 +100,8 @@ EVENT_CASES = [
      g.CommInitEvent("0x9", 4, 8, "0x12", "START", "4")),
     ("comm 0x5 rank 1 nranks 8 cudaDev 1 nvmlDev 1 - Init COMPLETE", g.CommInitEvent("0x5", 1, 8, None, "COMPLETE")),
     ("comm 0x7f12 rank 1 nranks 4", g.CommInitEvent("0x7f12", 1, 4, None, None)),
-    ("comm 0x1 rank 0 nranks 8 cudaDev 0 busId 1b000 - Destroy COMPLETE", None),
+    ("comm 0x1 rank 0 nranks 8 cudaDev 0 busId 1b000 - Destroy COMPLETE",
+     g.CommInitEvent("0x1", 0, 8, None, "END", "1b000")),
     ("comm 0x1 rank 5 nRanks 16 nNodes 2 localRanks 8 localRank 5 MNNVL 0", g.CommNodesEvent("0x1", 5, 16, 2, 8, 5, False)),
     ("24 coll channels, 0 collnet channels, 16 nvls channels, 32 p2p channels, 32 p2p channels per peer",
      g.ChannelSummaryEvent(24, 0, 16)),
@@ -109,9 +110,34 @@ EVENT_CASES = [
      g.GdrEvent(True, None, "GPU 1b000 / HCA 0 (distance 4 <= 5), read 1")),
     ("NCCL_IB_DISABLE set by environment to 1.", g.EnvEvent("NCCL_IB_DISABLE", "1")),
     ("#  Rank  8 Group  0 Pid   4567 on node-2.cluster.local device  0 [0x1b] NVIDIA H100", g.TestRankEvent(8, 4567, "node-2")),
-    ("Channel 00 :    0   1   2   3", None),  # ring listing, not a connection
-    ("Ring 00 : 0 -> 1 -> 0", None),
-    ("Trees [0] 1/-1/-1->0->-1 [1] -1/-1/-1->0->1", None),
+    ("Channel 00 :    0   1   2   3", g.RingOrderEvent((0, 1, 2, 3))),  # rank 0's ring listing, not a connection
+    ("Channel 01/02 :    0   3   2   1", g.RingOrderEvent((0, 3, 2, 1))),
+    ("Ring 00 : 0 -> 1 -> 0", g.RankEvent(1, None)),  # prev -> me -> next (GRAPH)
+    ("Trees [0] 1/-1/-1->0->-1 [1] -1/-1/-1->0->1", g.RankEvent(0, None)),  # downs -> me -> up
+    ("Trees [0] 2->1->-1/-1/-1", g.RankEvent(1, None)),  # 2.4: up -> me -> downs
+    ("rank 3 nranks 4", g.RankEvent(3, 4)),  # 2.3, after ncclCommInitRank
+    ("nranks 8", g.AllRanksEvent(8)),  # 2.3-2.4 ncclCommInitAll: one process, every rank
+    ("Failed to open libibverbs.so[.1]", g.IbUnavailableEvent(g.IB_NO_VERBS)),
+    ("NET/IB : No IP interface found.", g.IbUnavailableEvent(g.IB_NO_INTERFACE)),
+    ("Failed to initialize NET plugin IB", g.IbUnavailableEvent(g.IB_INIT_FAILED)),
+    ("Net/IB: call to devices() returned 0 devices.", g.IbUnavailableEvent(g.IB_ZERO_DEVICES)),
+    ("NET/IB : Using [RO]; OOB eth0:172.17.16.64<0>", g.IbDevicesEvent((), "eth0", "172.17.16.64")),
+    ("NET/Plugin: Loaded net plugin FastSocket (v6)", g.PluginEvent(None, "FastSocket", g.PLUGIN_LOADED)),
+    ("NET/Plugin: Loaded net plugin AWS Libfabric (v5)", g.PluginEvent(None, "AWS Libfabric", g.PLUGIN_LOADED)),
+    ("Initialized NET plugin Socket", g.PluginEvent(None, "Socket", g.PLUGIN_IN_USE)),
+    ("Failed to initialize NET plugin IBext_v8", g.PluginEvent(None, "IBext_v8", g.PLUGIN_FAILED)),
+    ("NET/FastSocket : Using [0]eth0:10.128.0.2<0>", g.PluginEvent("FastSocket", None, g.PLUGIN_IN_USE)),
+    ("NET/FastSocket disabled", g.PluginEvent("FastSocket", None, g.PLUGIN_DISABLED)),
+    ("NET/GPUDirectTCPX : Using [0]eth1:10.0.1.2<0> [1]eth2:10.0.2.2<0>",
+     g.PluginEvent("GPUDirectTCPX", None, g.PLUGIN_IN_USE)),
+    ("NET/GPUDirectTCPX disabled", g.PluginEvent("GPUDirectTCPX", None, g.PLUGIN_DISABLED)),
+    ("NET/FasTrak : Using 8 NICs", g.PluginEvent("FasTrak", None, g.PLUGIN_IN_USE)),
+    ("NET/OFI Selected Provider is efa", g.OfiProviderEvent("efa", None)),
+    ("NET/OFI Selected Provider is tcp;ofi_rxm (found 1 nics)", g.OfiProviderEvent("tcp;ofi_rxm", None)),
+    ("NET/OFI Selected provider is sockets, fabric is 172.31.0.0/20 (found 2 nics)",
+     g.OfiProviderEvent("sockets", "172.31.0.0/20")),
+    ("NET/OFI No eligible providers were found", g.PluginEvent(g.OFI_FAMILY, None, g.PLUGIN_FAILED)),
+    ("NET : Using interface lo:127.0.0.1<0>", g.InterfaceEvent("lo", "127.0.0.1")),
     ("Allocated 4194656 bytes of shared memory in /dev/shm/nccl-x", None),
     ("Init timings: rank 0 nranks 16 total 1.08 (kernels 0.51)", None),
 ]
