@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.common import BenchResult
+from exporter.collectors.nccl import EXPORTER_PARSER_LIMITS, NcclLimits
 from exporter.sim.stack import free_loopback_port, stop_process, wait_answering
 
 STAMP = "2026-03-01T10:00:00.123456789Z"
@@ -37,6 +38,9 @@ POD_FOLDER = "training_attack-worker-0_0b7c5a1e-1111-2222-3333-444455556666"
 CONTAINERS = 4
 COMMUNICATORS = 64
 ATTACK_NETWORK_BYTES = 60_000
+# What the exporter keeps of them: the parser's communicator cap per stream, the series cap per pod.
+EXPOSED = min(CONTAINERS * min(COMMUNICATORS, EXPORTER_PARSER_LIMITS.max_communicators),
+              NcclLimits().max_communicator_series_per_pod)
 HALF_OPEN_REQUEST = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n"  # the blank line never comes
 
 
@@ -106,10 +110,10 @@ def _wait_ingested(url: str, timeout: float) -> int:
     while time.monotonic() < deadline:
         page = _scrape(url)[0].decode("utf-8", "replace")
         seen = sum(1 for line in page.splitlines() if line.startswith("ccl_nccl_communicator_info{"))
-        if seen >= CONTAINERS * COMMUNICATORS:
+        if seen >= EXPOSED:
             return seen
         time.sleep(0.5)
-    raise TimeoutError(f"only {seen} of {CONTAINERS * COMMUNICATORS} communicators exposed after {timeout:g} s")
+    raise TimeoutError(f"only {seen} of {EXPOSED} communicators exposed after {timeout:g} s")
 
 
 @dataclass

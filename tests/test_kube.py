@@ -229,3 +229,15 @@ def test_without_permission_to_list_namespaces_pod_labels_still_count(caplog: py
     for _ in range(3):
         cache._read_namespace_expectations(Api())
     assert len([r for r in caplog.records if "cannot list namespaces" in r.getMessage()]) == 1
+
+
+def test_a_static_pod_is_known_by_the_uid_its_log_folder_carries() -> None:
+    """kubelet names a static pod's log folder with its config hash; the API shows a mirror pod with
+    another UID and the hash in an annotation. The hash is the UID the log folders are checked against."""
+    from exporter.sources.kube import pod_metadata_from_object
+
+    mirror = pod("kube-system", "gpu-burn-node-7", "3f1b0c2e-mirror", {}, "7")
+    mirror["metadata"]["annotations"] = {"kubernetes.io/config.mirror": "9a8b7c6d5e4f", "kubernetes.io/config.source": "file"}
+    record = pod_metadata_from_object(mirror)
+    assert record is not None and record.uid == "9a8b7c6d5e4f"
+    assert pod_metadata_from_object(LLAMA).uid == "u1"  # everyone else: the API's UID

@@ -130,6 +130,15 @@ def test_gpu_counts_decide_what_the_log_leaves_open(tmp_path: Path, nvml_gpus: i
     assert value(found, "ccl_nccl_communicator_info", pod="worker-0", network_class="tcp", nranks="16") == 1
 
 
+def test_without_the_job_known_only_the_node_gpu_count_bounds_ranks(tmp_path: Path) -> None:
+    """No job attribution (no API access): another pod of the same job on this node cannot be told
+    apart, so the GPUs this pod holds say nothing; 16 GPUs on the node leave 16 ranks open."""
+    write_pod_log(tmp_path / "pods", "worker-0", socket_open_placement("worker-0", 0, 16))
+    c = collector(tmp_path, Pods(PodMetadata(NS, "worker-0", "uid-worker-0", "", "", "", None)), 16, {"worker-0": 8})
+    c.step()
+    assert verdict_of(samples(c), "worker-0") == "unknown"
+
+
 def test_a_communicator_that_fits_on_the_node_stays_open(tmp_path: Path) -> None:
     write_pod_log(tmp_path / "pods", "worker-0", socket_open_placement("worker-0", 0, 8))
     c = collector(tmp_path, Pods(meta("worker-0")), 8, {"worker-0": 8})

@@ -384,16 +384,19 @@ class NcclCollector:
         return verdict.verdict != "unknown" or any(c.network_class for c in verdict.communicators)
 
     def _job_gpus_here(self, pod: _Pod, meta: PodMetadata | None, gpus: GpuInventory) -> int | None:
-        """GPUs the pod's training job holds on this node (its pods' pod-resources GPUs); None when
-        the pod itself holds none that the kubelet knows of (then the count says nothing)."""
+        """GPUs the pod's training job holds on this node (its pods' pod-resources GPUs). None when
+        that cannot be counted for sure: the pod holds no GPU the kubelet knows of, or its job or the
+        node's complete pod list is unknown (another pod of the same job here would be missed, and a
+        communicator shared with it taken for one that spans nodes)."""
         if gpus.by_pod.get((pod.namespace, pod.pod), 0) == 0:
             return None
+        if meta is None or not meta.job_name or not self.metadata.is_authoritative():
+            return None
         job_pods = [(pod.namespace, pod.pod)]
-        if meta is not None and meta.job_name:
-            for namespace, name in gpus.by_pod:
-                other = self.metadata.lookup(namespace, name) if (namespace, name) != job_pods[0] else None
-                if other is not None and namespace == pod.namespace and other.job_name == meta.job_name:
-                    job_pods.append((namespace, name))
+        for namespace, name in gpus.by_pod:
+            other = self.metadata.lookup(namespace, name) if (namespace, name) != job_pods[0] else None
+            if other is not None and namespace == pod.namespace and other.job_name == meta.job_name:
+                job_pods.append((namespace, name))
         return gpus.held(job_pods)
 
     def _pod_report(self, pod: _Pod, meta: PodMetadata | None, gpus: GpuInventory | None = None) -> PodReport:

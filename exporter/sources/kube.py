@@ -36,6 +36,7 @@ TRAINER_PREFIX = "trainer.kubeflow.org/"
 # A pod, or its namespace, that runs on TCP on purpose says so; the pod's own label wins.
 EXPECTED_NETWORK_LABEL = "ccl-health.io/expected-network"
 MAX_LABEL_VALUE_CHARS = 63  # Kubernetes' own limit for a label value
+MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
 
 # training.kubeflow.org/operator-name → the job's kind (training-operator, MPI operator v2).
 KUBEFLOW_OPERATOR_KINDS = {
@@ -168,7 +169,10 @@ def pod_metadata_from_object(pod: Any) -> PodMetadata | None:
         raw = spec.get("hostNetwork") if isinstance(spec, Mapping) else getattr(spec, "host_network", None)
         host_network = bool(raw)  # absent means false in the API
     expected = str(labels.get(EXPECTED_NETWORK_LABEL) or "")[:MAX_LABEL_VALUE_CHARS]
-    return PodMetadata(namespace, name, field("uid") or "", job_name, job_kind, expected, host_network)
+    # A static pod's API object is its mirror pod, with a UID of its own; kubelet knows the pod (and
+    # names its log folder) by the config hash, which the mirror pod carries in this annotation.
+    uid = str((field("annotations") or {}).get(MIRROR_POD_ANNOTATION) or field("uid") or "")
+    return PodMetadata(namespace, name, uid, job_name, job_kind, expected, host_network)
 
 
 def in_cluster_api() -> Any:
