@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exporter.collectors.probe import ProbeCollector
-from exporter.probe.results import (
+from exporter.results import (
     MAX_FILE_BYTES,
     Check,
     CollectiveResult,

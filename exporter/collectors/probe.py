@@ -20,7 +20,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 
 from exporter.collectors.base import CollectorSpec
 from exporter.config import ServeConfig
-from exporter.probe.results import ProbeResult
+from exporter.results import ProbeResult
 from exporter.probe.schedule import GpuOccupancy, ProbeScheduler, ProbeSettings
 from exporter.sources.podlogs import PodKnown, pod_known_on_node
 from exporter.sources.probe_results import ParseCache, read_probe_results

@@ -16,7 +16,7 @@ from typing import TextIO
 
 from exporter.config import env_name
 from exporter.probe.formulas import COLLECTIVES, busbw_factor, format_size, parse_size, size_sweep
-from exporter.probe.results import ProbeResult, SOURCES, write_result
+from exporter.results import ProbeResult, SOURCES, write_result
 from exporter.probe.runner import Identity, ProbeRequest, Rendezvous, resolve_backend, run_probe, visible_gpu_count
 
 GB = 1e9  # nccl-tests prints GB/s with GB = 10^9 bytes

@@ -35,7 +35,7 @@ from typing import TextIO
 
 from exporter.config import env_name
 from exporter.probe.command import DEFAULT_RESULTS, add_probe_arguments, describe_transport, request_from_args
-from exporter.probe.results import Check, ProbeResult, Transport, write_result
+from exporter.results import Check, ProbeResult, Transport, write_result
 from exporter.probe.runner import Identity, run_probe
 from exporter.sources.rdma import RdmaPort, RdmaReading, read_rdma
 

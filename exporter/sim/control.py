@@ -272,7 +272,7 @@ def rdma_garbage(node: SimulatedNode, params: Params) -> dict[str, Any]:
 
 
 def probe_result(node: SimulatedNode, params: Params) -> dict[str, Any]:
-    from exporter.probe.results import CollectiveResult, ProbeResult, Transport, write_result
+    from exporter.results import CollectiveResult, ProbeResult, Transport, write_result
     from exporter.sim.probe import sweep
 
     try:

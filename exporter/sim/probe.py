@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from exporter.probe.formulas import busbw_factor, size_sweep
-from exporter.probe.results import Check, CollectiveResult, ProbeResult, Row, Transport, write_result
+from exporter.results import Check, CollectiveResult, ProbeResult, Row, Transport, write_result
 from exporter.sim.node import SimClock
 from exporter.sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
 
