@@ -34,7 +34,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client.registry import CollectorRegistry
 
 from exporter import __version__
-from exporter.collectors.base import Collector, close_collector
+from exporter.collectors.base import BackgroundCollector, Collector, close_collector
 from exporter.exposition import DEFAULT_MAX_PAGE_BYTES, PageRenderer
 from exporter.registry import UmbrellaCollector, build_registry
 
@@ -289,9 +289,9 @@ async def _supervise(name: str, run: Callable[[], Awaitable[None]]) -> None:
 async def _background_tasks(app: web.Application) -> AsyncIterator[None]:
     tasks = []
     for collector in app[UMBRELLA].collectors:
-        run = getattr(collector, "run", None)
-        if callable(run):
-            tasks.append(asyncio.create_task(_supervise(collector.name, run), name=f"collector-{collector.name}"))
+        if isinstance(collector, BackgroundCollector):
+            tasks.append(asyncio.create_task(_supervise(collector.name, collector.run),
+                                             name=f"collector-{collector.name}"))
     app[READY].set()
     yield
     for task in tasks:
