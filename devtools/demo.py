@@ -43,6 +43,7 @@ from devtools.stack import (
     port_if_free,
 )
 from devtools.timeline import Timeline, follow, tcp_fallback_watch
+from exporter.config import DEFAULT_PORT
 
 NODE = "demo-node"
 FALLBACK_NAMESPACE = "ml-training"
@@ -134,7 +135,7 @@ def run_chain(exporter: SimulatedExporter, rules: Path, workdir: Path, timeout: 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m devtools.demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--port", type=int, default=9400, help="exporter port on 127.0.0.1 (another if taken)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="exporter port on 127.0.0.1 (another if taken)")
     parser.add_argument("--no-monitoring", action="store_true", help="only the simulated node, no Prometheus")
     parser.add_argument("--exit-after-timeline", action="store_true", help="stop once the timeline is printed")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the notification")

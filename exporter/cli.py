@@ -26,6 +26,7 @@ from exporter.flags import PROBE_RESULTS, SYSFS, EnvHelpFormatter, Flag, Switch,
 from exporter.probe import command as probe_command
 from exporter.probe import preflight
 from exporter.resources import NodeResources, real_node_resources
+from exporter.sources.podresources import DEFAULT_SOCKET
 
 if TYPE_CHECKING:  # the server (aiohttp) is loaded by ``serve`` only
     from exporter.server import ConnectionLimits, StartupHook
@@ -36,8 +37,8 @@ WEB_FLAGS = (
     Flag("--web.listen-address", None,
          f"address to listen on (default 0.0.0.0:{DEFAULT_PORT}; 127.0.0.1:{DEFAULT_PORT} with --simulate)",
          dest="listen_address"),
-    Flag("--web.max-requests", 4, "/metrics requests served at once (more wait for a slot); their collections "
-         "run one after another", dest="max_requests", type=int),
+    Flag("--web.max-requests", 4, "/metrics requests handled at once (more wait); the pages themselves are "
+         "collected and built one at a time", dest="max_requests", type=int),
     Flag("--web.max-connections", 64,
          "open connections allowed; a new one closes the least recently active idle one, or is refused",
          dest="max_connections", type=int),
@@ -56,8 +57,7 @@ PATH_FLAGS = (
     Flag("--path.pod-logs", "/var/log/pods", "kubelet pod log folder (CRI format)", dest="pod_logs"),
     Flag("--path.nccl-debug-files", "/var/log/nccl", "folder of NCCL_DEBUG_FILE outputs", dest="nccl_debug_files"),
     Flag("--path.state", "/var/lib/ccl-exporter", "writable folder for tail offsets", dest="state"),
-    Flag("--path.pod-resources", "/var/lib/kubelet/pod-resources/kubelet.sock", "kubelet pod-resources socket",
-         dest="pod_resources"),
+    Flag("--path.pod-resources", str(DEFAULT_SOCKET), "kubelet pod-resources socket", dest="pod_resources"),
 )
 NODE_NAME = Flag("--kube.node-name", "", "this node's name (downward API; also read from NODE_NAME)",
                  dest="node_name", also_env="NODE_NAME")
