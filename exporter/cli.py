@@ -3,7 +3,7 @@
 Flags follow node_exporter (``--web.listen-address``, ``--path.sysfs``,
 ``--collector.<name>`` / ``--no-collector.<name>``). Every flag can also be set by an
 environment variable named after it: ``--path.sysfs`` is ``CCL_EXPORTER_PATH_SYSFS``,
-``--collector.rdma`` is ``CCL_EXPORTER_COLLECTOR_RDMA`` (true/false).
+``--collector.rdma`` is ``CCL_EXPORTER_COLLECTOR_RDMA`` (true/false); see ``exporter.flags``.
 """
 
 from __future__ import annotations

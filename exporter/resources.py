@@ -67,8 +67,10 @@ class NodeResources:
         return self.nvml if self._nvml_collected else None
 
     def start(self) -> None:
-        """Start watching what needs a watch (the pod list); the server calls it as it starts."""
+        """Start watching what needs a watch (the pod list); the server calls it as it starts. Once."""
         with self._lock:
+            if self._started:
+                return
             self._started = True
             source = self._pod_metadata
         if source is not None:

@@ -86,7 +86,7 @@ def test_one_pod_list_made_when_asked_started_with_the_server_and_closed_once(tm
     assert made == [1] and node.pod_metadata is pods and pods.started == 0
     node.start()
     node.start()
-    assert pods.started == 2  # start() of a pod list is idempotent (KubePodCache); the node asks on each start
+    assert pods.started == 1
     node.close()
     node.close()
     assert pods.closed == 1 and node.nvml.closed == 1 and node.pod_resources.closed == 1  # type: ignore[attr-defined]
