@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	touch $@
 
 demo: venv
-	$(BIN)/python -m exporter.demo
+	$(BIN)/python -m devtools.demo
 
 $(SCAN_VENV)/.installed: Makefile
 	$(PYTHON) -m venv $(SCAN_VENV)

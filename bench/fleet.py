@@ -21,7 +21,7 @@ from pathlib import Path
 
 from bench.common import BenchResult
 from bench.proc import process_cpu_seconds, process_rss_bytes
-from exporter.sim.stack import SCRAPE_JOB, Intervals, Stack, find_rules_file, start_exporters, stop_all
+from devtools.stack import SCRAPE_JOB, Intervals, Stack, find_rules_file, start_exporters, stop_all
 
 @dataclass
 class FleetMeasurement:

@@ -2,8 +2,8 @@
 stream's analyzer together at the caps, against the floors they are measured with.
 
 * **Per line.** 64 KiB lines built from NCCL's own tokens (``NET/`` x 16,000 before ``GPU Direct
-  RDMA``, ``comm `` runs, ``nccl`` runs, whitespace runs, ...; the generator is shared with the
-  test that bounds every pattern), fed to ``parse_message``, ``split_records`` and a whole
+  RDMA``, ``comm `` runs, ``nccl`` runs, whitespace runs, ...; ``devtools.hostile_lines``, shared
+  with the test that bounds every pattern), fed to ``parse_message``, ``split_records`` and a whole
   ``LogAnalyzer``. The peer is the C-level floor for the same line: one ``str.find`` of the word
   ``NCCL`` over it (what any reader of the line pays). Before the patterns were made linear one
   such line cost 11 s.
@@ -26,38 +26,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from bench.common import BenchResult
+from devtools.hostile_lines import LINE_CHARS, TAILS, TOKENS, hostile_lines
 from exporter.collectors.nccl import EXPORTER_PARSER_LIMITS, NcclCollector, NcclLimits
 from exporter.nccl import LogAnalyzer
 from exporter.nccl import grammar as g
 from exporter.sources.podlogs import PodLogTailer
-
-LINE_CHARS = 64 * 1024
-# Pieces of NCCL output that the patterns anchor on or repeat over.
-TOKENS = (
-    "NET/", "NET/IB : ", "NET/Socket : ", "NET/OFI ", "NET/Plugin: ", "comm ", "nccl", "ncclComm", "Channel 00/0 : ",
-    "Ring 00 : ", "0[0] -> 1[1] ", " via ", "via NET/", "COLLNET/", "Coll 00 : 0 [send] via COLLNET/", "GPU Direct RDMA ",
-    " coll channels, ", "[0]", "[0]mlx5_0:1/IB ", "; OOB ", "h:1:2 [0] ", "a:1:1 [0] NCCL INFO ", "NCCL INFO ", "NCCL ",
-    " ", "\t", ":", "1", "a", "-", ".", "[", "]", "(", "(RayTrainWorker pid=1) ", "[repeated 2x across cluster]",
-    "2024-01-01T00:00:00.000000001Z ", "rank 1 nranks 2 ", "nRanks 2 nNodes 1 ", "Using network ", "Loaded net plugin ",
-    "set by environment to ", "# Rank 0 Group 0 Pid 1 on ", "\x1b[", "| ", "Bootstrap : Using ", "busId ", "commId 0x",
-    "Selected provider is ", "NCCL_", "0x", "stdout F ", " P ",
-)
-# Tails that complete a match at the end of the line, so that a pattern which backtracks does so.
-TAILS = (
-    "", "GPU Direct RDMA Enabled for x", "comm 0x1 rank 0 nranks 2 cudaDev 0 busId 1000 - Init COMPLETE",
-    "Coll 0 : 0 [send] via COLLNET/x/0", "Channel 00/0 : 0[0] -> 1[1] [send] via NET/Socket/0",
-    "[repeated 2x across cluster]", "h:1:1 [0] NCCL INFO Using network Socket", ": Using [0]eth0:10.0.0.1<0>",
-    "NCCL_IB_DISABLE set by environment to 1.", "x:1", "]:1 x",
-)
-
-
-def hostile_lines(line_chars: int = LINE_CHARS) -> Iterator[tuple[str, str]]:
-    """(description, line): every token repeated to ``line_chars``, then every tail."""
-    for token in TOKENS:
-        body = token * (line_chars // len(token) + 1)
-        for tail in TAILS:
-            yield f"{token!r}*N + {tail!r}", body[: line_chars - len(tail)] + tail
-
 
 def worst_line(call: Callable[[str], object]) -> tuple[float, float, str]:
     """(worst seconds, median seconds, which line) of ``call`` over the hostile lines."""

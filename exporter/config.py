@@ -1,21 +1,17 @@
-"""Typed configuration of ``ccl-exporter serve``, built by the CLI and passed to everything.
+"""Typed configuration of ``ccl-exporter serve``, built by the CLI from its flags.
 
-No module-level state: every collector and source receives the ``ServeConfig`` (or just the
-paths it needs) through its constructor, so tests point them at fixture trees.
+No module-level state: the collectors get their own settings and the node's shared resources
+(``exporter.resources.NodeResources``) through their factories, so tests point them at fixture
+trees.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_PORT = 9400
-ENV_PREFIX = "CCL_EXPORTER_"
-
-
-def env_name(flag: str) -> str:
-    """The environment variable that sets ``--flag.name-x``: ``CCL_EXPORTER_FLAG_NAME_X``."""
-    return ENV_PREFIX + flag.lstrip("-").replace(".", "_").replace("-", "_").upper()
 
 
 def parse_listen_address(address: str) -> tuple[str, int]:
@@ -27,31 +23,42 @@ def parse_listen_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
-@dataclass
+@dataclass(frozen=True)
+class HostPaths:
+    """Where the node's files are: the ``--path.*`` flags, or the simulated node's folder tree."""
+
+    sysfs: Path
+    pod_logs: Path
+    nccl_debug_files: Path
+    state: Path  # writable: tail offsets
+    pod_resources: Path  # the kubelet's socket
+    probe_results: Path
+
+
+@dataclass(frozen=True)
 class ServeConfig:
-    listen_address: str = f"0.0.0.0:{DEFAULT_PORT}"
-    max_requests: int = 4
-    scrape_timeout_seconds: float = 10.0
-    sysfs: Path = Path("/sys")
-    pod_logs: Path = Path("/var/log/pods")
-    nccl_debug_files: Path = Path("/var/log/nccl")
-    state: Path = Path("/var/lib/ccl-exporter")
-    pod_resources: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
-    probe_results: Path = Path("/var/lib/ccl-exporter/probe-results")
-    node_name: str = ""
-    simulate: bool = False
-    enabled_collectors: tuple[str, ...] = ()
-    log_level: str = "info"
-    nccl_grace_period_seconds: float = 300.0
-    nccl_parser_memory_budget_bytes: int = 64 * 1024 * 1024
-    # idle-time bus-bandwidth probes (collector "probe"); interval 0 = off
-    probe_interval_seconds: float = 0.0
-    probe_timeout_seconds: float = 120.0
-    probe_backend: str = "auto"
-    probe_collectives: str = "all_reduce"
-    probe_min_bytes: str = "1M"
-    probe_max_bytes: str = "64M"
-    probe_iters: int = 20
-    probe_max_age_seconds: float = 86400.0
-    simulate_job_ends_after_seconds: float = 0.0  # 0 = the simulated training pod never ends
-    extra: dict[str, object] = field(default_factory=dict)
+    """What the ``serve`` flags say. Paths are the flags' (``--simulate`` runs on its own tree)."""
+
+    listen_address: str
+    max_requests: int
+    scrape_timeout_seconds: float
+    sysfs: Path
+    pod_logs: Path
+    nccl_debug_files: Path
+    state: Path
+    pod_resources: Path
+    probe_results: Path
+    node_name: str
+    simulate: bool
+    enabled_collectors: tuple[str, ...]
+    log_level: str
+    simulate_seed: int
+    simulate_tick_seconds: float
+    simulate_job_ends_after_seconds: float  # 0 = the simulated training pod never ends
+    # collector name -> its settings (CollectorSpec.settings), for every collector, enabled or not
+    collector_settings: Mapping[str, object]
+
+    @property
+    def paths(self) -> HostPaths:
+        return HostPaths(self.sysfs, self.pod_logs, self.nccl_debug_files, self.state, self.pod_resources,
+                         self.probe_results)

@@ -1,11 +1,12 @@
 """The aiohttp application of ``ccl-exporter serve``, and the socket it listens on.
 
 ``/metrics`` is rendered in a worker thread (collectors read sysfs, NVML and files, and a
-slow one must not stall ``/healthz`` or another scrape); at most ``max_requests`` renders
-run at once, each page within ``max_page_bytes`` (see exporter/exposition.py), and it is
-gzip-compressed in that thread when the client accepts it (Prometheus does). Collectors
-with a background coroutine (tailers, watches, schedulers) have it started with the app and
-cancelled on shutdown.
+slow one must not stall ``/healthz``); at most ``max_requests`` requests are handled at once
+(more wait), their pages collected and built one at a time by the umbrella collector, each
+within ``max_page_bytes`` (see exporter/exposition.py), and gzip-compressed in that thread
+when the client accepts it (Prometheus does). Collectors that are a ``BackgroundCollector``
+(tailers, watches, schedulers) have their ``run`` started with the app and cancelled on
+shutdown.
 
 ``HttpServer`` puts the app behind a ``ConnectionGuard``: at most ``max_connections`` open
 at once (a new one sheds the least recently active idle connection, or is closed at once
@@ -34,7 +35,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client.registry import CollectorRegistry
 
 from exporter import __version__
-from exporter.collectors.base import Collector, close_collector
+from exporter.collectors.base import BackgroundCollector, Collector, close_collector
 from exporter.exposition import DEFAULT_MAX_PAGE_BYTES, PageRenderer
 from exporter.registry import UmbrellaCollector, build_registry
 
@@ -289,9 +290,9 @@ async def _supervise(name: str, run: Callable[[], Awaitable[None]]) -> None:
 async def _background_tasks(app: web.Application) -> AsyncIterator[None]:
     tasks = []
     for collector in app[UMBRELLA].collectors:
-        run = getattr(collector, "run", None)
-        if callable(run):
-            tasks.append(asyncio.create_task(_supervise(collector.name, run), name=f"collector-{collector.name}"))
+        if isinstance(collector, BackgroundCollector):
+            tasks.append(asyncio.create_task(_supervise(collector.name, collector.run),
+                                             name=f"collector-{collector.name}"))
     app[READY].set()
     yield
     for task in tasks:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.sim.stack import ALERTMANAGER_NAMES, Alertmanager, WebhookReceiver, find_binary
+from devtools.stack import ALERTMANAGER_NAMES, Alertmanager, WebhookReceiver, find_binary
 from tests.conftest import REPO, require_tool
 from tests.promql_names import (
     EXTERNAL_METRICS,
@@ -181,7 +181,7 @@ def test_example_alertmanager_config_is_valid_and_pages_fast() -> None:
     amtool = require_tool("amtool")
     result = subprocess.run([amtool, "check-config", str(ALERTMANAGER_CONFIG)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
-    from exporter.sim.stack import Intervals
+    from devtools.stack import Intervals
 
     shipped = Intervals.shipped(REPO)
     assert shipped.group_wait_seconds <= 10 and shipped.scrape_seconds <= 15

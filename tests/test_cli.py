@@ -9,7 +9,8 @@ import pytest
 
 from exporter.cli import build_parser, config_from_args
 from exporter.collectors import all_collectors
-from exporter.config import env_name, parse_listen_address
+from exporter.config import parse_listen_address
+from exporter.flags import env_name
 
 
 def config(argv: list[str], environ: dict[str, str] | None = None):  # type: ignore[no-untyped-def]

@@ -1,7 +1,7 @@
 """``make demo`` without Prometheus/Alertmanager on the PATH, and Ctrl-C stopping what it started.
 
 The full chain (with both binaries) runs in ``bench/detection_latency.py`` and the e2e tests,
-through the same ``exporter.sim.stack`` and ``exporter.sim.timeline`` code the demo uses."""
+through the same ``devtools.stack`` and ``devtools.timeline`` code the demo uses."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from tests.conftest import REPO, free_port, http_get, require_tool, wait_http
 def _demo(port: int, *args: str, path: str = "") -> subprocess.Popen[str]:
     env = {**os.environ, "PATH": path}  # no prometheus, no prometheus-alertmanager
     return subprocess.Popen(
-        [sys.executable, "-m", "exporter.demo", "--port", str(port), *args],
+        [sys.executable, "-m", "devtools.demo", "--port", str(port), *args],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
 

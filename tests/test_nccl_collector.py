@@ -4,12 +4,10 @@ counting, and bounds under a hostile pod."""
 
 from __future__ import annotations
 
-import os
 import random
 import tracemalloc
 from pathlib import Path
 
-import pytest
 from prometheus_client.registry import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.exposition import generate_latest

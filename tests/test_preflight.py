@@ -15,7 +15,7 @@ import pytest
 
 from exporter.cli import build_parser
 from exporter.probe.preflight import PortSpec, parse_rate_gbps, probe_checks, run_preflight
-from exporter.probe.results import ProbeResult, Transport, parse_result
+from exporter.results import ProbeResult, Transport, parse_result
 
 HEALTHY_ENV = {"POD_NAMESPACE": "team-a", "POD_NAME": "llama-worker-0", "JOB_NAME": "llama"}
 

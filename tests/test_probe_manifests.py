@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from exporter.cli import build_parser
-from exporter.probe.command import DEFAULT_RESULTS
+from exporter.flags import DEFAULT_PROBE_RESULTS as DEFAULT_RESULTS
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "manifests" / "examples"
 K8S_VERSION = "1.30.0"

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exporter.collectors.probe import ProbeCollector
-from exporter.probe.results import (
+from exporter.results import (
     MAX_FILE_BYTES,
     Check,
     CollectiveResult,
@@ -225,23 +225,30 @@ def test_simulated_node_result_files(tmp_path: Path) -> None:
 
 def test_serve_binds_log_folders_and_result_files_to_the_node_pod_list(tmp_path: Path) -> None:
     """What ``serve`` builds: the NCCL collector's tailer and the probe collector's reader
-    both ask the pod list shared in ``ServeConfig.extra``."""
-    from exporter.collectors.nccl import build_collector
+    both ask the node's one pod list (``NodeResources.pod_metadata``)."""
+    from exporter.collectors.nccl import NcclLimits, NcclSettings, build_collector
+    from exporter.collectors.probe import ProbeCollectorSettings
     from exporter.collectors.probe import build as build_probe
-    from exporter.config import ServeConfig
+    from exporter.config import HostPaths
+    from exporter.resources import NodeResources
+    from exporter.sources.nvml import PynvmlBackend
+    from exporter.sources.podresources import PodResourcesClient
     from tests.test_podlogs_hostile import UID, NodePods, append, debug_file, lines_by_pod, nccl
 
     node = NodePods({("training", "real-0"): UID})
-    config = ServeConfig(pod_logs=tmp_path / "pods", nccl_debug_files=tmp_path / "nccl", state=tmp_path / "state",
-                         sysfs=tmp_path / "sys", probe_results=tmp_path / "results", extra={"pod_metadata": node})
+    config = HostPaths(pod_logs=tmp_path / "pods", nccl_debug_files=tmp_path / "nccl", state=tmp_path / "state",
+                       sysfs=tmp_path / "sys", probe_results=tmp_path / "results", pod_resources=tmp_path / "kubelet.sock")
+    resources = NodeResources(config, nvml=PynvmlBackend(), pod_resources=PodResourcesClient(config.pod_resources),
+                              pod_metadata=lambda: node)
     append(debug_file(tmp_path / "nccl", "training_real-0"), nccl(1) + "\n")
     append(debug_file(tmp_path / "nccl", "training_victim-0"), nccl(2) + "\n")
-    tailer = build_collector(config).tailer
+    tailer = build_collector(NcclSettings(300.0, NcclLimits()), resources).tailer
     assert lines_by_pod([tailer.poll()]) == {("nccl_debug_file", "real-0", ""): [nccl(1)]}
 
     for pod in ("real-0", "victim-0"):
         write_result(config.probe_results, ProbeResult(source="preflight", started_at=0, finished_at=1e12,
                                                        hostname="h", namespace="training", pod=pod))
-    files = {s.labels["status"]: s.value for family in build_probe(config).collect() for s in family.samples
+    probe = build_probe(ProbeCollectorSettings(86_400.0, None), resources)
+    files = {s.labels["status"]: s.value for family in probe.collect() for s in family.samples
              if s.name == "ccl_probe_result_files"}
     assert files["valid"] == 1.0 and files["not_on_node"] == 1.0

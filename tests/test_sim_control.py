@@ -186,7 +186,7 @@ async def test_hw_counter_errors_and_garbage_attributes(controlled) -> None:  # 
 
 
 async def test_probe_result_lands_where_the_probe_collector_reads(controlled) -> None:  # type: ignore[no-untyped-def]
-    from exporter.probe.results import parse_result
+    from exporter.results import parse_result
 
     client, control, _ = controlled
     response = await client.post("/-/sim/probe-result", params={"busbw_gbps": "120"})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.sim.stack import (
+from devtools.stack import (
     CadvisorStandIn,
     Intervals,
     ScrapeTarget,
@@ -12,7 +12,7 @@ from exporter.sim.stack import (
     duration_seconds,
     prometheus_config,
 )
-from exporter.sim.timeline import parse_timestamp
+from devtools.timeline import parse_timestamp
 from tests.e2e.harness import compress_time
 
 

@@ -8,14 +8,15 @@ failures and reports ``ccl_exporter_collector_success`` / ``..._duration_seconds
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from prometheus_client.metrics_core import Metric
 
-if TYPE_CHECKING:
-    from exporter.config import ServeConfig
+from exporter.flags import Flag
+from exporter.resources import NodeResources
 
 
 class CollectorUnavailable(Exception):
@@ -49,14 +50,29 @@ class BackgroundCollector(Collector, Protocol):
     def run(self) -> Awaitable[None]: ...
 
 
+def no_settings(args: argparse.Namespace) -> None:
+    """The settings of a collector without flags of its own."""
+    return None
+
+
 @dataclass(frozen=True)
 class CollectorSpec:
-    """How the CLI and the server know a collector: its name, default and factory."""
+    """How ``serve`` knows a collector, as node_exporter's collectors register themselves.
+
+    ``name`` gives ``--collector.<name>`` / ``--no-collector.<name>`` (on unless
+    ``default_enabled`` is False). The collector's own flags (``flags``, shown under
+    ``flag_group`` in ``serve --help``) become its settings through ``settings``, which reads the
+    parsed ``serve`` flags and raises SystemExit with a clear message on bad values. ``factory``
+    builds the collector from those settings and the node's shared resources.
+    """
 
     name: str
     help: str
     default_enabled: bool
-    factory: Callable[["ServeConfig"], Collector]
+    factory: Callable[[Any, NodeResources], Collector]
+    flags: tuple[Flag, ...] = ()
+    flag_group: str = ""
+    settings: Callable[[argparse.Namespace], Any] = no_settings
 
 
 def close_collector(collector: Collector) -> None:

@@ -12,6 +12,7 @@ tail offsets, and the head of a resumed stream is replayed only to rebuild the g
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import threading
@@ -23,18 +24,20 @@ from pathlib import Path
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from exporter.collectors.base import CollectorSpec, CollectorUnavailable
-from exporter.config import ServeConfig
+from exporter.flags import Flag
 from exporter.nccl import Limits, LogAnalyzer, Verdict
 from exporter.nccl.networks import RDMA, expected_network_class
 from exporter.nccl.verdict import with_node_context
+from exporter.resources import NodeResources
 from exporter.sources.gpu_inventory import GpuInventory, GpuInventorySource
 from exporter.sources.kube import NoPodMetadata, PodMetadata, PodMetadataSource
-from exporter.sources.podlogs import SOURCE_POD_LOG, PodLogTailer, StreamKey, TailLimits
+from exporter.sources.podlogs import SOURCE_POD_LOG, PodLogTailer, StreamKey, TailLimits, pod_known_on_node
 from exporter.sources.rdma import RdmaReading, read_rdma
 
 log = logging.getLogger(__name__)
 
 ACTIVE_PORT_STATES = (4, 5)  # ACTIVE, ACTIVE_DEFER
+DEFAULT_GRACE_SECONDS = 300.0
 RDMA_TRANSPORTS = ("net_ib", "net_plugin", "collnet")
 GDR_LABELS = {"1": "true", "0": "false"}  # the parser's transport-key gdr field → label
 NOTE_WARNINGS = "warnings"
@@ -167,7 +170,7 @@ class NcclCollector:
         sysfs: Path,
         metadata: PodMetadataSource | None = None,
         *,
-        grace_seconds: float = 300.0,
+        grace_seconds: float = DEFAULT_GRACE_SECONDS,
         tick_seconds: float = 0.5,
         save_every_seconds: float = 5.0,
         rdma_cache_seconds: float = 5.0,
@@ -200,17 +203,11 @@ class NcclCollector:
     # -- background ------------------------------------------------------------------
 
     async def run(self) -> None:
-        start = getattr(self.metadata, "start", None)
-        if callable(start):
-            start()
         while True:
             await asyncio.to_thread(self.step)
             await asyncio.sleep(self.tick_seconds)
 
     def close(self) -> None:
-        close = getattr(self.metadata, "close", None)
-        if callable(close):
-            close()
         self.save_state()
 
     def save_state(self) -> bool:
@@ -645,25 +642,38 @@ class NcclCollector:
         return out
 
 
-def build_collector(config: ServeConfig) -> NcclCollector:
-    """The collector ``serve`` runs: tailer on the configured paths; pod metadata from the
-    simulated node's own pods in simulate mode, else from the Kubernetes API (started with
-    the collector's background task). The tailer reads only folders of pods on this node."""
-    from exporter.sources.kube import shared_pod_metadata
-    from exporter.sources.podlogs import pod_known_on_node
+@dataclass(frozen=True)
+class NcclSettings:
+    grace_seconds: float
+    limits: NcclLimits
 
-    from exporter.sources.nvml import nvml_backend
-    from exporter.sources.podresources import PodResourcesClient
 
-    metadata = shared_pod_metadata(config.node_name, config.extra)
-    tailer = PodLogTailer(config.pod_logs, config.nccl_debug_files, config.state, TailLimits(),
+NCCL_FLAGS = (
+    Flag("--collector.nccl.grace-period", DEFAULT_GRACE_SECONDS,
+         "seconds the series of a pod whose logs are gone (or that left the node) stay exposed",
+         dest="nccl_grace_period", type=float),
+    Flag("--collector.nccl.parser-memory-budget", NcclLimits.parser_memory_budget_bytes,
+         "bytes all streams' NCCL log analyzers may hold together; over it the largest forget their "
+         "oldest communicators (their conclusions are kept)", dest="nccl_parser_memory_budget", type=int),
+)
+
+
+def settings_from_args(args: argparse.Namespace) -> NcclSettings:
+    return NcclSettings(float(args.nccl_grace_period),
+                        NcclLimits(parser_memory_budget_bytes=int(args.nccl_parser_memory_budget)))
+
+
+def build_collector(settings: NcclSettings, resources: NodeResources) -> NcclCollector:
+    """The collector ``serve`` runs: the tailer on the node's paths, reading only folders of pods
+    on this node; the node's pod list for job attribution; GPU counts (NVML, pod-resources) for
+    the placement a log leaves open (a communicator larger than this node spans nodes)."""
+    paths = resources.paths
+    metadata = resources.pod_metadata
+    tailer = PodLogTailer(paths.pod_logs, paths.nccl_debug_files, paths.state, TailLimits(),
                           pod_known=pod_known_on_node(metadata))
-    # GPU counts decide placement a log leaves open (a communicator larger than this node spans nodes).
-    gpus = GpuInventorySource(nvml_backend(config.extra) if "nvml" in config.enabled_collectors else None,
-                              PodResourcesClient(config.pod_resources))
-    return NcclCollector(tailer, config.sysfs, metadata, grace_seconds=config.nccl_grace_period_seconds,
-                         gpu_inventory=gpus,
-                         limits=NcclLimits(parser_memory_budget_bytes=config.nccl_parser_memory_budget_bytes))
+    gpus = GpuInventorySource(resources.nvml_if_collected(), resources.pod_resources)
+    return NcclCollector(tailer, paths.sysfs, metadata, grace_seconds=settings.grace_seconds, gpu_inventory=gpus,
+                         limits=settings.limits)
 
 
 SPEC = CollectorSpec(
@@ -671,4 +681,7 @@ SPEC = CollectorSpec(
     help="NCCL network/transport per pod from pod logs and NCCL debug files (TCP fallback, GDR)",
     default_enabled=True,
     factory=build_collector,
+    flags=NCCL_FLAGS,
+    flag_group="collector nccl",
+    settings=settings_from_args,
 )

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from exporter.collectors.base import CollectorSpec, CollectorUnavailable, PartialCollection
-from exporter.sources.nvml import ERROR_KINDS, GpuReading, NvmlBackend, NvmlUnavailable, nvml_backend
+from exporter.sources.nvml import ERROR_KINDS, GpuReading, NvmlBackend, NvmlUnavailable
 
 LINK_LABELS = ["gpu", "link"]
 
@@ -93,14 +93,11 @@ class NvmlCollector:
                     remote.add_metric(labels + [link.remote.kind, link.remote.pci_bus_id], 1.0)
         return [info, state, speed, tx, rx, errors, remote]
 
-    def close(self) -> None:
-        self._backend.close()
-
 
 SPEC = CollectorSpec(
     name="nvml",
     help="GPUs and per-link NVLink state, speed, traffic and error counters from NVML",
     default_enabled=True,
-    factory=lambda config: NvmlCollector(nvml_backend(config.extra)),
+    factory=lambda settings, resources: NvmlCollector(resources.nvml),
 )
 

@@ -15,9 +15,9 @@ from collections.abc import Iterable
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from exporter.collectors.base import CollectorSpec, CollectorUnavailable, PartialCollection
-from exporter.config import ServeConfig
-from exporter.sources.kube import NoPodMetadata, PodMetadataSource, shared_pod_metadata
-from exporter.sources.nvml import NvmlBackend, NvmlUnavailable, nvml_backend
+from exporter.resources import NodeResources
+from exporter.sources.kube import NoPodMetadata, PodMetadataSource
+from exporter.sources.nvml import NvmlBackend, NvmlUnavailable
 from exporter.sources.podresources import (
     GpuAssignment,
     PodResourcesClient,
@@ -77,21 +77,9 @@ class PodResourcesCollector:
             )
         return info
 
-    def close(self) -> None:
-        close_metadata = getattr(self._metadata, "close", None)
-        if callable(close_metadata):
-            close_metadata()
-        self._client.close()
-        if self._nvml is not None:
-            self._nvml.close()
 
-
-def build_collector(config: ServeConfig) -> PodResourcesCollector:
-    return PodResourcesCollector(
-        PodResourcesClient(config.pod_resources),
-        nvml_backend(config.extra) if "nvml" in config.enabled_collectors else None,
-        shared_pod_metadata(config.node_name, config.extra),
-    )
+def build_collector(settings: None, resources: NodeResources) -> PodResourcesCollector:
+    return PodResourcesCollector(resources.pod_resources, resources.nvml_if_collected(), resources.pod_metadata)
 
 
 SPEC = CollectorSpec(

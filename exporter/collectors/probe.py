@@ -12,16 +12,21 @@ not hold is not exposed (``ccl_probe_result_files{status="not_on_node"}``); see
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from exporter.collectors.base import CollectorSpec
 from exporter.config import ServeConfig
-from exporter.probe.results import ProbeResult
-from exporter.probe.schedule import GpuOccupancy, ProbeScheduler, ProbeSettings
+from exporter.flags import Flag
+from exporter.probe.occupancy import NvmlOccupancy, PodResourcesOccupancy
+from exporter.probe.schedule import ProbeScheduler, ProbeSettings
+from exporter.resources import NodeResources
+from exporter.results import ProbeResult
 from exporter.sources.podlogs import PodKnown, pod_known_on_node
 from exporter.sources.probe_results import ParseCache, read_probe_results
 
@@ -51,13 +56,6 @@ class ProbeCollector:
     async def run(self) -> None:
         if self._scheduler is not None:
             await self._scheduler.run_forever()
-
-    def close(self) -> None:
-        if self._scheduler is not None:
-            for check in self._scheduler.occupancy:
-                close = getattr(check, "close", None)
-                if callable(close):
-                    close()
 
     def collect(self) -> Iterable[Metric]:
         reading = read_probe_results(self._folder, self._clock(), self._max_age, cache=self._cache,
@@ -158,45 +156,67 @@ class ProbeCollector:
         return [skipped, runs, running]
 
 
-def occupancy_checks(config: ServeConfig) -> list[GpuOccupancy]:
-    """How this node tells that its GPUs are in use (pod-resources, NVML)."""
-    from exporter.probe.occupancy import default_checks
+PROBE_FLAGS = (
+    Flag("--probe.interval", 0.0, "seconds between probes while the GPUs are idle; 0 = off", dest="probe_interval",
+         type=float),
+    Flag("--probe.timeout", 120.0, "seconds before a probe is killed", dest="probe_timeout", type=float),
+    Flag("--probe.backend", "auto", "auto, nccl or gloo (gloo with --simulate)", dest="probe_backend",
+         choices=("auto", "nccl", "gloo")),
+    Flag("--probe.collectives", "all_reduce", "comma-separated collectives", dest="probe_collectives"),
+    Flag("--probe.min-bytes", "", "smallest size (default 1M; 64K with --simulate)", dest="probe_min_bytes"),
+    Flag("--probe.max-bytes", "", "largest size (default 64M; 1M with --simulate)", dest="probe_max_bytes"),
+    Flag("--probe.iters", 20, "timed iterations per size", dest="probe_iters", type=int),
+    Flag("--probe.max-age", 86400.0, "seconds after which a result file is stale (ignored)", dest="probe_max_age",
+         type=float),
+)
 
-    return default_checks(config)
+
+@dataclass(frozen=True)
+class ProbeCollectorSettings:
+    max_age_seconds: float  # a result file older than this is stale
+    schedule: ProbeSettings | None  # idle-time probes; None when off
+    # Results name pods: use only those of pods the node's pod list holds. Not on the simulated
+    # node, whose pod list holds its training pods only, not the pods its result files name.
+    bind_results_to_node_pods: bool = True
+
+
+def settings_from_args(args: argparse.Namespace) -> ProbeCollectorSettings:
+    """The ``--probe.*`` flags (and ``--simulate``, which runs small gloo probes); SystemExit on bad ones."""
+    simulate = bool(args.simulate)
+    schedule = None
+    if float(args.probe_interval) > 0:
+        try:
+            schedule = ProbeSettings(
+                interval_seconds=float(args.probe_interval),
+                timeout_seconds=float(args.probe_timeout),
+                backend="gloo" if simulate else str(args.probe_backend),
+                collectives=str(args.probe_collectives),
+                min_bytes=str(args.probe_min_bytes) or ("64K" if simulate else "1M"),
+                max_bytes=str(args.probe_max_bytes) or ("1M" if simulate else "64M"),
+                iters=int(args.probe_iters),
+                warmup_iters=min(int(args.probe_iters), 5),
+            )
+        except ValueError as exc:
+            raise SystemExit(f"ccl-exporter: --probe.*: {exc}") from exc
+    return ProbeCollectorSettings(float(args.probe_max_age), schedule, bind_results_to_node_pods=not simulate)
 
 
 def probe_settings(config: ServeConfig) -> ProbeSettings | None:
-    """The idle-time probe settings of ``serve`` (None when off); ValueError on bad flags."""
-    if config.probe_interval_seconds <= 0:
-        return None
-    return ProbeSettings(
-        interval_seconds=config.probe_interval_seconds,
-        timeout_seconds=config.probe_timeout_seconds,
-        backend="gloo" if config.simulate else config.probe_backend,
-        collectives=config.probe_collectives,
-        min_bytes=config.probe_min_bytes,
-        max_bytes=config.probe_max_bytes,
-        iters=config.probe_iters,
-        warmup_iters=min(config.probe_iters, 5),
-    )
+    """The idle-time probe settings of ``serve`` (None when off)."""
+    settings = config.collector_settings["probe"]
+    assert isinstance(settings, ProbeCollectorSettings)
+    return settings.schedule
 
 
-def result_binding(config: ServeConfig) -> PodKnown | None:
-    """Results are bound to the pods of this node (the pod list shared with the NCCL
-    collector). Not in simulate mode: the simulated node lists its training pods only, not
-    the pods its simulated result files name."""
-    if config.simulate:
-        return None
-    from exporter.sources.kube import shared_pod_metadata
-
-    return pod_known_on_node(shared_pod_metadata(config.node_name, config.extra))
-
-
-def build(config: ServeConfig) -> ProbeCollector:
-    settings = probe_settings(config)
-    scheduler = None if settings is None else ProbeScheduler(settings, config.probe_results, occupancy_checks(config))
-    return ProbeCollector(config.probe_results, config.probe_max_age_seconds, scheduler,
-                          pod_known=result_binding(config))
+def build(settings: ProbeCollectorSettings, resources: NodeResources) -> ProbeCollector:
+    scheduler = None
+    if settings.schedule is not None:
+        # How this node tells that its GPUs are in use: pod-resources, then NVML.
+        occupancy = [PodResourcesOccupancy(resources.pod_resources), NvmlOccupancy(resources.nvml)]
+        scheduler = ProbeScheduler(settings.schedule, resources.paths.probe_results, occupancy, clock=resources.clock)
+    pod_known = pod_known_on_node(resources.pod_metadata) if settings.bind_results_to_node_pods else None
+    return ProbeCollector(resources.paths.probe_results, settings.max_age_seconds, scheduler, clock=resources.clock,
+                          pod_known=pod_known)
 
 
 SPEC = CollectorSpec(
@@ -205,4 +225,7 @@ SPEC = CollectorSpec(
     "idle-time probes with --probe.interval",
     default_enabled=True,
     factory=build,
+    flags=PROBE_FLAGS,
+    flag_group="idle-time bus-bandwidth probes (collector probe)",
+    settings=settings_from_args,
 )

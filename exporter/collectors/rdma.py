@@ -8,7 +8,6 @@ from pathlib import Path
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from exporter.collectors.base import CollectorSpec, CollectorUnavailable, PartialCollection
-from exporter.config import ServeConfig
 from exporter.sources.rdma import RdmaDevice, RdmaPort, read_rdma
 from exporter.sources.sysfs import AttributeReader, read_attribute
 
@@ -136,5 +135,5 @@ SPEC = CollectorSpec(
     name="rdma",
     help="RDMA (InfiniBand/RoCE) port state, rate and counters from sysfs",
     default_enabled=True,
-    factory=lambda config: RdmaCollector(config.sysfs),
+    factory=lambda settings, resources: RdmaCollector(resources.paths.sysfs),
 )

@@ -10,21 +10,17 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
-from exporter.config import env_name
-from exporter.probe.formulas import COLLECTIVES, busbw_factor, format_size, parse_size, size_sweep
-from exporter.probe.results import ProbeResult, SOURCES, write_result
+from exporter.flags import PROBE_RESULTS, Flag
+from exporter.probe.formulas import COLLECTIVES, busbw_factor, parse_size, size_sweep
 from exporter.probe.runner import Identity, ProbeRequest, Rendezvous, resolve_backend, run_probe, visible_gpu_count
+from exporter.results import SOURCES, ProbeResult, write_result
 
 GB = 1e9  # nccl-tests prints GB/s with GB = 10^9 bytes
-DEFAULT_RESULTS = "/var/lib/ccl-exporter/probe-results"
-
-
-def _env_default(environ: Mapping[str, str], flag: str, default: str) -> str:
-    return environ.get(env_name(flag), default)
+PROCFS = Flag("--path.procfs", "/proc", "procfs mount point (GPU discovery for --backend auto)", dest="procfs")
 
 
 def add_probe_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
@@ -51,8 +47,7 @@ def add_probe_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, s
     r.add_argument("--nnodes", type=int, default=rdzv.nnodes, help="nodes (pods) in the probe [env NNODES, PET_NNODES]")
     r.add_argument("--node-rank", type=int, default=rdzv.node_rank,
                    help="this node's index [env NODE_RANK, PET_NODE_RANK, JOB_COMPLETION_INDEX]")
-    parser.add_argument("--path.procfs", dest="procfs", default=_env_default(environ, "--path.procfs", "/proc"),
-                        help="procfs mount point (GPU discovery for --backend auto)")
+    PROCFS.add_to(parser, environ)
 
 
 def request_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> ProbeRequest:
@@ -157,9 +152,7 @@ def add_parser(sub: argparse._SubParsersAction, environ: Mapping[str, str]) -> a
     out.add_argument("--json", action="store_true", help="print the result document instead of the table")
     out.add_argument("--source", choices=SOURCES, default="job",
                      help="who ran it, for the exporter's source label")
-    out.add_argument("--path.probe-results", dest="probe_results",
-                     default=_env_default(environ, "--path.probe-results", DEFAULT_RESULTS),
-                     help="folder the result file is written to (the exporter's hostPath)")
+    PROBE_RESULTS.add_to(out, environ)
     out.add_argument("--no-write", dest="write_results", action="store_false",
                      help="do not write a result file")
     parser.set_defaults(handler=lambda args: run_probe_command(args))

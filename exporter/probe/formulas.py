@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "alltoall")
+from exporter.results import COLLECTIVES, MAX_SWEEP_POINTS
 
 # Collectives whose buffer is split into one chunk per rank: sizes are rounded to a multiple
 # of (type size x ranks), as nccl-tests does.
@@ -28,7 +28,6 @@ _MULTIPLIER = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
 
 # Bounds that keep a mistyped flag from allocating terabytes or looping forever.
 MAX_SIZE_BYTES = 64 * 1024**3
-MAX_SWEEP_POINTS = 64
 
 
 def busbw_factor(collective: str, nranks: int) -> float:

@@ -8,13 +8,13 @@
 
 Each check answers ``busy_reason() -> str | None`` (``exporter.probe.schedule.GpuOccupancy``);
 an exception means "cannot tell" and the scheduler skips the probe (``occupancy_unknown``).
+Both ask through the node's shared NVML handle and pod-resources client
+(``exporter.resources.NodeResources``), which they do not own.
 """
 
 from __future__ import annotations
 
-from exporter.config import ServeConfig
-from exporter.probe.schedule import GpuOccupancy
-from exporter.sources.nvml import NvmlBackend, busy_gpus, nvml_backend
+from exporter.sources.nvml import NvmlBackend, busy_gpus
 from exporter.sources.podresources import PodResourcesClient
 
 MAX_NAMED = 4
@@ -34,16 +34,12 @@ class PodResourcesOccupancy:
         shown = ", ".join(pods[:MAX_NAMED]) + (f" and {len(pods) - MAX_NAMED} more" if len(pods) > MAX_NAMED else "")
         return f"{len(assignments)} GPU(s) assigned to pod(s) {shown}"
 
-    def close(self) -> None:
-        self._client.close()
-
 
 class NvmlOccupancy:
     reason = "gpu_compute_process"
 
-    def __init__(self, backend: NvmlBackend, owned: bool = True) -> None:
+    def __init__(self, backend: NvmlBackend) -> None:
         self._backend = backend
-        self._owned = owned  # the simulated node's backend is shared with the nvml collector
 
     def busy_reason(self) -> str | None:
         busy = busy_gpus(self._backend)
@@ -52,14 +48,3 @@ class NvmlOccupancy:
         named = [f"{uuid} (pids {', '.join(str(p.pid) for p in procs[:MAX_NAMED])})"
                  for uuid, procs in sorted(busy.items())[:MAX_NAMED]]
         return f"{len(busy)} GPU(s) run compute processes: {'; '.join(named)}"
-
-    def close(self) -> None:
-        if self._owned:
-            self._backend.close()
-
-
-def default_checks(config: ServeConfig) -> list[GpuOccupancy]:
-    return [
-        PodResourcesOccupancy(PodResourcesClient(config.pod_resources)),
-        NvmlOccupancy(nvml_backend(config.extra), owned=config.extra.get("simulated_node") is None),
-    ]

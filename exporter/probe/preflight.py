@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from exporter.config import env_name
-from exporter.probe.command import DEFAULT_RESULTS, add_probe_arguments, describe_transport, request_from_args
-from exporter.probe.results import Check, ProbeResult, Transport, write_result
+from exporter.flags import PROBE_RESULTS, SYSFS, Flag, Switch
+from exporter.probe.command import add_probe_arguments, describe_transport, request_from_args
+from exporter.results import Check, ProbeResult, Transport, write_result
 from exporter.probe.runner import Identity, run_probe
 from exporter.sources.rdma import RdmaPort, RdmaReading, read_rdma
 
@@ -48,6 +48,19 @@ PEERMEM_MODULES = ("nvidia_peermem", "nv_peer_mem")
 LOCAL_ONLY_IFACES = ("lo", "docker", "virbr", "veth", "cni", "flannel.", "kube-bridge")
 GBIT = 125_000_000  # bytes/s per Gb/s
 GB = 1e9
+
+DEV = Flag("--path.dev", "/dev", "devtmpfs mount point", dest="dev")
+FABRIC_FLAGS = (
+    Flag("--expect-ports", "", "comma-separated DEVICE or DEVICE:PORT (default: every port present)",
+         dest="expect_ports"),
+    Flag("--expect-rate", "", "minimum port rate in Gb/s, e.g. 400", dest="expect_rate"),
+    Flag("--expect-link-layer", "", "InfiniBand or Ethernet (RoCE)", dest="expect_link_layer",
+         choices=("", "InfiniBand", "Ethernet")),
+)
+ALLOW_UNKNOWN_TRANSPORT = Switch("--allow-unknown-transport",
+                                 "pass --require-transport when NCCL's log cannot tell the transport "
+                                 "(by default preflight fails closed)", dest="allow_unknown_transport",
+                                 lenient_env=True)
 
 
 @dataclass(frozen=True)
@@ -317,22 +330,13 @@ def add_parser(sub: argparse._SubParsersAction, environ: Mapping[str, str]) -> a
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
 
-    def default(flag: str, value: str) -> str:
-        return environ.get(env_name(flag), value)
-
     paths = parser.add_argument_group("host paths")
-    paths.add_argument("--path.sysfs", dest="sysfs", default=default("--path.sysfs", "/sys"), help="sysfs mount point")
-    paths.add_argument("--path.dev", dest="dev", default=default("--path.dev", "/dev"), help="devtmpfs mount point")
-    paths.add_argument("--path.probe-results", dest="probe_results",
-                       default=default("--path.probe-results", DEFAULT_RESULTS),
-                       help="folder the result file is written to (the exporter's hostPath)")
+    SYSFS.add_to(paths, environ)
+    DEV.add_to(paths, environ)
+    PROBE_RESULTS.add_to(paths, environ)
     fabric = parser.add_argument_group("expected fabric")
-    fabric.add_argument("--expect-ports", default=default("--expect-ports", ""),
-                        help="comma-separated DEVICE or DEVICE:PORT (default: every port present)")
-    fabric.add_argument("--expect-rate", default=default("--expect-rate", ""),
-                        help="minimum port rate in Gb/s, e.g. 400")
-    fabric.add_argument("--expect-link-layer", default=default("--expect-link-layer", ""),
-                        choices=["", "InfiniBand", "Ethernet"], help="InfiniBand or Ethernet (RoCE)")
+    for flag in FABRIC_FLAGS:
+        flag.add_to(fabric, environ)
     fabric.add_argument("--no-require-gdr", dest="require_gdr", action="store_false",
                         help="do not require nvidia_peermem (GPUDirect RDMA)")
     fabric.add_argument("--skip", action="append", default=[], metavar="CHECK",
@@ -341,10 +345,7 @@ def add_parser(sub: argparse._SubParsersAction, environ: Mapping[str, str]) -> a
     probe.add_argument("--probe", action="store_true", help="also run a short probe across the job's pods")
     probe.add_argument("--require-transport", choices=["any", "rdma", "tcp", "intra_node"], default="any",
                        help="transport the probe's traffic must have used (from NCCL's own log)")
-    probe.add_argument("--allow-unknown-transport", action="store_true",
-                       default=default("--allow-unknown-transport", "false").lower() in ("1", "true", "yes", "on"),
-                       help="pass --require-transport when NCCL's log cannot tell the transport "
-                       "(by default preflight fails closed)")
+    ALLOW_UNKNOWN_TRANSPORT.add_to(probe, environ)
     probe.add_argument("--min-busbw", type=float, default=None, help="minimum average busbw, GB/s (1e9 bytes/s)")
     add_probe_arguments(parser, environ)
     parser.add_argument("--no-write", dest="write_results", action="store_false", help="do not write a result file")

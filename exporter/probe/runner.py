@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from exporter.nccl import LogAnalyzer
-from exporter.probe.results import CollectiveResult, ProbeResult, Row, Transport
+from exporter.results import CollectiveResult, ProbeResult, Row, Transport
 from exporter.probe.worker import RESULT_PREFIX
 
 MAX_CAPTURED_LINES = 20_000

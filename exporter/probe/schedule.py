@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Protocol
 
 from exporter.probe.formulas import COLLECTIVES, parse_size, size_sweep
-from exporter.probe.results import (
+from exporter.results import (
     CollectiveResult,
     MalformedResult,
     ProbeResult,

@@ -1,7 +1,10 @@
 """The simulated node behind ``ccl-exporter serve --simulate``.
 
 It writes the same trees and files the real sources read (a sysfs tree with living RDMA
-counters, pod logs with NCCL output, ...), so the exporter runs its real code paths on a
-laptop with no GPU and no NIC. Each part of the node is a ``SimPart``; later parts (NVML,
-pod logs, probe results) plug into ``SimulatedNode`` the same way.
+counters, pod logs with NCCL output, probe result files, ...) and serves what a real node
+serves (NVML, the kubelet's pod-resources socket), so the exporter runs its real code paths on
+a laptop with no GPU and no NIC. Each part of the node is a ``SimPart`` of ``SimulatedNode``
+(``node``); ``paths`` lays out its folder tree, ``clock`` is its time, ``resources`` hands it to
+the collectors as the node's ``NodeResources``, and ``control`` drives it over
+``POST /-/sim/<action>``. In ``exporter``, only the command line imports it.
 """

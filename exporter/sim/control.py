@@ -41,17 +41,18 @@ Actions:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import re
 import threading
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 from yarl import URL
 
+from exporter.sim.clock import now
 from exporter.sim.node import SimulatedNode
 
 Params = Mapping[str, str]
@@ -272,7 +273,7 @@ def rdma_garbage(node: SimulatedNode, params: Params) -> dict[str, Any]:
 
 
 def probe_result(node: SimulatedNode, params: Params) -> dict[str, Any]:
-    from exporter.probe.results import CollectiveResult, ProbeResult, Transport, write_result
+    from exporter.results import CollectiveResult, ProbeResult, Transport, write_result
     from exporter.sim.probe import sweep
 
     try:
@@ -284,14 +285,14 @@ def probe_result(node: SimulatedNode, params: Params) -> dict[str, Any]:
     collective = params.get("collective", "all_reduce")
     if collective not in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "alltoall"):
         raise ActionError(f"unknown collective {collective!r}")
-    now = time.time()
+    at = now()
     result = ProbeResult(
-        source="job", started_at=now - 60, finished_at=now, namespace=_name(params, "namespace", "ccl-exporter"),
+        source="job", started_at=at - 60, finished_at=at, namespace=_name(params, "namespace", "ccl-exporter"),
         pod=_name(params, "pod", "ccl-probe-0"), job_name="ccl-probe", backend="nccl", world_size=16, nnodes=2,
         scope="inter_node", transport=Transport("rdma", "net_ib", "IB", True),
         collectives=(CollectiveResult(collective, sweep(collective, peak, 8 << 20, 4 << 30)),),
     )
-    path = write_result(node.root / "probe-results", result)
+    path = write_result(node.paths.probe_results, result)
     return {"file": path.name, "collective": collective, "peak_busbw_bytes_per_second": peak}
 
 
@@ -343,9 +344,28 @@ class SimControl:
         if action is None:
             raise ActionError(f"unknown action {name!r} (have {', '.join(sorted(self.actions))})")
         with self.lock:
-            at = time.time()  # before the change: latencies measured from ``at`` never come out short
+            at = now()  # before the change: latencies measured from ``at`` never come out short
             details = action(self.node, params)
         return {"action": name, "at": at, **details}
+
+
+def ticker_hook(control: SimControl, tick_seconds: float = 1.0) -> Callable[[web.Application], AsyncIterator[None]]:
+    """A startup hook of the app (``exporter.server.StartupHook``) that advances the node every
+    ``tick_seconds`` in a worker thread while the server runs."""
+
+    async def hook(app: web.Application) -> AsyncIterator[None]:
+        async def ticker() -> None:
+            while True:
+                await asyncio.sleep(tick_seconds)
+                await asyncio.to_thread(control.advance, tick_seconds)
+
+        task = asyncio.create_task(ticker(), name="simulated-node")
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    return hook
 
 
 def _from_loopback(request: web.Request) -> bool:

@@ -2,31 +2,18 @@
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from exporter.config import HostPaths
+from exporter.sim.clock import SimClock, job_activity
+from exporter.sim.paths import simulated_paths
+
 if TYPE_CHECKING:
     from exporter.sim.nvml import SimNvml
-
-
-@dataclass(frozen=True)
-class SimClock:
-    """Where the simulation is: seconds since start and how busy the training job is."""
-
-    elapsed_seconds: float
-    step_seconds: float
-    job_activity: float  # 0 idle .. 1 full all-reduce traffic
-
-
-def job_activity(elapsed_seconds: float, period_seconds: float = 120.0) -> float:
-    """The simulated job's communication load: busy phases with short idle gaps (checkpoints)."""
-    phase = (elapsed_seconds % period_seconds) / period_seconds
-    if phase > 0.9:  # checkpoint / eval: the fabric goes quiet for 10% of each period
-        return 0.05
-    return 0.6 + 0.4 * math.sin(2 * math.pi * phase * 3) ** 2
+    from exporter.sources.kube import PodMetadataSource
 
 
 class SimPart(Protocol):
@@ -44,13 +31,18 @@ class SimulatedNode:
     seed: int = 7
     elapsed_seconds: float = 0.0
     nvml: "SimNvml | None" = None  # the simulated GPUs the NVML collectors read
+    pod_metadata: "PodMetadataSource | None" = None  # its pods and their jobs (no API server here)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
 
     @property
+    def paths(self) -> HostPaths:
+        return simulated_paths(self.root)
+
+    @property
     def sysfs(self) -> Path:
-        return self.root / "sys"
+        return self.paths.sysfs
 
     def setup(self) -> None:
         for part in self.parts:
@@ -103,7 +95,9 @@ def default_node(root: Path, seed: int = 7, job_ends_after_seconds: float = 0.0)
     node.nvml = SimNvml(rng=node.rng)
     node.parts.append(node.nvml)
     node.parts.append(SimPodResources(node.nvml))
-    node.parts.append(SimPodLogs(rng=node.rng))
+    pod_logs = SimPodLogs(rng=node.rng)
+    node.parts.append(pod_logs)
+    node.pod_metadata = pod_logs
     node.parts.append(SimProbeResults())
     if job_ends_after_seconds > 0:
         node.parts.append(SimJobEnd(node.nvml, job_ends_after_seconds))

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import grpc
 
-from exporter.sim.node import SimClock
+from exporter.sim.clock import SimClock
+from exporter.sim.paths import simulated_paths
 from exporter.sources.nvml import (
     GpuIdentity,
     GpuProcess,
@@ -189,7 +190,7 @@ class SimPodResources:
         self.socket_path: Path | None = None
 
     def setup(self, root: Path) -> None:
-        self.socket_path = root / "pod-resources" / "kubelet.sock"
+        self.socket_path = simulated_paths(root).pod_resources
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="sim-podresources"))
         api_pb2_grpc.add_PodResourcesListerServicer_to_server(_SimLister(self._nvml), server)

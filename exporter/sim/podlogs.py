@@ -24,11 +24,11 @@ import random
 import shutil
 import threading
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 
-from exporter.sim.node import SimClock
+from exporter.sim.clock import SimClock, cri_timestamp
 from exporter.sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
+from exporter.sim.paths import simulated_paths
 from exporter.sources.kube import EXPECTED_NETWORK_LABEL, PodMetadata, attribute_job
 
 NCCL_VERSION = "2.21.5"
@@ -85,8 +85,7 @@ class SimJob:
 
 
 def _cri(line: str, stream: str = "stdout") -> str:
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f000Z")
-    return f"{stamp} {stream} F {line}\n"
+    return f"{cri_timestamp()} {stream} F {line}\n"
 
 
 def nccl_init_lines_placement_open(job: SimJob) -> list[str]:
@@ -208,7 +207,7 @@ class SimPodLogs:
     @property
     def pod_logs(self) -> Path:
         assert self.root is not None, "setup() first"
-        return self.root / "pods"
+        return simulated_paths(self.root).pod_logs
 
     def _log_path(self, job: SimJob) -> Path:
         folder = self.pod_logs / f"{job.namespace}_{job.pod}_{job.uid}" / job.container

@@ -17,14 +17,14 @@ simulated GPUs are idle.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from exporter.probe.formulas import busbw_factor, size_sweep
-from exporter.probe.results import Check, CollectiveResult, ProbeResult, Row, Transport, write_result
-from exporter.sim.node import SimClock
+from exporter.results import Check, CollectiveResult, ProbeResult, Row, Transport, write_result
+from exporter.sim.clock import SimClock, now
 from exporter.sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
+from exporter.sim.paths import simulated_paths
 
 HOSTNAME = "gpu-node-07"
 RANKS, NODES = 16, 2
@@ -102,8 +102,8 @@ class SimProbeResults:
     """Writes the result files once; the exporter's own scheduled probes add theirs."""
 
     def setup(self, root: Path) -> None:
-        for result in results(time.time()):
-            write_result(root / "probe-results", result)
+        for result in results(now()):
+            write_result(simulated_paths(root).probe_results, result)
 
     def advance(self, clock: SimClock) -> None:
         """The files do not change; their age grows with the wall clock."""

@@ -12,7 +12,8 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exporter.sim.node import SimClock
+from exporter.sim.clock import SimClock
+from exporter.sim.paths import simulated_paths
 
 IB_COUNTERS = (
     "VL15_dropped excessive_buffer_overrun_errors link_downed link_error_recovery "
@@ -74,12 +75,12 @@ class SimRdma:
 
     def _port_dir(self, spec: SimPortSpec) -> Path:
         assert self.root is not None
-        return self.root / "sys" / "class" / "infiniband" / spec.device / "ports" / "1"
+        return simulated_paths(self.root).sysfs / "class" / "infiniband" / spec.device / "ports" / "1"
 
     def setup(self, root: Path) -> None:
         self.root = root
         for spec in self.ports:
-            dev = root / "sys" / "class" / "infiniband" / spec.device
+            dev = simulated_paths(root).sysfs / "class" / "infiniband" / spec.device
             write_attribute(dev / "fw_ver", "28.39.1002")
             write_attribute(dev / "board_id", spec.board_id)
             write_attribute(dev / "hca_type", spec.hca_type)

@@ -8,12 +8,14 @@ name, API server down) it says so once in the log and answers "unknown": ``job_n
 then empty, never guessed.
 
 Both this cache and the simulated node implement ``PodMetadataSource``, the one seam the
-NCCL collector depends on.
+collectors that label series with jobs depend on; the node's one source is held by
+``exporter.resources.NodeResources``.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -37,6 +39,9 @@ TRAINER_PREFIX = "trainer.kubeflow.org/"
 EXPECTED_NETWORK_LABEL = "ccl-health.io/expected-network"
 MAX_LABEL_VALUE_CHARS = 63  # Kubernetes' own limit for a label value
 MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
+# What kubelet sets in every container; the Kubernetes client's in-cluster config reads them.
+SERVICE_HOST_ENV = "KUBERNETES_SERVICE_HOST"
+SERVICE_PORT_ENV = "KUBERNETES_SERVICE_PORT"
 
 # training.kubeflow.org/operator-name → the job's kind (training-operator, MPI operator v2).
 KUBEFLOW_OPERATOR_KINDS = {
@@ -175,8 +180,17 @@ def pod_metadata_from_object(pod: Any) -> PodMetadata | None:
     return PodMetadata(namespace, name, uid, job_name, job_kind, expected, host_network)
 
 
+class NotInCluster(Exception):
+    """The process does not run in a Kubernetes pod: no API server to ask."""
+
+
 def in_cluster_api() -> Any:
-    """A ``CoreV1Api`` from the pod's service account; raises when not in a cluster."""
+    """A ``CoreV1Api`` from the pod's service account; raises when not in a cluster.
+
+    Outside a cluster it says so before loading the Kubernetes client, which is large.
+    """
+    if SERVICE_HOST_ENV not in os.environ or SERVICE_PORT_ENV not in os.environ:
+        raise NotInCluster("Service host/port is not set.")  # the client's own words for it
     from kubernetes import client, config
 
     config.load_incluster_config()
@@ -332,24 +346,3 @@ class KubePodCache:
                 self._stop.wait(backoff)
                 continue
             self._stop.wait(max(0.0, self._min_cycle - (time.monotonic() - started)))
-
-
-def shared_pod_metadata(node_name: str, extra: dict[str, object]) -> PodMetadataSource:
-    """One pod-metadata source per exporter process, shared by the collectors that label
-    series with jobs (one list/watch against the API server, not one per collector).
-
-    The simulated node's own pods when it is running; the Kubernetes API otherwise. Kept in
-    ``ServeConfig.extra`` under ``"pod_metadata"`` and started here, once (``start()`` is
-    idempotent, so a collector starting it again changes nothing).
-    """
-    existing = extra.get("pod_metadata")
-    if isinstance(existing, PodMetadataSource):
-        return existing
-    simulated = extra.get("simulated_node")
-    sim_sources = [p for p in getattr(simulated, "parts", ()) if isinstance(p, PodMetadataSource)]
-    source: PodMetadataSource = sim_sources[0] if sim_sources else KubePodCache(node_name)
-    start = getattr(source, "start", None)
-    if callable(start):
-        start()
-    extra["pod_metadata"] = source
-    return source

@@ -504,18 +504,6 @@ def _explain_init_failure(nvml: ModuleType, exc: Exception) -> str:
 # --- helpers for other parts of the exporter ---------------------------------------------
 
 
-def nvml_backend(extra: dict[str, object]) -> NvmlBackend:
-    """The backend a collector should use: the simulated node's, or real NVML.
-
-    ``extra`` is ``ServeConfig.extra``; ``serve --simulate`` puts the simulated node there.
-    """
-    node = extra.get("simulated_node")
-    simulated = getattr(node, "nvml", None) if node is not None else None
-    if simulated is not None:
-        return simulated  # type: ignore[no-any-return]
-    return PynvmlBackend()
-
-
 def busy_gpus(backend: NvmlBackend) -> dict[str, list[GpuProcess]] | None:
     """GPU UUID → compute processes, for GPUs that run at least one; None without NVML.
 

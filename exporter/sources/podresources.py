@@ -112,14 +112,15 @@ class PodResourcesClient:
         return self._stub
 
     def list_gpus(self) -> list[GpuAssignment]:
-        """Every GPU assignment on the node; raises PodResourcesUnavailable / PodResourcesError."""
-        import grpc
+        """Every GPU assignment on the node; raises PodResourcesUnavailable / PodResourcesError.
 
-        from exporter.sources.podresources_v1 import api_pb2
-
+        gRPC is loaded only once the socket exists: a node without one pays nothing for asking."""
         if not self._socket.exists():
             self.close()
             raise PodResourcesUnavailable(f"no kubelet pod-resources socket at {self._socket}")
+        import grpc
+
+        from exporter.sources.podresources_v1 import api_pb2
         with self._lock:
             stub = self._connect()
             try:

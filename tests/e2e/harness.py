@@ -1,7 +1,7 @@
 """End-to-end harness: real simulated exporters scraped by a real Prometheus loading our rules,
 alerts delivered by a real Alertmanager to a webhook receiver in the test process.
 
-The processes and configs come from ``exporter.sim.stack`` (the same code ``make demo`` and
+The processes and configs come from ``devtools.stack`` (the same code ``make demo`` and
 ``bench/fleet.py`` run); this module adds what only tests need: tool checks that skip
 locally and fail in CI, and a ``Cluster`` that owns every process it starts.
 """
@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exporter.sim.stack import (
+from devtools.stack import (
     Alertmanager,
     CadvisorStandIn,
     Intervals,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from exporter.sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
-from exporter.sim.stack import Intervals, SimulatedExporter, make_healthy
+from devtools.stack import Intervals, SimulatedExporter, make_healthy
 
 
 def test_exporter_killed_raises_absent_and_names_the_node(start_cluster) -> None:  # type: ignore[no-untyped-def]

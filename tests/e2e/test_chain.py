@@ -10,7 +10,7 @@ import os
 import time
 from pathlib import Path
 
-from exporter.sim.stack import SCRAPE_JOB, Intervals
+from devtools.stack import SCRAPE_JOB, Intervals
 
 PORT_DOWN_RULE = """
 groups:
@@ -67,7 +67,7 @@ def test_stopping_the_cluster_waits_for_every_process(tmp_path: Path) -> None:
 
 def test_history_backfilled_before_start_is_queryable(tmp_path: Path) -> None:
     """Alerts with multi-day look-backs (probe baselines) need history a test cannot wait for."""
-    from exporter.sim.stack import Stack
+    from devtools.stack import Stack
     from tests.e2e.harness import require_stack
 
     prometheus_binary, _ = require_stack()

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from exporter.sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
-from exporter.sim.stack import Intervals, Prometheus, SimulatedExporter, find_rules_file
+from devtools.stack import Intervals, Prometheus, SimulatedExporter, find_rules_file
 from tests.conftest import REPO
 
 DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))

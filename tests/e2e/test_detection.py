@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.detection_latency import measure_once
-from exporter.sim.stack import Intervals, duration_seconds, find_rules_file
+from devtools.detection import measure_once
+from devtools.stack import Intervals, duration_seconds, find_rules_file
 from tests.conftest import REPO
 from tests.e2e.harness import require_stack
 

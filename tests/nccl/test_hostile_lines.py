@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import pytest
 
-from bench.hostile_parse import hostile_lines
+from devtools.hostile_lines import hostile_lines
 from exporter.nccl import LogAnalyzer, cri
 from exporter.nccl import grammar as g
 

@@ -65,7 +65,7 @@ def port_if_free(port: int) -> int:
 
 def find_rules_file(start: Path | None = None) -> Path | None:
     """Our alert rules: ``alerts/ccl-health-rules.yaml`` in the working folder or the source checkout."""
-    candidates = [(start or Path.cwd()) / RULES_FILE, Path(__file__).resolve().parents[2] / RULES_FILE]
+    candidates = [(start or Path.cwd()) / RULES_FILE, Path(__file__).resolve().parents[1] / RULES_FILE]
     return next((path for path in candidates if path.is_file()), None)
 
 
@@ -104,7 +104,7 @@ class Intervals:
         ``interval`` in the rules file keep it, as in Prometheus), and the timing of the
         critical route of ``alerts/alertmanager.yml`` (Alertmanager's defaults without it:
         group_wait 30 s, group_interval 5 m, repeat_interval 4 h)."""
-        root = checkout or Path(__file__).resolve().parents[2]
+        root = checkout or Path(__file__).resolve().parents[1]
         scrape = OPERATOR_DEFAULT_INTERVAL_SECONDS
         podmonitor = root / "manifests" / "base" / "podmonitor.yaml"
         if podmonitor.is_file():

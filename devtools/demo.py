@@ -28,7 +28,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from types import FrameType
 
-from exporter.sim.stack import (
+from devtools.stack import (
     ALERTMANAGER_NAMES,
     PROMETHEUS_NAMES,
     Intervals,
@@ -42,12 +42,12 @@ from exporter.sim.stack import (
     make_healthy,
     port_if_free,
 )
-from exporter.sim.timeline import Timeline, follow, tcp_fallback_watch
+from devtools.timeline import Timeline, follow, tcp_fallback_watch
+from exporter.config import DEFAULT_PORT
 
 NODE = "demo-node"
 FALLBACK_NAMESPACE = "ml-training"
 FALLBACK_POD = "llama-70b-worker-0"
-FALLBACK_JOB = "llama-70b"
 # Faster than production (15-30 s) so the demo moves; the rules and their for: are the shipped ones.
 DEMO_INTERVALS = Intervals(scrape_seconds=2.0, evaluation_seconds=2.0, group_wait_seconds=1.0,
                            group_interval_seconds=10.0, repeat_interval_seconds=3600.0)
@@ -134,8 +134,8 @@ def run_chain(exporter: SimulatedExporter, rules: Path, workdir: Path, timeout: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m exporter.demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--port", type=int, default=9400, help="exporter port on 127.0.0.1 (another if taken)")
+    parser = argparse.ArgumentParser(prog="python -m devtools.demo", description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="exporter port on 127.0.0.1 (another if taken)")
     parser.add_argument("--no-monitoring", action="store_true", help="only the simulated node, no Prometheus")
     parser.add_argument("--exit-after-timeline", action="store_true", help="stop once the timeline is printed")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the notification")

@@ -17,7 +17,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.sim.stack import Prometheus, SimulatedExporter, WebhookReceiver, alert_matches
+from devtools.stack import Prometheus, SimulatedExporter, WebhookReceiver, alert_matches
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,9 @@
 """The probe result file: a versioned JSON document, written atomically, read defensively.
 
+Its own module, beside the probe and the reader, because both sides depend on it: the probe
+(``exporter.probe``) writes it and the exporter's source (``exporter.sources.probe_results``)
+reads it, and neither imports the other.
+
 Writers: ``ccl-exporter probe`` (source ``job`` by default, ``scheduled`` when the exporter
 runs it) and ``ccl-exporter preflight`` (source ``preflight``). They write into
 ``--path.probe-results``, a hostPath shared with the exporter's DaemonSet on the node, one file
@@ -35,9 +39,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from exporter.probe.formulas import COLLECTIVES, MAX_SWEEP_POINTS
-
 SCHEMA = "ccl-probe-result/v1"
+# The collectives a probe runs (nccl-tests names), and the most sizes one sweep may have: what a
+# result may hold, and what ``exporter.probe.formulas`` accepts.
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "alltoall")
+MAX_SWEEP_POINTS = 64
 SOURCES = ("scheduled", "preflight", "job")
 TRANSPORT_KINDS = ("rdma", "tcp", "intra_node", "unknown")
 SUFFIX = ".json"

@@ -1,0 +1,114 @@
+"""What a node offers every collector, built once per ``serve`` and closed once.
+
+``NodeResources`` holds the node's shared resources: its host paths (sysfs root, pod logs, ...),
+one NVML handle, one kubelet pod-resources client, one pod-metadata source (one list/watch of
+the node's pods against the API server, however many collectors label series with jobs) and
+the clock. Every collector factory takes ``(settings, resources)``; no collector opens, starts
+or closes a shared resource itself.
+
+``real_node_resources`` builds them for this node from the flags, and
+``exporter.sim.resources.simulated_node_resources`` for the simulated node of
+``serve --simulate``. Building them is cheap: the NVML library, gRPC and the Kubernetes client
+are loaded only when a collector first reads through them, and the pod list is made when a
+collector asks for it and watched once the server starts (``start``). ``close`` (or leaving the
+``with`` block) closes what was opened, once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from exporter.config import HostPaths
+from exporter.sources.kube import KubePodCache, PodMetadataSource
+from exporter.sources.nvml import NvmlBackend, PynvmlBackend
+from exporter.sources.podresources import PodResourcesClient
+
+
+class NodeResources:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        paths: HostPaths,
+        *,
+        nvml: NvmlBackend,
+        pod_resources: PodResourcesClient,
+        pod_metadata: Callable[[], PodMetadataSource],
+        nvml_collected: bool = True,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.paths = paths
+        self.nvml = nvml
+        self.pod_resources = pod_resources
+        self.clock = clock  # wall clock: result files' ages, probe start times
+        self._make_pod_metadata = pod_metadata
+        self._pod_metadata: PodMetadataSource | None = None
+        self._nvml_collected = nvml_collected
+        self._lock = threading.Lock()
+        self._started = False
+        self._closed = False
+
+    @property
+    def pod_metadata(self) -> PodMetadataSource:
+        """The node's pods and their jobs; made when first asked for, watched from ``start`` on."""
+        with self._lock:
+            if self._pod_metadata is None:
+                self._pod_metadata = self._make_pod_metadata()
+                if self._started:
+                    _call(self._pod_metadata, "start")
+            return self._pod_metadata
+
+    def nvml_if_collected(self) -> NvmlBackend | None:
+        """NVML for what other collectors add from it (a GPU's index on ``ccl_gpu_pod_info``, the
+        GPU count that places NCCL communicators); None when the nvml collector is switched off,
+        so that switching it off keeps NVML's answers out of every series."""
+        return self.nvml if self._nvml_collected else None
+
+    def start(self) -> None:
+        """Start watching what needs a watch (the pod list); the server calls it as it starts. Once."""
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+            source = self._pod_metadata
+        if source is not None:
+            _call(source, "start")
+
+    def close(self) -> None:
+        """Stop the pod watch, close the pod-resources channel and shut NVML down; once."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            source = self._pod_metadata
+        if source is not None:
+            _call(source, "close")
+        self.pod_resources.close()
+        self.nvml.close()
+
+    def __enter__(self) -> NodeResources:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _call(source: object, method: str) -> None:
+    """``start`` / ``close`` of a source that has one (the simulated node's pod list has neither)."""
+    function = getattr(source, method, None)
+    if callable(function):
+        function()
+
+
+def real_node_resources(paths: HostPaths, node_name: str, *, nvml_collected: bool = True) -> NodeResources:
+    """This node's resources: real NVML, the kubelet's pod-resources socket, the pods the API
+    server lists for ``node_name``."""
+    return NodeResources(
+        paths,
+        nvml=PynvmlBackend(),
+        pod_resources=PodResourcesClient(paths.pod_resources),
+        pod_metadata=lambda: KubePodCache(node_name),
+        nvml_collected=nvml_collected,
+    )

@@ -1,0 +1,50 @@
+"""The shared resources of the simulated node, for ``serve --simulate``.
+
+The same ``NodeResources`` the real node gives its collectors, taken from the simulated node:
+its NVML (``SimNvml``), its pods (the simulated pod logs' own pod list; there is no API
+server), a client of its pod-resources socket (a real gRPC server), its folder tree and its
+clock. The collectors cannot tell the difference.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from exporter.resources import NodeResources
+from exporter.sim import clock
+from exporter.sim.node import SimulatedNode, default_node
+from exporter.sources.podresources import PodResourcesClient
+
+
+def simulated_node_resources(node: SimulatedNode, *, nvml_collected: bool = True) -> NodeResources:
+    """``node``'s resources; closing them leaves the node running (it is closed by its owner)."""
+    if node.nvml is None or node.pod_metadata is None:
+        raise ValueError("the simulated node has no NVML or no pod list (build it with default_node)")
+    pods = node.pod_metadata
+    return NodeResources(
+        node.paths,
+        nvml=node.nvml,
+        pod_resources=PodResourcesClient(node.paths.pod_resources),
+        pod_metadata=lambda: pods,
+        nvml_collected=nvml_collected,
+        clock=clock.now,
+    )
+
+
+@contextmanager
+def temporary_simulated_node(seed: int, job_ends_after_seconds: float = 0.0) -> Iterator[SimulatedNode]:
+    """The node ``serve --simulate`` runs, laid out in a new temporary folder and advanced one
+    tick; stopped and removed on exit."""
+    root = Path(tempfile.mkdtemp(prefix="ccl-exporter-sim-"))
+    node = default_node(root, seed=seed, job_ends_after_seconds=job_ends_after_seconds)
+    try:
+        node.setup()
+        node.advance(1.0)
+        yield node
+    finally:
+        node.close()
+        shutil.rmtree(root, ignore_errors=True)
