@@ -73,16 +73,18 @@ counts are capped per pod and per source (pod logs and debug files never crowd e
 out); the streams whose files were modified least recently are dropped first (their
 offsets are remembered, so a stream that comes back resumes where it was).
 
-The package, one module per concern (each uses only those above it): ``layout`` (where logs
-live, which pod a folder speaks for), ``limits`` (bounds, counters, a poll's result), ``extract``
-(the NCCL lines of a block, CRI records taken apart), ``files``, ``compressed`` and ``stream``
-(a stream's files and how far they are read), ``scan`` (finding the files), ``rotation``
-(following them as they change), ``reading`` (reading on within a budget), ``state`` (offsets
-saved across restarts) and ``tailer`` (``PodLogTailer``).
+The package, one module per concern (each uses only those before it): ``layout`` (where logs
+live, which pod a folder speaks for), ``limits`` (bounds, counters, a poll's result), ``cri``
+(the CRI record format, read alike by the tailer and ``ccl-exporter analyze``), ``extract`` (the
+NCCL lines of a block), ``files``, ``compressed`` and ``stream`` (a stream's files and how far
+they are read), ``scan`` (finding the files), ``rotation`` (following them as they change),
+``reading`` (reading on within a budget), ``state`` (offsets saved across restarts) and
+``tailer`` (``PodLogTailer``).
 """
 
 from exporter.sources.podlogs.compressed import GZ_READ_BYTES
-from exporter.sources.podlogs.extract import NEEDLE, NEEDLE_SEARCH, PARTIAL_TAG_SEARCH, extract_lines
+from exporter.sources.podlogs.cri import PARTIAL_TAG_SEARCH
+from exporter.sources.podlogs.extract import NEEDLE, NEEDLE_SEARCH, extract_lines
 from exporter.sources.podlogs.files import HEAD_BYTES, MIN_COPY_HEAD_BYTES, ROTATED_QUIET_SECONDS, read_at
 from exporter.sources.podlogs.layout import (
     SOURCE_DEBUG_FILE,

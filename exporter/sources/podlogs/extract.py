@@ -1,142 +1,113 @@
 """The lines of a log block that may carry NCCL output, decoded (the hot path: C-level search
-over whole chunks, Python only per hit), CRI records taken apart and their pieces joined."""
+over whole chunks, Python only per hit); in a pod log, the messages of its CRI records (read
+by ``cri``, the format's one reader)."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass, field
 
+from exporter.sources.podlogs.cri import CRI_RE_BYTES, PARTIAL_TAG_SEARCH, CriJoiner
 from exporter.sources.podlogs.limits import TailLimits, TailStats
 
 NEEDLE = b"NCCL"
-CRI_STREAMS = (b"stdout", b"stderr")
-CRI_STREAM_NAMES = ("stdout", "stderr")
-# CRI partial-piece tag (" P " after the stream name); a hit in message text only costs the
-# slower joining path.
-PARTIAL_TAG_SEARCH = re.compile(rb" P ")
+# ``re``'s literal search scans about twice as fast as ``bytes.find`` for a short needle.
 NEEDLE_SEARCH = re.compile(re.escape(NEEDLE))
 
 
-def _cut(data: bytes, limit: int, stats: TailStats) -> bytes:
-    if len(data) > limit:
-        stats.event("long_line")
-        stats.skip("long_line", len(data) - limit)
-        return data[:limit]
-    return data
+def extract_lines(
+    block: bytes,
+    cri: bool,
+    joiner: CriJoiner[bytes],
+    limits: TailLimits,
+    stats: TailStats,
+    stop: int | None = None,
+) -> list[str]:
+    """The lines of ``block[:stop]`` (complete lines only) that carry ``NCCL``, decoded.
 
+    In a pod log (``cri``) a line is the message of a record, its pieces joined by ``joiner``
+    from one call to the next; a line that is not a record is counted (``malformed_cri``) and
+    taken whole. A line is returned when ``NCCL`` is in what is returned: in the message (not
+    only in a record's framing), within ``max_line_bytes`` (the rest is cut and counted,
+    ``long_line``).
 
-def _lines_with_needle(block: bytes, stop: int) -> Iterable[bytes]:
-    """Every line of ``block[:stop]`` that contains ``NCCL`` (``stop`` ends on a line end).
-
-    ``re``'s literal search scans about twice as fast as ``bytes.find`` for a short needle.
+    The fast path touches only lines that contain ``NCCL`` (C-level search over the whole
+    chunk). It gives way to the record-by-record path when a line may be in pieces: a piece
+    is pending from the last chunk, or ``cri.PARTIAL_TAG_SEARCH`` finds a ``P`` record in the
+    chunk (one C-level scan). Runtimes split a line anywhere (CRI-O at its read-buffer
+    boundaries), even inside ``NCCL``. Both paths return the same lines and count alike.
     """
+    stop = len(block) if stop is None else stop
+    if cri and (joiner.pending or PARTIAL_TAG_SEARCH.search(block, 0, stop) is not None):
+        return _extract_joining_pieces(block, stop, joiner, limits, stats)
+    return _extract_whole_lines(block, stop, cri, limits, stats)
+
+
+def _extract_whole_lines(block: bytes, stop: int, cri: bool, limits: TailLimits, stats: TailStats) -> list[str]:
+    """The fast path of ``extract_lines``: every line is whole (no ``P`` record in the block)."""
+    out: list[str] = []
+    max_line = limits.max_line_bytes
+    match_record = CRI_RE_BYTES.match
     rfind, find = block.rfind, block.find
+    malformed = 0
     line_end = -1
-    for match in NEEDLE_SEARCH.finditer(block, 0, stop):
-        hit = match.start()
+    for needle in NEEDLE_SEARCH.finditer(block, 0, stop):
+        hit = needle.start()
         if hit < line_end:
             continue  # a second NCCL on a line already taken
         start = rfind(b"\n", 0, hit) + 1
         line_end = find(b"\n", hit, stop)
         if line_end < 0:
             line_end = stop
-        yield block[start:line_end]
-
-
-def _cri_message(line: bytes) -> tuple[bytes, bytes, bytes] | None:
-    """``<ts> <stream> <tag> <msg>`` → (stream, tag, msg); None when not CRI."""
-    parts = line.split(b" ", 3)
-    if len(parts) < 3 or parts[1] not in CRI_STREAMS:
-        return None
-    return parts[1], parts[2], parts[3] if len(parts) == 4 else b""
-
-
-@dataclass
-class Partial:
-    """A CRI message being joined from P pieces (per stdout/stderr)."""
-
-    data: bytearray = field(default_factory=bytearray)
-    cut: bool = False
-
-
-def extract_lines(
-    block: bytes,
-    cri: bool,
-    partials: dict[str, Partial],
-    limits: TailLimits,
-    stats: TailStats,
-    stop: int | None = None,
-) -> list[str]:
-    """NCCL-bearing messages of ``block[:stop]`` (complete lines only), decoded.
-
-    ``partials`` carries unfinished CRI ``P`` messages from one call to the next.
-
-    The fast path touches only lines that contain ``NCCL`` (C-level ``find`` over the whole
-    chunk). It gives way to the line-by-line path when a CRI message may be in pieces: a
-    ``P`` piece is pending from the last chunk, or `` P `` occurs in the chunk at all (one
-    C-level scan; a false hit in message text only costs the slower path). Runtimes split
-    a line anywhere (CRI-O at its read-buffer boundaries), even inside ``NCCL``.
-    """
-    stop = len(block) if stop is None else stop
-    pieces_possible = cri and (
-        any(p.data or p.cut for p in partials.values()) or PARTIAL_TAG_SEARCH.search(block, 0, stop) is not None
-    )
-    if not pieces_possible:
-        return _extract_whole_lines(block, stop, cri, limits, stats)
-    return _extract_joining_partials(block, stop, partials, limits, stats)
-
-
-def _extract_whole_lines(block: bytes, stop: int, cri: bool, limits: TailLimits, stats: TailStats) -> list[str]:
-    """The fast path of ``extract_lines``: every line is a whole message."""
-    out: list[str] = []
-    max_line = limits.max_line_bytes
-    malformed = 0
-    for line in _lines_with_needle(block, stop):
-        message = line
+        end = line_end
+        if block[end - 1] == 13:  # a CR before the newline belongs to the line end
+            end = start + len(block[start:end].rstrip(b"\r"))
         if cri:
-            parsed = _cri_message(line)
-            if parsed is None:
+            record = match_record(block, start, end)
+            if record is None:
                 malformed += 1
             else:
-                message = parsed[2]
-        out.append(_cut(message, max_line, stats).decode("utf-8", "replace").rstrip("\r"))
+                start = record.end()
+                if hit < start and find(NEEDLE, start, end) < 0:
+                    continue  # NCCL only in the record's framing
+        if end - start > max_line:
+            if find(NEEDLE, start, start + max_line) < 0:
+                continue  # NCCL only beyond the cap
+            stats.event("long_line")
+            stats.skip("long_line", end - start - max_line)
+            end = start + max_line
+        out.append(block[start:end].decode("utf-8", "replace"))
     if malformed:
         stats.event("malformed_cri", malformed)
     return out
 
 
-def _extract_joining_partials(
-    block: bytes, stop: int, partials: dict[str, Partial], limits: TailLimits, stats: TailStats
+def _extract_joining_pieces(
+    block: bytes, stop: int, joiner: CriJoiner[bytes], limits: TailLimits, stats: TailStats
 ) -> list[str]:
-    """Line by line, joining CRI ``P`` pieces with their ``F`` end."""
+    """Record by record, ``P`` pieces joined with their ``F`` end by ``joiner``."""
     out: list[str] = []
     max_line = limits.max_line_bytes
+    partials = joiner.partials  # an entry per stream whose line is in pieces
+    read = joiner.read
     for line in block[:stop].split(b"\n"):
+        if not partials and NEEDLE not in line and b" P" not in line:
+            continue  # no line in pieces, no P tag, no NCCL: nothing to join, nothing to hand on
+        line = line.rstrip(b"\r")
         if not line:
             continue
-        parsed = _cri_message(line)
-        if parsed is None:
+        record = read(line)
+        if record is None:  # not a record: taken whole
+            if NEEDLE not in line:
+                continue
             stats.event("malformed_cri")
-            if NEEDLE in line:
-                out.append(_cut(line, max_line, stats).decode("utf-8", "replace"))
-            continue
-        stream_name, tag, message = parsed
-        partial = partials.setdefault(stream_name.decode(), Partial())
-        if tag == b"P":
-            room = max_line - len(partial.data)
-            if len(message) > room:  # counted as one long line when the F piece comes
-                partial.data += message[: max(room, 0)]
-                partial.cut = True
-                stats.skip("long_line", len(message) - max(room, 0))
-            else:
-                partial.data += message
-            continue
-        if partial.data or partial.cut:
-            joined = bytes(partial.data) + message
-            partial.data.clear()
-            partial.cut = False
-            message = joined
-        if NEEDLE in message:
-            out.append(_cut(message, max_line, stats).decode("utf-8", "replace").rstrip("\r"))
+            record = line[:max_line], max(0, len(line) - max_line), len(line) > max_line
+        whole, dropped, cut = record
+        if whole is None:
+            if dropped:
+                stats.skip("long_line", dropped)  # of a piece, beyond the cap
+        elif NEEDLE in whole:
+            if cut:
+                stats.event("long_line")
+                stats.skip("long_line", dropped)
+            out.append(whole.decode("utf-8", "replace"))
     return out

@@ -8,6 +8,7 @@ import logging
 import zlib
 
 from exporter.sources.podlogs.compressed import Compressed
+from exporter.sources.podlogs.cri import CriJoiner
 from exporter.sources.podlogs.extract import extract_lines
 from exporter.sources.podlogs.files import ROTATED_QUIET_SECONDS, File, read_at
 from exporter.sources.podlogs.limits import TailBatch, TailLimits, TailStats
@@ -61,7 +62,8 @@ class StreamReader:
                 used += len(data)
                 end = data.rfind(b"\n")
                 if end >= 0:
-                    replay += extract_lines(data[: end + 1], stream.cri, {}, self.limits, scratch)
+                    pieces = CriJoiner(self.limits.max_line_bytes)  # a replay joins within a file
+                    replay += extract_lines(data[: end + 1], stream.cri, pieces, self.limits, scratch)
             if replay:
                 batch.replayed[stream.key] = replay
             return used
@@ -76,8 +78,8 @@ class StreamReader:
         self.stats.bytes_read[stream.key.source] += used
         end = data.rfind(b"\n")
         if end >= 0:
-            self._deliver(stream, extract_lines(data[: end + 1], stream.cri, stream.partials, self.limits, self.stats), batch)
-        stream.partials.clear()
+            self._deliver(stream, extract_lines(data[: end + 1], stream.cri, stream.joiner, self.limits, self.stats), batch)
+        stream.joiner.partials.clear()
         for tracked in ordered:
             skipped_from = (end + 1) if tracked is head and end >= 0 else 0
             self.stats.skip("initial_cap", tracked.size - skipped_from)
@@ -160,7 +162,7 @@ class StreamReader:
             if len(data) - start >= self.limits.max_line_bytes:
                 return start + self._drop_fragment(tracked, len(data) - start)
             return start
-        lines = extract_lines(data if start == 0 else data[start:], stream.cri, stream.partials, self.limits,
+        lines = extract_lines(data if start == 0 else data[start:], stream.cri, stream.joiner, self.limits,
                               self.stats, stop=end + 1 - start)
         self._deliver(stream, lines, batch)
         return end + 1

@@ -51,7 +51,7 @@ class FileSync:
                 tracked.offset = tracked.read_to = 0
                 tracked.skipping, tracked.head_len, tracked.head_crc = False, 0, 0
                 if identity not in copies:
-                    stream.partials.clear()  # else an unfinished message goes on in the copy
+                    stream.joiner.partials.clear()  # else an unfinished message goes on in the copy
                     # A debug file is rewritten by a new process; a pod log (copytruncate) goes on.
                     if stream.key not in batch.restarted and stream.key.source == SOURCE_DEBUG_FILE:
                         batch.restarted.append(stream.key)

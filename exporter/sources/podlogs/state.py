@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from exporter.sources.podlogs.compressed import find_compressed
-from exporter.sources.podlogs.extract import CRI_STREAM_NAMES, Partial
+from exporter.sources.podlogs.cri import STREAMS, Partial
 from exporter.sources.podlogs.files import HEAD_BYTES, File, head_checksum
 from exporter.sources.podlogs.layout import StreamKey
 from exporter.sources.podlogs.limits import TailLimits, TailStats
@@ -57,15 +57,15 @@ class SavedFile:
         return cls(Path(path).name, (dev, ino), offset, head_len, head_crc, skipping)
 
 
-def saved_partials(raw: object, max_line: int) -> dict[str, Partial] | None:
+def saved_partials(raw: object, max_line: int) -> dict[str, Partial[bytes]] | None:
     """Unfinished CRI messages of the state file, checked; None when malformed."""
     if raw is None:
         return {}
     if not isinstance(raw, dict):
         return None
-    partials: dict[str, Partial] = {}
+    partials: dict[str, Partial[bytes]] = {}
     for name, value in raw.items():
-        if name not in CRI_STREAM_NAMES or not isinstance(value, dict):
+        if name not in STREAMS or not isinstance(value, dict):
             return None
         data, cut = value.get("data"), value.get("cut", False)
         if not isinstance(data, str) or not isinstance(cut, bool):
@@ -74,7 +74,8 @@ def saved_partials(raw: object, max_line: int) -> dict[str, Partial] | None:
             decoded = base64.b64decode(data, validate=True)
         except (binascii.Error, ValueError):
             return None
-        partials[name] = Partial(bytearray(decoded[:max_line]), cut)
+        kept = decoded[:max_line]
+        partials[name] = Partial([kept], len(kept), cut)
     return partials
 
 
@@ -119,9 +120,9 @@ class TailState:
             entries[key.text()] = {
                 "files": [f.to_state(root) for f in [*stream.compressed, *stream.ordered()]],
                 "partials": {
-                    name: {"data": base64.b64encode(bytes(p.data)).decode(), "cut": p.cut}
-                    for name, p in stream.partials.items()
-                    if p.data or p.cut
+                    name: {"data": base64.b64encode(p.joined()).decode(), "cut": p.cut}
+                    for name, p in stream.joiner.partials.items()
+                    if p.size or p.cut
                 },
                 "note": (notes or {}).get(key),
             }
@@ -191,4 +192,4 @@ class TailState:
         if partials is None:
             self.stats.event("state_invalid")
         else:
-            stream.partials = partials
+            stream.joiner.partials = partials

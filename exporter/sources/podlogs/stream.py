@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from exporter.sources.podlogs.compressed import Compressed
-from exporter.sources.podlogs.extract import Partial
+from exporter.sources.podlogs.cri import CriJoiner
 from exporter.sources.podlogs.files import File
 from exporter.sources.podlogs.layout import StreamKey
 
@@ -19,10 +19,10 @@ class Stream:
     key: StreamKey
     root: Path
     cri: bool
+    joiner: CriJoiner[bytes]  # a CRI line in pieces, per stdout/stderr
     files: dict[tuple[int, int], File] = field(default_factory=dict)
     # Compressed rotations being read, oldest first; read before ``files``.
     compressed: list[Compressed] = field(default_factory=list)
-    partials: dict[str, Partial] = field(default_factory=dict)
     bootstrapped: bool = False
     resumed: bool = False  # restored from saved state: replay the head, then go on
     # .gz names of the stream already accounted for (history, or found and handled)

@@ -9,6 +9,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 
+from exporter.sources.podlogs.cri import CriJoiner
 from exporter.sources.podlogs.files import File
 from exporter.sources.podlogs.layout import SOURCE_DEBUG_FILE, SOURCE_POD_LOG, SOURCES, PodKnown, StreamKey
 from exporter.sources.podlogs.limits import TailBatch, TailLimits, TailStats
@@ -160,7 +161,8 @@ class PodLogTailer:
                      batch: TailBatch) -> Stream:
         root = resolved(self.pod_logs if key.source == SOURCE_POD_LOG else self.debug_files)
         assert root is not None
-        stream = Stream(key=key, root=root, cri=key.source == SOURCE_POD_LOG)
+        stream = Stream(key=key, root=root, cri=key.source == SOURCE_POD_LOG,
+                        joiner=CriJoiner(self.limits.max_line_bytes))
         saved = self._saved.pop(key.text(), None)
         note = None
         if saved is not None:
