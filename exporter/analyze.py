@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import BinaryIO, TextIO
 
 from exporter.nccl import LogAnalyzer, Verdict
-from exporter.nccl.cri import CriJoiner
+from exporter.sources.podlogs.cri import CriJoiner
 from exporter.nccl.verdict import transport_key
 
 EXIT_OK = 0

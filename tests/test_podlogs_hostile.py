@@ -4,10 +4,13 @@ line, no symlinks followed, folders bound to the pods of this node, crowded fold
 from __future__ import annotations
 
 import os
+import re
+import time
 from pathlib import Path
 
 import pytest
 
+from bench.hostile_parse import hostile_lines
 from exporter.sources import podlogs
 from exporter.sources.kube import PodMetadata
 from exporter.sources.podlogs import (
@@ -17,9 +20,13 @@ from exporter.sources.podlogs import (
     StreamKey,
     TailBatch,
     TailLimits,
+    TailStats,
+    extract_lines,
     parse_debug_folder,
     pod_known_on_node,
 )
+from exporter.sources.podlogs.cri import CRI_RE_BYTES, PARTIAL_TAG_SEARCH, CriJoiner
+from tests.nccl.test_hostile_lines import PER_LINE_SECONDS
 from tests.test_podlogs import UID, all_lines, append, container_dir, cri, drain, nccl
 
 OTHER_UID = "99999999-8888-7777-6666-555544443333"
@@ -362,3 +369,46 @@ def test_a_deep_and_wide_debug_folder_costs_a_bounded_listing(tmp_path: Path) ->
     assert tailer.stats.events["folder_cap"] >= 1
     listed = sum(len(listing.entries) for _, _, listing in tailer._folders._entries.values())
     assert listed <= 40 + 2 + 40  # the pod folder's budget, the root, and one cut listing's room
+
+
+def cri_hostile_lines() -> list[tuple[str, bytes]]:
+    """The parser's hostile lines, and lines made of CRI framing itself, as bytes."""
+    own = [("timestamps with no space", "2026-03-01T" * 6000),
+           ("record headers end to end", "2026-03-01T10:00:00Z stdout P:" * 2200),
+           ("record headers on lines of their own", "2026-03-01T00:00:00Z\n" * 3200)]
+    return [(label, line.encode()) for label, line in [*hostile_lines(), *own]]
+
+
+TAILER_PATTERNS = {"CRI_RE_BYTES": CRI_RE_BYTES, "PARTIAL_TAG_SEARCH": PARTIAL_TAG_SEARCH,
+                   "NEEDLE_SEARCH": podlogs.NEEDLE_SEARCH}
+
+
+@pytest.mark.parametrize(("name", "pattern"), TAILER_PATTERNS.items(), ids=list(TAILER_PATTERNS))
+def test_every_pattern_the_tailer_applies_to_bytes_is_linear(name: str, pattern: re.Pattern[bytes]) -> None:
+    """What ``tests/nccl/test_hostile_lines.py`` asks of the text patterns (same bound)."""
+    worst, worst_line = 0.0, ""
+    for label, line in cri_hostile_lines():
+        started = time.perf_counter()
+        pattern.search(line)
+        pattern.match(line)
+        for _ in zip(range(64), pattern.finditer(line)):
+            pass
+        took = time.perf_counter() - started
+        if took > worst:
+            worst, worst_line = took, label
+    assert worst < PER_LINE_SECONDS, f"{name} took {worst:.2f} s on {worst_line}"
+
+
+@pytest.mark.parametrize("path", ["fast", "joining"])
+def test_extracting_lines_is_linear_on_hostile_lines(path: str) -> None:
+    """Both paths of the tailer through a chunk, on hostile lines framed as CRI records."""
+    limits = TailLimits()
+    worst, worst_line = 0.0, ""
+    for label, line in cri_hostile_lines():
+        block = b"2026-03-01T10:00:00Z stdout " + (b"P " if path == "joining" else b"F ") + line + b"\n"
+        started = time.perf_counter()
+        extract_lines(block, True, CriJoiner(limits.max_line_bytes), limits, TailStats())
+        took = time.perf_counter() - started
+        if took > worst:
+            worst, worst_line = took, label
+    assert worst < PER_LINE_SECONDS, f"the {path} path took {worst:.2f} s on {worst_line}"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from exporter.nccl.cri import CriJoiner
+from exporter.sources.podlogs.cri import CriJoiner
 
 
 def test_full_records_and_plain_lines() -> None:

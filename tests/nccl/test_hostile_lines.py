@@ -19,8 +19,9 @@ from collections.abc import Callable
 import pytest
 
 from devtools.hostile_lines import hostile_lines
-from exporter.nccl import LogAnalyzer, cri
+from exporter.nccl import LogAnalyzer
 from exporter.nccl import grammar as g
+from exporter.sources.podlogs import cri
 
 PER_LINE_SECONDS = 0.25
 

@@ -1,0 +1,196 @@
+"""``PodLogTailer``: one bounded round per ``poll`` (scan, follow the files, read on fairly),
+offsets saved by ``save_state``; see the package docstring."""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from pathlib import Path
+
+from exporter.sources.podlogs.cri import CriJoiner
+from exporter.sources.podlogs.files import File
+from exporter.sources.podlogs.layout import SOURCE_DEBUG_FILE, SOURCE_POD_LOG, SOURCES, PodKnown, StreamKey
+from exporter.sources.podlogs.limits import TailBatch, TailLimits, TailStats
+from exporter.sources.podlogs.reading import StreamReader
+from exporter.sources.podlogs.rotation import FileSync
+from exporter.sources.podlogs.scan import Candidate, FolderCache, Scanner, resolved
+from exporter.sources.podlogs.state import TailState
+from exporter.sources.podlogs.stream import Stream
+
+
+class PodLogTailer:
+    """Incremental reader of pod logs and NCCL debug files; see the package docstring."""
+
+    def __init__(
+        self,
+        pod_logs: Path | None,
+        debug_files: Path | None,
+        state_dir: Path | None = None,
+        limits: TailLimits | None = None,
+        *,
+        pod_known: PodKnown | None = None,
+    ) -> None:
+        self.pod_logs = pod_logs
+        self.debug_files = debug_files
+        self.state_dir = state_dir
+        self.limits = limits or TailLimits()
+        self.pod_known = pod_known
+        self.stats = TailStats()
+        self._streams: dict[StreamKey, Stream] = {}
+        self._folders = FolderCache(self.limits)
+        self._scanner = Scanner(pod_logs, debug_files, self.limits, self.stats, pod_known, self._folders)
+        self._state = TailState(state_dir, self.limits, self.stats)
+        self._file_sync = FileSync(self.limits, self.stats, self._compressed_readers)
+        self._reader = StreamReader(self.limits, self.stats)
+        self._first_scan = True
+        self._saved = self._state.load()
+        self._cursor: dict[str, StreamKey] = {}  # per source: the stream the next poll starts with
+        self._evicted: OrderedDict[StreamKey, list[File]] = OrderedDict()
+
+    def save_state(self, notes: Mapping[StreamKey, dict] | None = None) -> bool:
+        """Write offsets, partial messages and ``notes`` atomically; False if it failed."""
+        return self._state.save(self._streams, notes)
+
+    def _select_streams(self, found: list[Candidate], batch: TailBatch) -> dict[StreamKey, list[Candidate]]:
+        """Group candidates by stream and apply the per-pod and per-source stream caps."""
+        by_stream: dict[StreamKey, list[Candidate]] = {}
+        for cand in found:
+            by_stream.setdefault(cand.key, []).append(cand)
+        newest = {key: max(c.mtime for c in cands) for key, cands in by_stream.items()}
+        by_pod: dict[tuple[str, str, str], list[StreamKey]] = {}
+        for key in by_stream:
+            by_pod.setdefault((key.source, key.namespace, key.pod), []).append(key)
+        by_source: dict[str, list[StreamKey]] = {source: [] for source in SOURCES}
+        for (source, _, _), keys in by_pod.items():
+            keys.sort(key=lambda k: (-newest[k], k))
+            by_source[source].extend(keys[: self.limits.max_streams_per_pod])
+        kept: list[StreamKey] = []
+        for keys in by_source.values():
+            keys.sort(key=lambda k: (-newest[k], k))
+            kept.extend(keys[: self.limits.max_streams])
+        kept_set = set(kept)
+        for key in by_stream:
+            if key not in kept_set and key in self._streams:
+                stream = self._streams.pop(key)
+                self.stats.event("stream_evicted")
+                batch.removed.append(key)
+                for comp in stream.compressed:  # not remembered: inflating again is not worth it
+                    self.stats.skip("stream_evicted", comp.left())
+                self._evicted[key] = list(stream.files.values())
+                while len(self._evicted) > len(SOURCES) * self.limits.max_streams:
+                    self._evicted.popitem(last=False)
+        return {key: by_stream[key] for key in kept}
+
+    # -- polling ---------------------------------------------------------------------
+
+    def poll(self) -> TailBatch:
+        """One bounded round: scan, follow renames/truncations, read new complete lines."""
+        now = time.time()
+        batch = TailBatch()
+        scan = self._scanner.scan(now)
+        selected = self._select_streams(scan.found, batch)
+        first_scan = self._first_scan
+        self._first_scan = False
+
+        for key in [k for k in self._streams if k not in selected]:
+            stream = self._streams.pop(key)
+            refused = (key.source, key.namespace, key.pod, key.pod_uid) in scan.refused
+            self.stats.skip("pod_not_on_node" if refused else "vanished", stream.unread())
+            batch.removed.append(key)
+
+        by_source: dict[str, list[Stream]] = {source: [] for source in SOURCES}
+        for key in sorted(selected):
+            gz_names = scan.compressed.get(key, [])
+            stream = self._streams.get(key)
+            if stream is None:
+                stream = self._open_stream(key, selected[key], gz_names, first_scan, batch)
+                self._streams[key] = stream
+            self._file_sync.sync(stream, selected[key], gz_names, batch)
+            by_source[key.source].append(stream)
+
+        # Pod logs first; debug files keep their share (at most half the tick) while they
+        # have bytes waiting, and each source may take what the other leaves.
+        debug_waiting = sum(s.waiting(now) for s in by_source[SOURCE_DEBUG_FILE])
+        reserved = min(self.limits.debug_file_tick_bytes, self.limits.tick_bytes // 2, debug_waiting)
+        pod_budget = self.limits.tick_bytes - reserved
+        used = self._serve(SOURCE_POD_LOG, by_source[SOURCE_POD_LOG], pod_budget, first_scan, batch, now)
+        debug_budget = self.limits.tick_bytes - used
+        self._serve(SOURCE_DEBUG_FILE, by_source[SOURCE_DEBUG_FILE], debug_budget, first_scan, batch, now)
+
+        self.stats.backlog_bytes = sum(s.waiting(now) for s in self._streams.values())
+        self.stats.streams = len(self._streams)
+        files = {source: 0 for source in SOURCES}
+        for stream in self._streams.values():
+            files[stream.key.source] += len(stream.files)
+        self.stats.files = files
+        return batch
+
+    def _serve(self, source: str, streams: list[Stream], budget: int, first_scan: bool, batch: TailBatch,
+               now: float) -> int:
+        """Turns of one source's streams (sorted by key) within ``budget``; bytes read.
+
+        Round-robin from the stream the last poll stopped at; each turn is a fair share of
+        what is left (at least a line, at most a chunk), and rounds go on while budget is
+        left, so one busy stream may use what the others do not need.
+        """
+        given = budget
+        active = [s for s in streams if s.waiting(now)]
+        if not active or budget <= 0:
+            return 0
+        cursor = self._cursor.get(source)
+        if cursor is not None:
+            start = bisect.bisect_left([s.key for s in active], cursor) % len(active)
+            active = active[start:] + active[:start]
+        while active:
+            share = min(self.limits.file_chunk_bytes, max(budget // len(active), self.limits.max_line_bytes))
+            again: list[Stream] = []
+            for stream in active:
+                if budget <= 0:
+                    self._cursor[source] = stream.key
+                    return given - budget
+                used = self._reader.turn(stream, min(share, budget), first_scan, batch, now)
+                budget -= used
+                if used > 0 and stream.waiting(now):
+                    again.append(stream)
+            active = again
+        return given - budget
+
+    def _open_stream(self, key: StreamKey, cands: list[Candidate], gz_names: list[str], first_scan: bool,
+                     batch: TailBatch) -> Stream:
+        root = resolved(self.pod_logs if key.source == SOURCE_POD_LOG else self.debug_files)
+        assert root is not None
+        stream = Stream(key=key, root=root, cri=key.source == SOURCE_POD_LOG,
+                        joiner=CriJoiner(self.limits.max_line_bytes))
+        saved = self._saved.pop(key.text(), None)
+        note = None
+        if saved is not None:
+            note = saved.get("note") if isinstance(saved.get("note"), dict) else None
+            self._state.restore(stream, saved, cands, gz_names)
+            stream.resumed = True
+        batch.opened[key] = note
+        remembered = self._evicted.pop(key, None)
+        # A stream that appears while running is read whole, its compressed rotations too;
+        # otherwise .gz files already there are history.
+        appeared = not first_scan and saved is None and remembered is None
+        stream.gz_known = set() if appeared else set(gz_names) | stream.gz_known
+        if remembered is not None:
+            # Dropped by a cap earlier in this run: resume where it was and replay its head,
+            # like a stream restored from saved state.
+            current = {(c.dev, c.ino): c for c in cands}
+            for tracked in remembered:
+                cand = current.get(tracked.identity)
+                if cand is not None:
+                    tracked.path, tracked.order = cand.path, cand.order
+                    stream.files[tracked.identity] = tracked
+            stream.resumed = True
+            return stream
+        # Streams found at the first scan without saved state are bootstrapped with the cap;
+        # restored ones replay their head; later ones are simply read from byte 0.
+        stream.bootstrapped = appeared
+        return stream
+
+
+    def _compressed_readers(self) -> int:
+        return sum(len(s.compressed) for s in self._streams.values())
