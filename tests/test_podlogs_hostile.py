@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.hostile_parse import hostile_lines
+from devtools.hostile_lines import hostile_lines
 from exporter.sources import podlogs
 from exporter.sources.kube import PodMetadata
 from exporter.sources.podlogs import (
