@@ -19,7 +19,7 @@ from collections.abc import Callable
 import pytest
 
 from bench.hostile_parse import hostile_lines
-from exporter.nccl import LogAnalyzer, cri
+from exporter.nccl import LogAnalyzer, cri, records
 from exporter.nccl import grammar as g
 
 PER_LINE_SECONDS = 0.25
@@ -28,6 +28,7 @@ PER_LINE_SECONDS = 0.25
 def patterns() -> list[tuple[str, re.Pattern[str]]]:
     """Every compiled pattern of the grammar and of the CRI reader: all see untrusted text."""
     found = [(f"grammar.{name}", value) for name, value in vars(g).items() if isinstance(value, re.Pattern)]
+    found += [(f"records.{name}", value) for name, value in vars(records).items() if isinstance(value, re.Pattern)]
     found += [(f"cri.{name}", value) for name, value in vars(cri).items() if isinstance(value, re.Pattern)]
     return [(name, p) for name, p in found if isinstance(p.pattern, str)]
 
