@@ -25,8 +25,8 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from exporter.collectors.base import CollectorSpec, CollectorUnavailable
 from exporter.config import ServeConfig
 from exporter.nccl import Limits, LogAnalyzer, Verdict
+from exporter.nccl.decision import with_node_context
 from exporter.nccl.networks import RDMA, expected_network_class
-from exporter.nccl.verdict import with_node_context
 from exporter.sources.gpu_inventory import GpuInventory, GpuInventorySource
 from exporter.sources.kube import NoPodMetadata, PodMetadata, PodMetadataSource
 from exporter.sources.podlogs import SOURCE_POD_LOG, PodLogTailer, StreamKey, TailLimits
