@@ -26,7 +26,7 @@ from exporter.collectors.base import CollectorSpec, CollectorUnavailable
 from exporter.config import ServeConfig
 from exporter.nccl import Limits, LogAnalyzer, Verdict
 from exporter.nccl.decision import with_node_context
-from exporter.nccl.networks import RDMA, expected_network_class
+from exporter.nccl.networks import expected_network_class
 from exporter.sources.gpu_inventory import GpuInventory, GpuInventorySource
 from exporter.sources.kube import NoPodMetadata, PodMetadata, PodMetadataSource
 from exporter.sources.podlogs import SOURCE_POD_LOG, PodLogTailer, StreamKey, TailLimits
@@ -35,7 +35,6 @@ from exporter.sources.rdma import RdmaReading, read_rdma
 log = logging.getLogger(__name__)
 
 ACTIVE_PORT_STATES = (4, 5)  # ACTIVE, ACTIVE_DEFER
-RDMA_TRANSPORTS = ("net_ib", "net_plugin", "collnet")
 GDR_LABELS = {"1": "true", "0": "false"}  # the parser's transport-key gdr field → label
 NOTE_WARNINGS = "warnings"
 NOTE_DROPPED = "dropped"
@@ -423,9 +422,7 @@ class NcclCollector:
                 for (transport, scope, gdr), count in comm.transports.items():
                     slot = (comm_id, _label(transport), _label(scope) or "unknown", GDR_LABELS.get(gdr, "unknown"))
                     connections[slot] = connections.get(slot, 0) + int(count)
-                    rdma_net = transport == "net_ib" or (transport in RDMA_TRANSPORTS and comm.network_class == RDMA)
-                    if rdma_net and scope == "inter_node" and gdr == "0":
-                        gdr_disabled = True
+                gdr_disabled = gdr_disabled or comm.gdr_disabled
         return PodReport(
             namespace=pod.namespace,
             pod=pod.pod,

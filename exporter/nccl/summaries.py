@@ -159,6 +159,7 @@ def _conclude(key: str, comm: Communicator | None, conns: list[Connection], span
         gdr=_gdr(tally.rdma_gdr, network.cls, span.processes),
         inter_node_tcp=inter_node_tcp,
         network_class=network.cls,
+        gdr_disabled=_gdr_disabled(tally.transports, network.cls),
     )
     return CommFacts(summary, [reason] if reason else [], multi)
 
@@ -274,6 +275,16 @@ def _gdr(rdma_gdr: set[bool], cls: str | None, processes: list[Process]) -> bool
     if not flags:
         return None
     return "mixed" if len(flags) > 1 else next(iter(flags))
+
+
+def _gdr_disabled(transports: Counter[tuple[str, str, str]], cls: str | None) -> bool:
+    """An inter-node connection runs on an RDMA-class network without GPUDirect RDMA: a NET/IB line,
+    or a net plugin or CollNet line when the communicator's network is RDMA-class."""
+    return any(
+        scope == INTER and gdr == "0"
+        and (transport == "net_ib" or (cls == RDMA and transport in ("net_plugin", "collnet")))
+        for transport, scope, gdr in transports
+    )
 
 
 def _version(processes: list[Process], log_version: str | None) -> str | None:

@@ -36,6 +36,9 @@ class CommunicatorSummary:
     inter_node_tcp: bool | None
     # "rdma", "tcp" or None: the network's class by the table, or by aws-ofi-nccl's provider
     network_class: str | None = None
+    # An inter-node connection runs on an RDMA-class network without GPUDirect RDMA (NET/IB, or a
+    # net plugin or CollNet when the network is RDMA-class): ccl_nccl_gdr_disabled. Not in to_json.
+    gdr_disabled: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
