@@ -26,8 +26,8 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from exporter.collectors.base import CollectorSpec, CollectorUnavailable
 from exporter.flags import Flag
 from exporter.nccl import Limits, LogAnalyzer, Verdict
-from exporter.nccl.networks import RDMA, expected_network_class
-from exporter.nccl.verdict import with_node_context
+from exporter.nccl.decision import with_node_context
+from exporter.nccl.networks import expected_network_class
 from exporter.resources import NodeResources
 from exporter.sources.gpu_inventory import GpuInventory, GpuInventorySource
 from exporter.sources.kube import NoPodMetadata, PodMetadata, PodMetadataSource
@@ -38,7 +38,6 @@ log = logging.getLogger(__name__)
 
 ACTIVE_PORT_STATES = (4, 5)  # ACTIVE, ACTIVE_DEFER
 DEFAULT_GRACE_SECONDS = 300.0
-RDMA_TRANSPORTS = ("net_ib", "net_plugin", "collnet")
 GDR_LABELS = {"1": "true", "0": "false"}  # the parser's transport-key gdr field → label
 NOTE_WARNINGS = "warnings"
 NOTE_DROPPED = "dropped"
@@ -420,9 +419,7 @@ class NcclCollector:
                 for (transport, scope, gdr), count in comm.transports.items():
                     slot = (comm_id, _label(transport), _label(scope) or "unknown", GDR_LABELS.get(gdr, "unknown"))
                     connections[slot] = connections.get(slot, 0) + int(count)
-                    rdma_net = transport == "net_ib" or (transport in RDMA_TRANSPORTS and comm.network_class == RDMA)
-                    if rdma_net and scope == "inter_node" and gdr == "0":
-                        gdr_disabled = True
+                gdr_disabled = gdr_disabled or comm.gdr_disabled
         return PodReport(
             namespace=pod.namespace,
             pod=pod.pod,

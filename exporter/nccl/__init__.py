@@ -8,8 +8,9 @@
 One analyzer follows one log stream (a container's log, or one job's NCCL debug files).
 """
 
-from exporter.nccl.model import LogAnalyzer, Limits
+from exporter.nccl.analyzer import LogAnalyzer
 from exporter.nccl.networks import RDMA, TCP, network_class
+from exporter.nccl.state import Limits
 from exporter.nccl.verdict import CommunicatorSummary, NcclWarning, Verdict
 
 __all__ = ["RDMA", "TCP", "CommunicatorSummary", "Limits", "LogAnalyzer", "NcclWarning", "Verdict", "network_class"]

@@ -1,11 +1,10 @@
 """One NCCL log line → records → typed events.
 
-A physical line may carry wrappers (Open MPI ``[1,26]<stdout>:``, pdsh ``host: ``, a
-launcher's ``[3] ``, leading timestamps and indentation, CloudWatch ``| <time> |`` rows), zero,
-one or several NCCL records (interleaved writers glue records together), or a bare message
-body whose prefix was stripped. :func:`split_records` finds the records, :func:`parse_message`
-turns a message into an event. Nothing here raises on any text; the work per line is bounded
-by the caller's length cap (regexes never search more than a small window backwards).
+:mod:`records` finds the records on a physical line (wrappers, interleaved writers, stripped
+prefixes) and which of them are warnings; :func:`parse_message` here turns a message body into an
+event of :mod:`events`. Nothing here raises on any text; the work per line is bounded by the
+caller's length cap (regexes never search more than a small window backwards). The names of
+both modules are importable from here: ``from exporter.nccl import grammar as g`` reaches all.
 
 Format strings are those of NVIDIA NCCL 2.3 to 2.30 (``src/debug.cc``, ``src/init.cc``,
 ``src/transport/*.cc``, ``src/graph/*.cc``).
@@ -14,202 +13,32 @@ Format strings are those of NVIDIA NCCL 2.3 to 2.30 (``src/debug.cc``, ``src/ini
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
 
-# ---------------------------------------------------------------------------------------------
-# Records: prefix + level + message
-
-
-class Prefix(NamedTuple):
-    """``hostname:pid:tid [cudaDev]`` of an NCCL record (cudaDev is not the rank)."""
-
-    host: str
-    pid: int
-    tid: int
-    cuda_dev: int
-    location: str | None  # ``file:line`` of a WARN/TRACE call site
-
-
-class Record(NamedTuple):
-    prefix: Prefix | None  # None: a bare message body (prefix stripped by whoever shipped the log)
-    level: str | None  # "INFO", "WARN", "TRACE"; None for bare bodies and the bare version line
-    message: str
-
-
-_LEVEL_RE = re.compile(r"NCCL (INFO|WARN|TRACE)(?: |$)")
-_PRE_2_3_LEVEL_RE = re.compile(r"\] (INFO|WARN) ")
-# Matched against the text just before a level marker; anchored at its end.
-_PREFIX_RE = re.compile(
-    r"(?<![^\s:|/\[\]])(?P<host>[^\s:|/\[\]]{1,253}):(?P<pid>\d{1,10}):(?P<tid>\d{1,10}) \[(?P<dev>-?\d{1,6})\] "
-    r"(?:\[Rank \d{1,7}\] )?(?:\d{1,12}\.\d{1,9} )?(?:(?P<loc>\S{1,300}:\d{1,7})(?: \([^)]{0,200}\))? )?$"
+from exporter.nccl.events import (
+    IB_INIT_FAILED, IB_NO_DEVICE, IB_NO_DEVICE_LISTED, IB_NO_INTERFACE, IB_NO_VERBS, IB_ZERO_DEVICES, MAX_NAME_CHARS,
+    OFI_FAMILY, PLUGIN_DISABLED, PLUGIN_FAILED, PLUGIN_IN_USE, PLUGIN_LOADED, AllRanksEvent, BootstrapEvent,
+    ChannelSummaryEvent, CommInitEvent, CommNodesEvent, ConnectionEvent, EnvEvent, Event, GdrEvent, IbDevice,
+    IbDevicesEvent, IbUnavailableEvent, InterfaceEvent, NetworkEvent, OfiProviderEvent, PluginEvent, RankEvent,
+    RingOrderEvent, SocketDevicesEvent, TestRankEvent, VersionEvent,
 )
-_ISO_TIME_RE = re.compile(
-    r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?"
+from exporter.nccl.records import (
+    TRAILER, WARNING_CATEGORIES, Prefix, Record, split_records, strip_ansi, strip_wrappers, warning_category,
 )
-# One wrapper at the start of a bare line; stripped repeatedly.
-_WRAPPER_RE = re.compile(
-    r"\s+"
-    r"|[|\u2502\u2503\u2551]\s?"
-    r"|\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?\s?"
-    r"|\[[^\]]{0,256}\](?:<std(?:out|err)>)?:?\s?"
-    r"|\([^()]{0,200}pid=\d+[^()]{0,200}\)\s?"  # Ray: "(RayTrainWorker pid=285, ip=10.0.0.2) "
-    r"|(?<![\w.-])[A-Za-z0-9][\w.-]{0,253}(?:: (?=\S)|\s+\|\s?)"  # pdsh/srun --label "host: ", compose "svc-1  | "
-)
-_PREFIX_WINDOW = 512
-# Trailing padding and frames: log viewers pad lines to the terminal width and close them with
-# a box-drawing bar (│ ┃ ║); CloudWatch rows end in " |".
-TRAILER = " \t\r\n|\u2502\u2503\u2551"
-# ANSI SGR/CSI sequences (coloured console output, kubectl/k9s/stern colours).
-# The first folded line also carries Ray's explanation after the marker: drop both.
-_RAY_REPEATED_RE = re.compile(r"(?<!\s)\s*\[repeated \d{1,9}x across cluster\].*$")
-_ANSI_RE = re.compile(r"\x1b\[[0-9;?]{0,32}[A-Za-z]|\x1b\][^\x07\x1b]{0,256}(?:\x07|\x1b\\)")
 
-
-def strip_ansi(text: str) -> str:
-    """``text`` without terminal escape sequences (only called when it holds an ESC)."""
-    return _ANSI_RE.sub("", text).replace("\x1b", "")
-
-
-def strip_wrappers(text: str) -> str:
-    """Remove launcher, MPI, pdsh, timestamp and log-shipper wrappers from the start of ``text``."""
-    for _ in range(8):
-        m = _WRAPPER_RE.match(text)
-        if m is None or m.end() == 0:
-            break
-        text = text[m.end():]
-    return text
-
-
-def _match_prefix(window: str) -> re.Match[str] | None:
-    m = _PREFIX_RE.search(window)
-    if m is not None and m.group("host")[0].isdigit() and _ISO_TIME_RE.search(window):
-        # A timestamp glued to the host name ("...-07:00ip-10-0-0-1:79:79 [0]"): drop it.
-        cleaned = _ISO_TIME_RE.sub(" ", window)
-        m2 = _PREFIX_RE.search(cleaned)
-        if m2 is not None:
-            return m2
-    return m
-
-
-def _prefix_before(line: str, start: int, floor: int) -> tuple[Prefix | None, int]:
-    """The prefix ending at ``start`` (searched no further back than ``floor`` or the window)."""
-    window_start = max(floor, start - _PREFIX_WINDOW)
-    m = _match_prefix(line[window_start:start])
-    if m is None:
-        return None, start
-    host, pid, tid, dev, loc = m.group("host", "pid", "tid", "dev", "loc")
-    begin = window_start + m.start()
-    if host[0] == "N" and line[max(0, begin - 2):begin] == "] ":
-        # Two writers interleaved inside "NCCL INFO": "…[1] NCCg183:161260:…" is host g183.
-        cut = next((n for n in (4, 3, 2, 1) if host.startswith("NCCL"[:n])), 0)
-        if 0 < cut < len(host):
-            host = host[cut:]
-    return Prefix(host, int(pid), int(tid), int(dev), loc), begin
-
-
-_PREFIX_CACHE_SIZE = 4096
-
-
-def _cached_prefix(line: str, start: int, prefixes: dict[str, Prefix | None]) -> Prefix | None:
-    """The prefix before the level marker at ``start``, looked up by the text before it (the
-    same few ``host:pid:tid [dev] `` heads repeat on every line of a process)."""
-    head = line[:start]
-    try:
-        return prefixes[head]
-    except KeyError:
-        pass
-    prefix, _ = _prefix_before(line, start, 0)
-    if len(head) <= _PREFIX_WINDOW:  # the prefix depends on nothing else then
-        if len(prefixes) >= _PREFIX_CACHE_SIZE:
-            prefixes.clear()
-        prefixes[head] = prefix
-    return prefix
-
-
-def split_records(line: str, prefixes: dict[str, Prefix | None] | None = None) -> list[Record]:
-    """Every NCCL record on one physical line (already cut to the caller's length cap).
-
-    ``prefixes`` is the caller's cache of parsed prefixes by the text before ``NCCL <LEVEL>``
-    (bounded here); without it every prefix is parsed.
-    """
-    if "\x1b" in line:
-        line = strip_ansi(line)
-    if "across cluster]" in line:  # Ray's log deduplication: "... [repeated 7x across cluster]"
-        line = _RAY_REPEATED_RE.sub("", line)
-    first = _LEVEL_RE.search(line)
-    if first is None:
-        old = _PRE_2_3_LEVEL_RE.search(line)
-        if old is not None:  # NCCL 2.2 and older: "host:pid:tid [dev] INFO message", no "NCCL" word
-            prefix, _ = _prefix_before(line, old.start() + 2, 0)
-            if prefix is not None:
-                return [Record(prefix, old.group(1), line[old.end():].rstrip(TRAILER))]
-        body = strip_wrappers(line).rstrip(TRAILER)
-        return [Record(None, None, body)] if body else []
-    start, end = first.span()
-    if line.find("NCCL ", end) == -1 or _LEVEL_RE.search(line, end) is None:  # the common case: one record
-        if prefixes is None:
-            prefix, _ = _prefix_before(line, start, 0)
-        else:
-            prefix = _cached_prefix(line, start, prefixes)
-        return [Record(prefix, first.group(1), line[end:].rstrip(TRAILER))]
-    found: list[tuple[int, int, Prefix | None, str]] = []  # (record start, message start, prefix, level)
-    previous_end = 0
-    for marker in _LEVEL_RE.finditer(line):
-        prefix, start = _prefix_before(line, marker.start(), previous_end)
-        found.append((start, marker.end(), prefix, marker.group(1)))
-        previous_end = marker.end()
-    records = []
-    for i, (_, msg_start, prefix, level) in enumerate(found):
-        msg_end = found[i + 1][0] if i + 1 < len(found) else len(line)
-        records.append(Record(prefix, level, line[msg_start:msg_end].rstrip(TRAILER)))
-    return records
-
-
-# ---------------------------------------------------------------------------------------------
-# Events
-
-
-class VersionEvent(NamedTuple):
-    version: str  # "2.18.3" (+ suffix such as "a0" kept)
-
-
-class NetworkEvent(NamedTuple):
-    name: str  # as NCCL printed it: "IB", "Socket", "IBext_v8", "AWS Libfabric", ...
-
-
-class IbDevice(NamedTuple):
-    index: int
-    device: str
-    port: int
-    link: str  # "IB", "RoCE", "IB/SHARP", ...
-
-
-class IbDevicesEvent(NamedTuple):
-    devices: tuple[IbDevice, ...]
-    oob_interface: str | None
-    oob_address: str | None
-
-
-# Why NCCL's IB transport is unusable in a process (IbUnavailableEvent.reason).
-IB_NO_DEVICE = "no_device"  # "NET/IB : No device found." (also an IBext plugin's copy of it)
-IB_NO_VERBS = "no_verbs_library"  # "Failed to open libibverbs.so[.1]" (WARN up to 2.10, INFO from 2.11)
-IB_NO_INTERFACE = "no_ip_interface"  # "NET/IB : No IP interface found."
-IB_NO_DEVICE_LISTED = "no_device_listed"  # "NET/IB : Using [RO]; OOB ..." with an empty device list (2.23+)
-IB_INIT_FAILED = "init_failed"  # "Failed to initialize NET plugin IB" (2.27+)
-IB_ZERO_DEVICES = "zero_devices"  # 2.3's "Net/IB: call to devices() returned 0 devices."
-
-
-class IbUnavailableEvent(NamedTuple):
-    """A line saying that NCCL's IB (verbs) transport cannot be used by this process."""
-
-    reason: str
-
-
-# What a net plugin line says of the plugin (PluginEvent.state).
-PLUGIN_LOADED = "loaded"  # "NET/Plugin: Loaded net plugin X (vN)": found, not yet initialised
-PLUGIN_IN_USE = "in_use"  # initialised with devices: "Initialized NET plugin X", a plugin's own init lines
-PLUGIN_FAILED = "failed"  # "Failed to initialize NET plugin X", "NET/OFI No eligible providers were found"
-PLUGIN_DISABLED = "disabled"  # "NET/FastSocket disabled", "NET/GPUDirectTCPX disabled"
+__all__ = [
+    # records
+    "TRAILER", "WARNING_CATEGORIES", "Prefix", "Record", "split_records", "strip_ansi", "strip_wrappers",
+    "warning_category",
+    # events
+    "IB_INIT_FAILED", "IB_NO_DEVICE", "IB_NO_DEVICE_LISTED", "IB_NO_INTERFACE", "IB_NO_VERBS", "IB_ZERO_DEVICES",
+    "MAX_NAME_CHARS", "OFI_FAMILY", "PLUGIN_DISABLED", "PLUGIN_FAILED", "PLUGIN_IN_USE", "PLUGIN_LOADED",
+    "AllRanksEvent", "BootstrapEvent", "ChannelSummaryEvent", "CommInitEvent", "CommNodesEvent", "ConnectionEvent",
+    "EnvEvent", "Event", "GdrEvent", "IbDevice", "IbDevicesEvent", "IbUnavailableEvent", "InterfaceEvent",
+    "NetworkEvent", "OfiProviderEvent", "PluginEvent", "RankEvent", "RingOrderEvent", "SocketDevicesEvent",
+    "TestRankEvent", "VersionEvent",
+    # messages
+    "PLUGIN_PREFIXES", "VERSION_RE", "info_matters", "parse_message",
+]
 
 # Plugins whose own log lines name them (the prefix of their lines): the net name they register.
 PLUGIN_PREFIXES: tuple[tuple[str, str], ...] = (
@@ -217,143 +46,6 @@ PLUGIN_PREFIXES: tuple[tuple[str, str], ...] = (
     ("NET/GPUDirectTCPX", "GPUDirectTCPX"),  # GCP A3 High TCPX plugin (registers GPUDirectTCPX_v7)
     ("NET/FasTrak", "FasTrak"),  # GCP A3 Mega TCPXO plugin
 )
-OFI_FAMILY = "OFI"  # aws-ofi-nccl: lines start "NET/OFI "; registers "AWS Libfabric", "Libfabric" or "OFI"
-
-
-class PluginEvent(NamedTuple):
-    """A line about a net plugin: NCCL's own (``NET/Plugin``, ``Initialized NET plugin X``) or the
-    plugin's (``NET/FastSocket : ...``, ``NET/OFI ...``)."""
-
-    family: str | None  # "FastSocket", "GPUDirectTCPX", "FasTrak", "OFI"; None for NCCL's generic lines
-    name: str | None  # the network name the line gives, if any
-    state: str
-
-
-class OfiProviderEvent(NamedTuple):
-    """aws-ofi-nccl's libfabric provider: ``NET/OFI Selected Provider is efa (found 4 nics)``,
-    ``... Selected provider is tcp;ofi_rxm, fabric is 172.31.0.0/20 (found 1 nics)``."""
-
-    provider: str
-    fabric: str | None
-
-
-class InterfaceEvent(NamedTuple):
-    """2.3's ``NET : Using interface eth0:10.0.0.1<0>`` (one line per interface found)."""
-
-    interface: str
-    address: str
-
-
-class RankEvent(NamedTuple):
-    """A line naming the rank of the process that logs it, without a communicator pointer: 2.3's
-    ``rank R nranks N``, ``Trees [0] 1/-1/-1->R->-1`` (2.4+), ``Ring 00 : P -> R -> N`` (GRAPH)."""
-
-    rank: int
-    nranks: int | None
-
-
-class RingOrderEvent(NamedTuple):
-    """Rank 0's listing of one ring, ``Channel 00/02 :    0   1`` (2.7+) or ``Channel 00 : 0 1``:
-    every rank of the communicator, once."""
-
-    ranks: tuple[int, ...]
-
-
-class AllRanksEvent(NamedTuple):
-    """``nranks N`` alone: ncclCommInitAll (2.3-2.4), one process driving every GPU of the communicator."""
-
-    nranks: int
-
-
-class SocketDevicesEvent(NamedTuple):
-    interfaces: tuple[tuple[str, str], ...]  # (ifname, address)
-
-
-class BootstrapEvent(NamedTuple):
-    interface: str
-    address: str
-
-
-class ConnectionEvent(NamedTuple):
-    """A ``Ring/Channel … via …`` (or ``CollNet … via COLLNET``) line.
-
-    ``kind``: net, p2p, shm or collnet. For NET, ``[send]`` is logged by ``src`` and
-    ``[receive]`` by ``dst``; P2P/SHM lines are logged by ``src``. ``src_id``/``dst_id`` are
-    busIds (2.5–2.18.1) or NVML indexes (2.18.3+); ``ids_are_devices`` is False where they may
-    be CUDA ordinals (2.3–2.4 ``Ring`` lines), which can repeat inside one node.
-    """
-
-    kind: str
-    channel: int
-    conn_index: int
-    src: int
-    dst: int
-    src_id: str | None
-    dst_id: str | None
-    direction: str | None  # "send", "receive" or None
-    network: str | None  # NET/COLLNET name
-    gdr: bool
-    mnnvl: bool  # P2P/MNNVL: NVLink across nodes
-    ids_are_devices: bool
-    via: str  # the transport text after "via "
-
-    @property
-    def logging_rank(self) -> int:
-        return self.dst if self.direction == "receive" else self.src
-
-
-class CommInitEvent(NamedTuple):
-    pointer: str
-    rank: int
-    nranks: int
-    comm_id: str | None  # "0x…" (2.16.2+)
-    # "START", "COMPLETE", None (2.3's bare "comm %p rank %d nranks %d") or "END" (a Destroy or
-    # Abort line: it only tells the communicator's size and the logging rank)
-    phase: str | None
-    gpu_id: str | None = None  # the GPU as channel lines of the same version name it (see below)
-
-
-class CommNodesEvent(NamedTuple):
-    pointer: str
-    rank: int
-    nranks: int
-    nnodes: int
-    local_ranks: int
-    local_rank: int
-    mnnvl: bool
-
-
-class ChannelSummaryEvent(NamedTuple):
-    coll_channels: int
-    collnet_channels: int
-    nvls_channels: int
-
-
-class GdrEvent(NamedTuple):
-    enabled: bool
-    network: str | None  # "NET/<net> : GPU Direct RDMA …" names the net; paths.cc lines do not
-    subject: str
-
-
-class EnvEvent(NamedTuple):
-    variable: str
-    value: str
-
-
-class TestRankEvent(NamedTuple):
-    """nccl-tests' device table: ``#  Rank  8 Group  0 Pid  4567 on node-2 device  0 [0x1b] …``."""
-
-    rank: int
-    pid: int
-    host: str  # cut at the first "." like NCCL's own prefix
-
-
-Event = (
-    VersionEvent | NetworkEvent | IbDevicesEvent | IbUnavailableEvent | SocketDevicesEvent | BootstrapEvent
-    | ConnectionEvent | CommInitEvent | CommNodesEvent | ChannelSummaryEvent | GdrEvent | EnvEvent | TestRankEvent
-    | PluginEvent | OfiProviderEvent | InterfaceEvent | RankEvent | RingOrderEvent | AllRanksEvent
-)
-MAX_NAME_CHARS = 64  # a network, plugin or provider name longer than this is not NCCL's (cut there)
 
 VERSION_RE = re.compile(r"NCCL version (?P<v>\d{1,3}\.\d{1,3}\.\d{1,4})(?P<suffix>[^\s+]{0,16})")
 _USING_NETWORK_RE = re.compile(r"(?:Using (?:network|internal Network)|Assigned NET plugin) (?P<name>.+?)(?: to comm)?$")
@@ -592,28 +284,6 @@ def parse_message(message: str) -> Event | None:
     return None
 
 
-# ---------------------------------------------------------------------------------------------
-# Warnings
-
-# (category, substrings any of which marks it). Checked in order; a fixed vocabulary keeps the
-# ccl_nccl_warnings_total{category} label set bounded.
-_WARNING_CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("ib_library_missing", ("Failed to open libibverbs",)),
-    ("ib_no_device", ("NET/IB : No device found",)),
-    ("net_plugin_failure", ("Failed to initialize any NET plugin", "NET/OFI", "NET/Plugin", "not found.",
-                            "ncclNetPlugin", "nccl_net_ofi", "ib_plugin.c", "p2p_plugin.c")),
-    ("ib_completion_error", ("Got completion",)),
-    ("ib_async_event", ("async event", "async fatal event", "async non-fatal")),
-    ("ib_verbs_error", ("ibv_", "NET/IB")),
-    ("socket_connection_closed", ("Connection closed by remote peer", "Connection reset", "Broken pipe")),
-    ("socket_error", ("socket", "Socket", "connect failed", "Connect to", "bootstrap", "Bootstrap")),
-    ("proxy_error", ("[Service thread]", "[Proxy Service", "proxy", "Proxy")),
-    ("cuda_error", ("Cuda failure", "CUDA", "cuda")),
-    ("timeout", ("timeout", "Timeout", "timed out")),
-)
-WARNING_CATEGORIES: tuple[str, ...] = tuple(c for c, _ in _WARNING_CATEGORIES) + ("other",)
-
-
 def info_matters(message: str) -> bool:
     """False for an INFO message that neither :func:`parse_message` nor :func:`warning_category`
     uses (most INFO lines: tuning, allocations, topology); one substring test per event kind."""
@@ -622,24 +292,3 @@ def info_matters(message: str) -> bool:
             or message.startswith(("NET/", "NET : ", "Trees ", "Channel ", "Ring ", "Failed to open libibverbs", "nranks ",
                                    "rank ", "Net/IB"))
             or " plugin " in message or " NET plugin " in message or " Pid " in message)
-
-
-def warning_category(record: Record) -> str | None:
-    """The category of a record worth counting as a warning, or None.
-
-    Every WARN counts; two INFO lines count too because they explain a missing RDMA path
-    (``Failed to open libibverbs.so`` is INFO from 2.11, ``NET/IB : No device found.`` always).
-    """
-    message = record.message
-    if record.level != "WARN":
-        if message.startswith("Failed to open libibverbs"):
-            return "ib_library_missing"
-        if message.startswith("NET/IB : No device found"):
-            return "ib_no_device"
-        return None
-    location = record.prefix.location if record.prefix and record.prefix.location else ""
-    text = location + " " + message
-    for category, needles in _WARNING_CATEGORIES:
-        if any(n in text for n in needles):
-            return category
-    return "other"

@@ -12,6 +12,7 @@ the bound is two orders of magnitude above that and far below what a quadratic p
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Callable
@@ -19,16 +20,18 @@ from collections.abc import Callable
 import pytest
 
 from devtools.hostile_lines import hostile_lines
-from exporter.nccl import LogAnalyzer
+from exporter.nccl import LogAnalyzer, records
 from exporter.nccl import grammar as g
 from exporter.sources.podlogs import cri
 
 PER_LINE_SECONDS = 0.25
+RETRIES_OVER_THE_BOUND = 3
 
 
 def patterns() -> list[tuple[str, re.Pattern[str]]]:
     """Every compiled pattern of the grammar and of the CRI reader: all see untrusted text."""
     found = [(f"grammar.{name}", value) for name, value in vars(g).items() if isinstance(value, re.Pattern)]
+    found += [(f"records.{name}", value) for name, value in vars(records).items() if isinstance(value, re.Pattern)]
     found += [(f"cri.{name}", value) for name, value in vars(cri).items() if isinstance(value, re.Pattern)]
     return [(name, p) for name, p in found if isinstance(p.pattern, str)]
 
@@ -38,9 +41,13 @@ def slowest(call: Callable[[str], object]) -> tuple[float, str]:
     the bound (a quadratic pattern would otherwise take minutes to prove it)."""
     worst, worst_line = 0.0, ""
     for label, line in hostile_lines():
-        started = time.perf_counter()
-        call(line)
-        took = time.perf_counter() - started
+        took = math.inf
+        for _ in range(RETRIES_OVER_THE_BOUND):  # a busy machine can stall one run; a quadratic line stays slow
+            started = time.perf_counter()
+            call(line)
+            took = min(took, time.perf_counter() - started)
+            if took < PER_LINE_SECONDS:
+                break
         if took > worst:
             worst, worst_line = took, label
             if worst >= PER_LINE_SECONDS:

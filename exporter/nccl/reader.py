@@ -1,21 +1,16 @@
-"""Per-stream state: processes, communicators and connections, built from grammar events.
-
-One :class:`LogAnalyzer` follows one log stream (a container's log, or one or more NCCL debug
-files of one job) in which many processes interleave. Every structure is capped by
-:class:`Limits`; what a cap drops is counted in ``overflow``. Nothing here reads files, looks
-at a clock or keeps module-level state.
+"""From the lines of one log stream to its state: each line is split into records and parsed into
+events (:mod:`grammar`), and each event updates the processes, communicators and connections it
+names (:mod:`state`). ``feed`` never raises; every structure stays within the stream's limits.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass, field
-
 from exporter.nccl import grammar as g
-from exporter.nccl.networks import NO_SELECTION, RDMA, Selection, is_libfabric, network_class
-from exporter.nccl.verdict import NcclWarning, Verdict, connection_class, decide, node_keys, summarize_communicators
+from exporter.nccl.facts import UNATTRIBUTED, Connection, Process, Thread, is_loopback
+from exporter.nccl.networks import RDMA, is_libfabric, network_class
+from exporter.nccl.state import Limits, StreamState, SummarizeEvicted
+from exporter.nccl.verdict import NcclWarning, Verdict
 
-UNATTRIBUTED = "unattributed"
 _MEMO_ENTRIES = 4096  # parsed messages remembered per stream (cleared when full)
 _MEMO_MESSAGE_CHARS = 512  # longer messages are parsed every time
 # What each remembered fact costs, in bytes (CPython 3.11, measured with tracemalloc; the parser
@@ -30,209 +25,16 @@ _BYTES_PER_MEMO_ENTRY = 200  # plus the characters of the remembered message
 _BYTES_PER_PREFIX_ENTRY = 250
 
 
-@dataclass(frozen=True)
-class Limits:
-    """Caps that bound one stream's memory whatever the log holds."""
+class StreamReader(StreamState):
+    """Feeds one stream's lines into its state. ``_cached`` holds the verdict last concluded on the
+    state (see :class:`analyzer.LogAnalyzer`); any line that changes the state drops it."""
 
-    max_line_chars: int = 65536  # text of a line beyond this is ignored (counted as long_lines)
-    max_records_per_line: int = 16  # interleaved records split out of one physical line
-    max_processes: int = 512
-    max_communicators: int = 64  # oldest evicted; its conclusions are kept in a summary
-    max_connections: int = 8192  # distinct connection lines remembered per stream
-    max_ranks: int = 4096  # rank facts per communicator
-    max_pointers: int = 256  # comm pointers remembered per process
-    max_threads: int = 64  # logging threads remembered per process
-    max_env: int = 64  # NCCL_* settings remembered per process
-    max_warnings: int = 32  # warning lines kept as a sample (counts are never capped)
-    max_versions: int = 16
-    max_cited_chars: int = 300  # length of a line quoted in a reason or warning
-
-
-def is_loopback(interface: str, address: str) -> bool:
-    return interface == "lo" or interface.startswith("lo:") or address.startswith("127.") or address in ("::1", "[::1]")
-
-
-class Process:
-    """One NCCL process, identified by ``(hostname, pid)`` from the line prefix."""
-
-    __slots__ = ("key", "host", "address", "oob_address", "network", "network_line", "ib_devices", "ib_line",
-                 "ib_failed", "socket_seen", "threads", "saw_start", "pointers", "env", "version", "gdr_hca",
-                 "ib_datapath_line", "named_comm", "plugin_loaded", "plugin_loaded_line", "plugin_in_use",
-                 "plugin_in_use_line", "ofi_in_use", "plugins_failed", "ofi_provider", "loopback", "loose_ranks")
-
-    def __init__(self, key: tuple[str, int] | None) -> None:
-        self.key = key
-        self.host = key[0] if key else None
-        self.address: str | None = None  # bootstrap address: tells apart nodes sharing a hostname
-        self.oob_address: str | None = None  # NET/IB's OOB address, used where no bootstrap line shows
-        self.network: str | None = None  # last "Using network"
-        self.network_line: str | None = None
-        self.ib_devices: tuple[g.IbDevice, ...] | None = None
-        self.ib_line: str | None = None  # the NET/IB : Using line that listed devices
-        self.ib_failed: str | None = None  # the line showing IB unusable (no device, no libibverbs, ...)
-        self.socket_seen: str | None = None  # the NET/Socket : Using line
-        self.threads: dict[int, Thread] = {}  # by tid: one process may init several ranks on threads
-        self.saw_start = False  # prints "Init START" (2.18.3+): a thread's context opens at START
-        self.pointers: dict[str, str] = {}  # comm pointer -> communicator key
-        self.env: dict[str, str] = {}
-        self.version: str | None = None
-        self.gdr_hca: dict[bool, str] = {}  # GDR enabled/disabled per HCA on an RDMA net -> cited line
-        self.ib_datapath_line: str | None = None  # a NET/IB completion/async WARN: IB carries traffic
-        self.named_comm = False  # logged an init or nNodes line (its pointers may since be evicted)
-        self.plugin_loaded: str | None = None  # "Loaded net plugin X": X
-        self.plugin_loaded_line: str | None = None
-        self.plugin_in_use: str | None = None  # a plugin shown initialised with devices (its net name)
-        self.plugin_in_use_line: str | None = None
-        self.ofi_in_use = False  # aws-ofi-nccl selected a provider (its net name may be unknown)
-        self.plugins_failed: set[str] = set()  # names and families shown failed or disabled (bounded)
-        self.ofi_provider: str | None = None  # aws-ofi-nccl's libfabric provider
-        self.loopback: bool | None = None  # bootstrap/socket interfaces: all loopback (True), any other (False)
-        self.loose_ranks: set[int] = set()  # ranks this process logged outside any known communicator
-
-    def label(self) -> str:
-        return f"{self.key[0]}:{self.key[1]}" if self.key else "(no prefix)"
-
-    def _ib_unusable(self) -> bool:
-        return self.ib_failed is not None or self.env.get("NCCL_IB_DISABLE", "0").strip() not in ("0", "")
-
-    def selected_network(self) -> Selection:
-        """The network this process uses, and the line that says so.
-
-        ``Using network`` (2.6+) or ``Assigned NET plugin`` (2.28+) when printed. Otherwise what the
-        networks' own init lines show. NCCL tries the external plugin, then IB, then Socket, and keeps
-        the first that initialises with devices: a plugin shown initialised (``Initialized NET plugin
-        X``, aws-ofi-nccl's selected provider, FastSocket/TCPX/FasTrak init lines) wins; then Socket
-        when IB is shown unusable; then IB when ``NET/IB : Using`` lists devices (2.4 prints
-        ``NET/Socket : Using`` on every rank even when IB is then selected, so that line alone is not
-        Socket); then a loaded plugin that no line shows failing.
-        """
-        provider = self.ofi_provider
-        if self.network:
-            return Selection(self.network, self.network_line, network_class(self.network, provider))
-        if self.plugin_in_use is not None or self.ofi_in_use:
-            name = self.plugin_in_use
-            line = self.plugin_in_use_line
-            return Selection(name, line, network_class(name, provider))
-        if self._ib_unusable() and self.socket_seen:
-            return Selection("Socket", self.socket_seen, network_class("Socket"))
-        if self.ib_devices:
-            loaded = self.plugin_loaded
-            if loaded and loaded not in self.plugins_failed and network_class(loaded) == RDMA and not is_libfabric(loaded):
-                return Selection(loaded, self.plugin_loaded_line, RDMA)  # an IBext plugin prints NET/IB lines too
-            return Selection("IB", self.ib_line, RDMA)
-        loaded = self.plugin_loaded
-        if loaded and loaded not in self.plugins_failed and not self.socket_seen and not self._ib_unusable():
-            return Selection(loaded, self.plugin_loaded_line, network_class(loaded, provider))
-        if self.ib_datapath_line:
-            return Selection("IB", self.ib_datapath_line, RDMA)
-        return NO_SELECTION
-
-
-class Thread:
-    """What one logging thread is initialising: connection lines carry no communicator."""
-
-    __slots__ = ("context", "pending", "pending_network", "pending_ranks", "inits")
-
-    def __init__(self) -> None:
-        self.context: str | None = None  # communicator whose init (or runtime connect) this thread logs
-        self.pending: list[tuple] = []  # connection keys logged before their communicator is known
-        self.pending_network: str | None = None  # "Using network" not yet tied to a communicator
-        self.pending_ranks: list[tuple[int, int | None]] = []  # (rank, nranks) lines before their init line
-        self.inits = 0  # init lines seen: tells apart identical lines of successive inits
-        # (2.19+ prints it just before Init START; 2.13–2.18.1 before Init COMPLETE)
-
-
-class Communicator:
-    __slots__ = ("key", "comm_id", "nranks", "nnodes", "nnodes_line", "mnnvl", "network", "network_line",
-                 "rank_process", "rank_gpu", "nvls_channels", "connections", "order", "mixed", "pointer_refs")
-
-    def __init__(self, key: str, comm_id: str | None, order: int) -> None:
-        self.key = key
-        self.comm_id = comm_id
-        self.nranks: int | None = None
-        self.nnodes: int | None = None
-        self.nnodes_line: str | None = None
-        self.mnnvl = False
-        self.network: str | None = None  # from "Using network" in this communicator's init
-        self.network_line: str | None = None
-        self.rank_process: dict[int, Process] = {}
-        self.rank_gpu: dict[int, str] = {}  # from init lines, in the channel lines' GPU naming
-        self.nvls_channels: dict[int, int] = {}  # rank -> NVLS channels
-        self.connections: set[tuple] = set()
-        self.order = order
-        self.pointer_refs: set[tuple[Process, str]] = set()  # process.pointers entries naming this key
-        # Several communicators under one key (before commIds, same-size communicators share
-        # "nranks:N"): rank numbers then name different GPUs, so ranks are not placed on nodes.
-        self.mixed = False
-
-
-def cite(record: g.Record, cap: int) -> str:
-    """The record as one log line (wrappers dropped), cut to ``cap`` characters."""
-    text = record.message
-    if record.prefix is not None:
-        p = record.prefix
-        location = f"{p.location} " if p.location else ""
-        text = f"{p.host}:{p.pid}:{p.tid} [{p.cuda_dev}] {location}NCCL {record.level} {text}"
-    return text if len(text) <= cap else text[: cap - 3] + "..."
-
-
-class Connection:
-    __slots__ = ("event", "process", "comm", "record", "cap")
-
-    def __init__(self, event: g.ConnectionEvent, process: Process, comm: str | None, record: g.Record,
-                 cap: int) -> None:
-        self.event = event
-        self.process = process
-        self.comm = comm
-        self.record = record  # cited only when a reason names this line
-        self.cap = cap
-
-    @property
-    def cited(self) -> str:
-        return cite(self.record, self.cap)
-
-
-@dataclass
-class Retired:
-    """What evicted communicators had shown, so eviction never hides a fallback already seen."""
-
-    count: int = 0
-    inter_node_tcp: bool = False
-    inter_node_rdma: bool = False
-    reasons: list[str] = field(default_factory=list)
-
-
-class LogAnalyzer:
-    """Feed lines of one log stream; ask for the verdict at any time.
-
-    ``feed`` never raises; ``result`` is cached until the next line that changes the state.
-    """
-
-    def __init__(self, limits: Limits | None = None) -> None:
-        self.limits = limits or Limits()
-        self.warnings_by_category: dict[str, int] = {}
-        self.overflow: dict[str, int] = {}
-        self.processes: dict[tuple[str, int] | None, Process] = {}
-        self.communicators: dict[str, Communicator] = {}
-        self.connections: dict[tuple, Connection] = {}
-        self.versions: Counter[str] = Counter()
-        self.test_ranks: dict[int, tuple[str, int]] = {}  # nccl-tests device table: rank -> (host, pid)
-        self.test_runs_mixed = False
-        # Ranks logged outside any known communicator (Trees, ring listings, 2.3 rank lines,
-        # ncclCommInitAll), and the communicator size such lines gave: placed when the log names at
-        # most one communicator.
-        self.loose_ranks: dict[int, Process] = {}
-        self.loose_nranks: int | None = None
-        self.loose_mixed = False
-        self.warnings: list[NcclWarning] = []
-        self.retired = Retired()
-        self.lines = 0
-        self._comm_order = 0
+    def __init__(self, limits: Limits, summarize_evicted: SummarizeEvicted) -> None:
+        super().__init__(limits, summarize_evicted)
         self._cached: Verdict | None = None
         self._prefixes: dict[str, g.Prefix | None] = {}  # parsed line prefixes by their text
         self._events: dict[str, g.Event | None] = {}  # parsed messages by their text
         self._memo_chars = 0  # characters of the messages in _events
-        self._nodes: tuple[list[Process], dict[int, object]] | None = None  # see process_nodes()
         self._handlers = {
             g.VersionEvent: self._on_version, g.NetworkEvent: self._on_network, g.IbDevicesEvent: self._on_ib_devices,
             g.IbUnavailableEvent: self._on_ib_unavailable, g.SocketDevicesEvent: self._on_socket_devices,
@@ -252,9 +54,6 @@ class LogAnalyzer:
             self._feed(line)
         except Exception:  # noqa: BLE001 - a parser bug must never take the exporter down
             self._count("internal_errors")
-
-    def _count(self, kind: str, n: int = 1) -> None:
-        self.overflow[kind] = self.overflow.get(kind, 0) + n
 
     def _feed(self, line: str) -> None:
         self.lines += 1
@@ -291,27 +90,6 @@ class LogAnalyzer:
             records = records[: self.limits.max_records_per_line]
         for record in records:
             self._record(record)
-
-    def _process(self, prefix: g.Prefix | None) -> Process:
-        key = (prefix.host, prefix.pid) if prefix else None
-        process = self.processes.get(key)
-        if process is None and prefix is not None:
-            # A record glued to the end of another ("...via NET/Socn1:11:11 [0] NCCL INFO ...")
-            # carries the other's tail in its hostname: match a known process by pid and suffix.
-            for known in self.processes.values():
-                if known.key and known.key[1] == prefix.pid and prefix.host.endswith(known.key[0]):
-                    return known
-        if process is None:
-            if len(self.processes) >= self.limits.max_processes:
-                oldest = next(iter(self.processes))
-                del self.processes[oldest]
-                self._count("processes")
-            process = self.processes[key] = Process(key)
-            self._nodes = None
-        return process
-
-    def _cite(self, record: g.Record) -> str:
-        return cite(record, self.limits.max_cited_chars)
 
     def _parse(self, message: str) -> g.Event | None:
         """``parse_message``, remembered for messages that repeat (every process prints the same
@@ -369,16 +147,7 @@ class LogAnalyzer:
         context = thread.context if thread.context in self.communicators else None
         return (process.key, context or thread.inits, message)
 
-    def _thread(self, process: Process, tid: int) -> Thread:
-        thread = process.threads.get(tid)
-        if thread is None:
-            if len(process.threads) >= self.limits.max_threads:
-                del process.threads[next(iter(process.threads))]
-                self._count("threads")
-            thread = process.threads[tid] = Thread()
-        return thread
-
-    # -- events -----------------------------------------------------------------------------
+    # -- events of a process ----------------------------------------------------------------
 
     def _on_version(self, process: Process, thread: Thread, event: g.VersionEvent, record: g.Record) -> None:
         if event.version in self.versions or len(self.versions) < self.limits.max_versions:
@@ -471,80 +240,7 @@ class LogAnalyzer:
         if event.enabled not in process.gdr_hca:
             process.gdr_hca[event.enabled] = self._cite(record)
 
-    def _communicator(self, key: str, comm_id: str | None) -> Communicator:
-        comm = self.communicators.get(key)
-        if comm is None:
-            if len(self.communicators) >= self.limits.max_communicators:
-                self._evict_oldest_communicator()
-            self._comm_order += 1
-            comm = self.communicators[key] = Communicator(key, comm_id, self._comm_order)
-        return comm
-
-    def _evict_oldest_communicator(self, reason: str = "communicators") -> None:
-        """Drop the oldest communicator, keeping what it showed in ``retired``. Costs its own size:
-        threads still naming it as their context find it gone (every use checks), and the pointers
-        naming it are found through its own references."""
-        oldest_key = next(iter(self.communicators))
-        oldest = self.communicators[oldest_key]
-        decisive = oldest.connections or oldest.nnodes is not None or oldest.network is not None
-        if decisive and self.retired.inter_node_rdma and self._only_rdma_lines(oldest):
-            decisive = False  # it can only tell what is already kept: RDMA carried inter-node traffic
-        for summary, reasons in summarize_communicators(self, only=oldest_key) if decisive else ():
-            if summary.inter_node_tcp is True:
-                self.retired.inter_node_tcp = True
-                if len(self.retired.reasons) < 4:
-                    self.retired.reasons.extend(reasons[:1])
-            elif summary.inter_node_tcp is False and summary.network_class == RDMA:
-                self.retired.inter_node_rdma = True
-        comm = self.communicators.pop(oldest_key)
-        for key in comm.connections:
-            connection = self.connections.pop(key, None)
-            if connection is not None and self.processes.get(connection.process.key) is not connection.process:
-                self._nodes = None  # it held the last reference to a process evicted earlier
-        for process, pointer in comm.pointer_refs:
-            if process.pointers.get(pointer) == oldest_key:
-                del process.pointers[pointer]
-        self.retired.count += 1
-        self._count(reason)
-
-    def _only_rdma_lines(self, comm: Communicator) -> bool:
-        """The communicator shows NET lines and all are on RDMA-class networks (then its network is
-        that one and none of its traffic can be TCP)."""
-        classes = set()
-        for key in comm.connections:
-            connection = self.connections.get(key)
-            if connection is not None and connection.event.kind == "net":
-                classes.add(connection_class(connection))
-        return classes == {RDMA}
-
-    def _point(self, process: Process, pointer: str, comm: Communicator) -> None:
-        """Remember that ``pointer`` of ``process`` names ``comm`` (bounded per process)."""
-        if pointer in process.pointers or len(process.pointers) < self.limits.max_pointers:
-            process.pointers[pointer] = comm.key
-            if len(comm.pointer_refs) < self.limits.max_ranks:
-                comm.pointer_refs.add((process, pointer))
-
-    def process_nodes(self) -> tuple[list[Process], dict[int, object]]:
-        """Every process the state refers to, and ``id(process) -> node key``; recomputed only
-        after a process appears, goes or shows a new address."""
-        if self._nodes is None:
-            seen = {id(p): p for p in self.processes.values()}
-            for c in self.connections.values():
-                seen.setdefault(id(c.process), c.process)
-            for p in self.loose_ranks.values():
-                seen.setdefault(id(p), p)
-            processes = list(seen.values())
-            self._nodes = (processes, node_keys(processes))
-        return self._nodes
-
-    def _add_rank(self, comm: Communicator, rank: int, process: Process) -> None:
-        known = comm.rank_process.get(rank)
-        if known is not None and known.key != process.key:
-            comm.mixed = True  # one rank, two processes: several communicators share this key
-        if known is not None or len(comm.rank_process) < self.limits.max_ranks:
-            comm.rank_process[rank] = process
-        else:
-            self._count("ranks")
+    # -- events of a communicator -----------------------------------------------------------
 
     def _on_comm_init(self, process: Process, thread: Thread, event: g.CommInitEvent, record: g.Record) -> None:
         if event.phase == "END":  # Destroy/Abort: the communicator's size and this rank, nothing else
@@ -602,21 +298,6 @@ class LogAnalyzer:
         if len(thread.pending_ranks) < self.limits.max_pointers:
             thread.pending_ranks.append((event.rank, event.nranks))
 
-    def _loose_rank(self, process: Process, rank: int, nranks: int | None) -> None:
-        if nranks is not None and nranks > rank:
-            self.loose_nranks = max(self.loose_nranks or 0, nranks)
-        known = self.loose_ranks.get(rank)
-        if known is None and len(self.loose_ranks) >= self.limits.max_ranks:
-            self._count("ranks")
-            return
-        if known is not None and known is not process:
-            self.loose_mixed = True  # two processes claim one rank: several communicators' lines
-        if known is None:
-            self._nodes = None
-        self.loose_ranks[rank] = process
-        if len(process.loose_ranks) < self.limits.max_ranks:
-            process.loose_ranks.add(rank)
-
     def _on_ring_order(self, process: Process, thread: Thread, event: g.RingOrderEvent, record: g.Record) -> None:
         """Rank 0 lists each ring: the process is rank 0 and the communicator has that many ranks
         (when the listing holds every rank 0..N-1 once)."""
@@ -634,46 +315,6 @@ class LogAnalyzer:
             return
         for rank in range(min(event.nranks, self.limits.max_ranks)):
             self._loose_rank(process, rank, event.nranks)
-
-    def _merge(self, old: Communicator, new: Communicator) -> None:
-        """Fold a communicator known only by size (an ``nNodes`` line seen before the line naming its
-        commId) into the one with the commId."""
-        if new.nnodes is None or (old.nnodes or 0) > new.nnodes:
-            new.nnodes, new.nnodes_line = old.nnodes, old.nnodes_line
-        new.mnnvl |= old.mnnvl
-        new.mixed |= old.mixed
-        new.network, new.network_line = new.network or old.network, new.network_line or old.network_line
-        for rank, process in old.rank_process.items():
-            if len(new.rank_process) < self.limits.max_ranks:
-                new.rank_process.setdefault(rank, process)
-        for rank, channels in old.nvls_channels.items():
-            new.nvls_channels.setdefault(rank, channels)
-        for rank, gpu in old.rank_gpu.items():
-            new.rank_gpu.setdefault(rank, gpu)
-        for conn_key in old.connections:
-            connection = self.connections.get(conn_key)
-            if connection is not None:
-                connection.comm = new.key
-                new.connections.add(conn_key)
-        del self.communicators[old.key]
-        for process, pointer in old.pointer_refs:
-            if process.pointers.get(pointer) == old.key:
-                self._point(process, pointer, new)
-        for process in self.processes.values():
-            for thread in process.threads.values():
-                if thread.context == old.key:
-                    thread.context = new.key
-
-    def _release_pending(self, thread: Thread, key: str) -> None:
-        if not thread.pending:
-            return
-        comm = self._communicator(key, None)
-        for conn_key in thread.pending:
-            connection = self.connections.get(conn_key)
-            if connection is not None:
-                connection.comm = key
-                comm.connections.add(conn_key)
-        thread.pending = []
 
     def _on_comm_nodes(self, process: Process, thread: Thread, event: g.CommNodesEvent, record: g.Record) -> None:
         process.named_comm = True
@@ -742,15 +383,3 @@ class LogAnalyzer:
             size = self.approx_bytes()
         self._cached = None
         return size
-
-    # -- output -----------------------------------------------------------------------------
-
-    def result(self) -> Verdict:
-        """The verdict for everything fed so far (cached until the next relevant line)."""
-        if self._cached is None:
-            try:
-                self._cached = decide(self)
-            except Exception:  # noqa: BLE001 - never let a reasoning bug escape to a scrape
-                self._count("internal_errors")
-                self._cached = Verdict.unknown(("internal error while deciding; see overflow",))
-        return self._cached
