@@ -1,8 +1,9 @@
-"""/metrics latency on a 16-port RDMA node: ccl-exporter vs node_exporter's infiniband collector.
+"""/metrics latency on a 7-port and a 16-port RDMA node: ccl-exporter vs node_exporter's infiniband collector.
 
-Both read the same generated sysfs tree (16 NDR ports with full counters/ and hw_counters/)
-and are scraped alternately over keep-alive loopback connections, so machine noise hits both.
-Ratio = our median latency / node_exporter's median latency (goal: within 2x).
+For each port count, both read the same generated sysfs tree (NDR ports with full counters/ and
+hw_counters/) and are scraped alternately over keep-alive loopback connections, so machine noise
+hits both. Ratio = our median latency / node_exporter's median latency (goal: within 1.5x at
+both port counts; the headline ratio is the worse of the two).
 """
 
 from __future__ import annotations
@@ -17,11 +18,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from bench.common import BenchResult
 
 REPO = Path(__file__).resolve().parent.parent
+PORT_COUNTS = (7, 16)
+GOAL_RATIO = 1.5
 
 
 def build_tree(root: Path, ports: int) -> Path:
@@ -111,23 +115,32 @@ def measure(scrapes: int, ports: int) -> dict[str, object]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def run(scrapes: int = 200, ports: int = 16) -> BenchResult:
-    m = measure(scrapes, ports)
-    ratio = float(m["ours_median"]) / float(m["theirs_median"])  # type: ignore[arg-type]
+def _ratio(m: dict[str, object]) -> float:
+    return float(m["ours_median"]) / float(m["theirs_median"])  # type: ignore[arg-type]
+
+
+def run(scrapes: int = 200, ports: Sequence[int] = PORT_COUNTS) -> BenchResult:
+    runs = [measure(scrapes, count) for count in ports]
+    rows = "".join(
+        f"| {m['ports']} | ccl-exporter (rdma collector) | {m['ours_median']:.2f} | {m['ours_p90']:.2f} | "
+        f"{m['ours_bytes']} | {_ratio(m):.2f} |\n"
+        f"| {m['ports']} | node_exporter (infiniband collector) | {m['theirs_median']:.2f} | {m['theirs_p90']:.2f} | "
+        f"{m['theirs_bytes']} | |\n"
+        for m in runs
+    )
     table = (
-        "| exporter | median ms | p90 ms | body bytes |\n|---|---|---|---|\n"
-        f"| ccl-exporter (rdma collector) | {m['ours_median']:.2f} | {m['ours_p90']:.2f} | {m['ours_bytes']} |\n"
-        f"| node_exporter (infiniband collector) | {m['theirs_median']:.2f} | {m['theirs_p90']:.2f} | {m['theirs_bytes']} |\n"
-        f"\n{m['ports']} NDR ports, {m['scrapes']} alternating keep-alive scrapes each on loopback; both bodies "
+        "| ports | exporter | median ms | p90 ms | body bytes | ratio |\n|---|---|---|---|---|---|\n" + rows
+        + f"\nNDR ports, {scrapes} alternating keep-alive scrapes each on loopback per port count; both bodies "
         "include the exporter's own process metrics. Ours also carries hw_counters/ and the info/netdev facts "
         "that node_exporter does not read."
     )
+    ratios = ", ".join(f"**{_ratio(m):.2f}x** at {m['ports']} ports" for m in runs)
     return BenchResult(
         title="RDMA scrape latency vs node_exporter",
-        command=f"python -m bench.scrape_rdma --scrapes {scrapes} --ports {ports}",
+        command=f"python -m bench.scrape_rdma --scrapes {scrapes} --ports {' '.join(map(str, ports))}",
         peer="prometheus-node-exporter (Debian) --collector.infiniband on the same sysfs tree",
-        ratio=ratio,
-        summary=f"Median /metrics latency ratio ours/node_exporter = **{ratio:.2f}x** (goal: within 2x).",
+        ratio=max(_ratio(m) for m in runs),
+        summary=f"Median /metrics latency ratio ours/node_exporter: {ratios} (goal: within {GOAL_RATIO:g}x).",
         markdown=table,
     )
 
@@ -135,7 +148,7 @@ def run(scrapes: int = 200, ports: int = 16) -> BenchResult:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--scrapes", type=int, default=200)
-    parser.add_argument("--ports", type=int, default=16)
+    parser.add_argument("--ports", type=int, nargs="+", default=list(PORT_COUNTS))
     args = parser.parse_args()
     print(run(args.scrapes, args.ports).section())
 
