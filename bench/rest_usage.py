@@ -22,9 +22,9 @@ from pathlib import Path
 
 from bench.common import BenchResult
 from bench.proc import process_cpu_seconds, process_rss_bytes
+from devtools.stack import free_loopback_port, stop_process, wait_answering
 from exporter.sim.node import default_node
 from exporter.sim.rdma import SimRdma
-from devtools.stack import free_loopback_port, stop_process, wait_answering
 
 NODE_EXPORTER = "prometheus-node-exporter"
 

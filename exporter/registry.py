@@ -97,10 +97,10 @@ def _needs_rewrite(value: str) -> bool:
 
 
 def _sample_problem(family: Metric, sample: object, label_names_ok: set[str]) -> str | None:
-    value = sample.value  # type: ignore[attr-defined]
+    value = sample.value  # type: ignore[attr-defined]  # any collector's sample: checked, not trusted
     if type(value) is not float and (not isinstance(value, (int, float)) or isinstance(value, bool)):
         return f"{family.name}: non-numeric value {value!r}"
-    for key, label_value in sample.labels.items():  # type: ignore[attr-defined]
+    for key, label_value in sample.labels.items():  # type: ignore[attr-defined]  # as above
         if key not in label_names_ok:
             if not isinstance(key, str) or not _LABEL_NAME.match(key):
                 return f"{family.name}: bad label name {key!r}"

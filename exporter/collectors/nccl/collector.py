@@ -33,6 +33,7 @@ from exporter.resources import NodeResources
 from exporter.sources.gpu_inventory import GpuInventory, GpuInventorySource
 from exporter.sources.kube import NoPodMetadata, PodMetadata, PodMetadataSource
 from exporter.sources.podlogs import SOURCE_POD_LOG, PodLogTailer, StreamKey, TailLimits, pod_known_on_node
+from exporter.sources.podlogs.limits import StreamNote
 from exporter.sources.rdma import RdmaReading, read_rdma
 
 log = logging.getLogger(__name__)
@@ -200,7 +201,7 @@ class NcclCollector:
     def _new_stream(self, key: StreamKey) -> _Stream:
         return _Stream(key=key, analyzer=LogAnalyzer(limits=self._parser_limits))
 
-    def _open(self, key: StreamKey, note: dict | None) -> None:
+    def _open(self, key: StreamKey, note: StreamNote | None) -> None:
         pod = self._pods.setdefault((key.namespace, key.pod), _Pod(key.namespace, key.pod))
         stream = self._new_stream(key)
         if note:
@@ -259,8 +260,8 @@ class NcclCollector:
                 total -= before - stream.size
         self._parser_bytes = total
 
-    def _notes(self) -> dict[StreamKey, dict]:
-        notes: dict[StreamKey, dict] = {}
+    def _notes(self) -> dict[StreamKey, StreamNote]:
+        notes: dict[StreamKey, StreamNote] = {}
         for pod in self._pods.values():
             for key, stream in pod.streams.items():
                 notes[key] = {NOTE_WARNINGS: stream.warnings(), NOTE_DROPPED: stream.dropped()}

@@ -197,10 +197,10 @@ def nccl_families(snap: Snapshot, limits: NcclLimits) -> list[Metric]:
         for label_value, count in pairs:
             labelled.add_metric([label_value], float(count))
         out.append(labelled)
-    for metric_name, help_text, value in gauges:
+    for metric_name, help_text, gauge_value in gauges:
         family = GaugeMetricFamily(metric_name, help_text)
-        if value is not None:
-            family.add_metric([], float(value))
+        if gauge_value is not None:
+            family.add_metric([], float(gauge_value))
         out.append(family)
     save_errors = CounterMetricFamily(
         "ccl_nccl_state_save_errors_total", "Failed writes of the tail-offset state file."
