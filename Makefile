@@ -1,5 +1,5 @@
 # Two commands a newcomer needs: `make demo` and `make test`. Everything installs into .venv.
-# While working: `make lint` (ruff + mypy).
+# While working: `make lint` (ruff + mypy) and `make test-fast` (no end-to-end or tool-driving tests).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
@@ -9,7 +9,7 @@ TORCH_PIN ?= torch==2.13.0
 SCAN_VENV ?= .venv-scan
 CHECKOV_PIN ?= checkov==3.3.30
 
-.PHONY: demo test lint bench venv clean
+.PHONY: demo test test-fast lint bench venv clean
 
 venv: $(VENV)/.installed
 
@@ -34,6 +34,10 @@ lint: venv
 
 test: venv $(SCAN_VENV)/.installed lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Everything but the end-to-end (e2e) and tool-driving (tool) tests; tests/tiers.py says which is which.
+test-fast: venv
+	$(BIN)/python -m pytest -m "not e2e and not tool" $(PYTEST_ARGS)
 
 bench: venv
 	$(BIN)/python -m bench.run_all
