@@ -145,6 +145,12 @@ def test_layers_import_only_downwards(prefixes: tuple[str, ...], forbidden: tupl
     assert not _offenders(prefixes, forbidden), why
 
 
+def test_nccl_imports_nothing_of_the_exporter_outside_itself() -> None:
+    outside = [f"{name} -> {target}" for name in _under("exporter.nccl") for target in sorted(_imports(name))
+               if target.startswith("exporter") and not (target + ".").startswith("exporter.nccl.")]
+    assert not outside
+
+
 def test_a_collector_never_reaches_another() -> None:
     collectors = {name.split(".")[2] for name in _under("exporter.collectors") if name.count(".") >= 2} - {"base"}
     bad = []
