@@ -1,4 +1,5 @@
 # Two commands a newcomer needs: `make demo` and `make test`. Everything installs into .venv.
+# While working: `make lint` (ruff + mypy) and `make test-fast` (no end-to-end or tool-driving tests).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
@@ -8,7 +9,7 @@ TORCH_PIN ?= torch==2.13.0
 SCAN_VENV ?= .venv-scan
 CHECKOV_PIN ?= checkov==3.3.30
 
-.PHONY: demo test bench venv clean
+.PHONY: demo test test-fast lint bench venv clean
 
 venv: $(VENV)/.installed
 
@@ -26,11 +27,20 @@ $(SCAN_VENV)/.installed: Makefile
 	$(SCAN_VENV)/bin/python -m pip install -q '$(CHECKOV_PIN)'
 	touch $@
 
-test: venv $(SCAN_VENV)/.installed
+# Settings in pyproject.toml. tests/ is not linted yet; `ruff format --check` joins once the tree is formatted.
+lint: venv
+	$(BIN)/ruff check exporter devtools bench
+	$(BIN)/mypy
+
+test: venv $(SCAN_VENV)/.installed lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Everything but the end-to-end (e2e) and tool-driving (tool) tests; tests/tiers.py says which is which.
+test-fast: venv
+	$(BIN)/python -m pytest -m "not e2e and not tool" $(PYTEST_ARGS)
 
 bench: venv
 	$(BIN)/python -m bench.run_all
 
 clean:
-	rm -rf $(VENV) $(SCAN_VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(SCAN_VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -23,6 +23,7 @@ from bench.common import BenchResult
 from bench.proc import process_cpu_seconds, process_rss_bytes
 from devtools.stack import SCRAPE_JOB, Intervals, Stack, find_rules_file, start_exporters, stop_all
 
+
 @dataclass
 class FleetMeasurement:
     nodes: int

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.common import BenchResult
-from exporter.collectors.nccl import EXPORTER_PARSER_LIMITS, NcclLimits
 from devtools.stack import free_loopback_port, stop_process, wait_answering
+from exporter.collectors.nccl import EXPORTER_PARSER_LIMITS, NcclLimits
 
 STAMP = "2026-03-01T10:00:00.123456789Z"
 POD_FOLDER = "training_attack-worker-0_0b7c5a1e-1111-2222-3333-444455556666"

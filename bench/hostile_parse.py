@@ -32,6 +32,7 @@ from exporter.nccl import LogAnalyzer
 from exporter.nccl import grammar as g
 from exporter.sources.podlogs import PodLogTailer
 
+
 def worst_line(call: Callable[[str], object]) -> tuple[float, float, str]:
     """(worst seconds, median seconds, which line) of ``call`` over the hostile lines."""
     times: list[tuple[float, str]] = []

@@ -93,7 +93,7 @@ def kubelet_compress(folder: Path, max_files: int) -> None:
 def write_rotating(folder: Path, total_bytes: int, bytes_per_second: float) -> dict[str, float]:
     folder.mkdir(parents=True, exist_ok=True)
     live = folder / "0.log"
-    handle = open(live, "ab", buffering=0)
+    handle = open(live, "ab", buffering=0)  # noqa: SIM115 - reopened at each rotation below
     started, t0 = time.time(), time.perf_counter()
     written = in_file = seq = rotations = 0
     while written < total_bytes:
@@ -106,7 +106,7 @@ def write_rotating(folder: Path, total_bytes: int, bytes_per_second: float) -> d
             handle.close()
             rotations += 1
             os.rename(live, folder / f"0.log.20260301-{100000 + rotations:06d}")
-            handle = open(live, "ab", buffering=0)
+            handle = open(live, "ab", buffering=0)  # noqa: SIM115 - closed at the next rotation or the end
             in_file = 0
             kubelet_compress(folder, MAX_FILES)
         if bytes_per_second:
@@ -120,7 +120,7 @@ def write_rotating(folder: Path, total_bytes: int, bytes_per_second: float) -> d
 
 def write_noisy(files: list[Path], bytes_per_second: float) -> None:
     """Append NCCL-looking lines to ``files`` until killed."""
-    handles = [open(path, "ab", buffering=0) for path in files]
+    handles = [open(path, "ab", buffering=0) for path in files]  # noqa: SIM115 - written until killed
     line = b"host-9:9:9 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via NET/Socket/0 noise " + b"n" * 40 + b"\n"
     block = line * (16384 // len(line))
     t0, written = time.perf_counter(), 0

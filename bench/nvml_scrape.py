@@ -50,7 +50,7 @@ def _naive_scrape(nvml: Any, handles: list[Any], requests: list[tuple[list[tuple
     from exporter.sources.nvml import GpuIdentity, GpuReading, decode_field_values, links_from_values
 
     gpus = []
-    for index, (handle, (pairs, slots, link_count)) in enumerate(zip(handles, requests)):
+    for index, (handle, (pairs, slots, link_count)) in enumerate(zip(handles, requests, strict=True)):
         values = [decode_field_values(nvml.nvmlDeviceGetFieldValues(handle, [pair]))[0] for pair in pairs]
         links, _ = links_from_values(link_count, slots, values)
         gpus.append(GpuReading(GpuIdentity(index, "", "", ""), tuple(links)))
@@ -84,11 +84,12 @@ def run(scrapes: int = 30, latencies_us: tuple[int, ...] = (0, 20)) -> BenchResu
                                "FAKE_NVML_CALL_LATENCY_US": str(latency)})
             backend = PynvmlBackend()  # its nvmlInit re-reads the fake's settings
             collector = NvmlCollector(backend)
-            ours = _measure(lambda: list(collector.collect()), lib, scrapes)
+            ours = _measure(lambda: list(collector.collect()), lib, scrapes)  # noqa: B023 - called in this iteration
             pynvml.nvmlInit()
             handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(GPUS)]
             requests = [(*field_request(LINKS), LINKS) for _ in handles]
-            naive = _measure(lambda: _naive_scrape(pynvml, handles, requests), lib, max(3, scrapes // 5))
+            naive = _measure(lambda: _naive_scrape(pynvml, handles, requests), lib,  # noqa: B023 - called in this iteration
+                             max(3, scrapes // 5))
             pynvml.nvmlShutdown()
             backend.close()
             rows.append((latency, ours, naive))

@@ -67,7 +67,7 @@ def mpi_peer(sizes: list[int], tcp_only: bool) -> tuple[str, dict[int, float]]:
         command += ["--mca", "btl", "self,tcp", "--mca", "pml", "ob1"]
     command += [sys.executable, "-m", "bench.probe_vs_mpi", "--mpi-rank", str(WARMUP), str(ITERS), *map(str, sizes)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    line = next((l for l in done.stdout.splitlines() if l.startswith("MPI_RESULT ")), None)
+    line = next((text for text in done.stdout.splitlines() if text.startswith("MPI_RESULT ")), None)
     if done.returncode != 0 or line is None:
         raise RuntimeError(f"mpirun failed ({done.returncode}): {(done.stderr or done.stdout)[-500:]}")
     result = json.loads(line[len("MPI_RESULT "):])
@@ -88,8 +88,8 @@ def probe_busbw(sizes: list[int], iters: int, warmup: int = WARMUP) -> tuple[dic
 
 def missing_peer() -> str | None:
     try:
-        import mpi4py  # noqa: F401
-        import numpy  # noqa: F401
+        import mpi4py  # noqa: F401 - only whether it is installed
+        import numpy  # noqa: F401 - only whether it is installed
     except ImportError as exc:
         return f"{exc.name} is not installed (pip install mpi4py numpy)"
     if shutil.which("mpirun") is None:

@@ -106,7 +106,8 @@ def run_chain(exporter: SimulatedExporter, rules: Path, workdir: Path, timeout: 
     say(f"Restarting {FALLBACK_NAMESPACE}/{FALLBACK_POD}; NCCL comes back on NET/Socket (no IB device found).")
     written = exporter.act("nccl-job-restart", namespace=FALLBACK_NAMESPACE, pod=FALLBACK_POD,
                            network="Socket")["at"]
-    say("  +   0.0 s  NCCL init lines written to the pod's log (\"NET/IB : No device found\", \"Using network Socket\")")
+    say("  +   0.0 s  NCCL init lines written to the pod's log "
+        "(\"NET/IB : No device found\", \"Using network Socket\")")
 
     def on_event(name: str, timeline: Timeline) -> None:
         at = {"metric": timeline.metric_at, "pending": timeline.pending_at,
@@ -121,7 +122,8 @@ def run_chain(exporter: SimulatedExporter, rules: Path, workdir: Path, timeout: 
     if timeline.complete:
         labels = timeline.notification_labels
         say("Notification: " + ", ".join(
-            f"{key}={labels.get(key, '?')}" for key in ("alertname", "namespace", "pod", "job_name", "job_kind", "node", "severity")
+            f"{key}={labels.get(key, '?')}"
+            for key in ("alertname", "namespace", "pod", "job_name", "job_kind", "node", "severity")
         ))
         say(f"Detection: {timeline.seconds(timeline.notified_at):.1f} s from the NCCL lines to the receiver "
             f"(the rule's for: holds it {hold:g} s; scrape and evaluation every {DEMO_INTERVALS.scrape_seconds:g} s "
@@ -162,9 +164,11 @@ def main(argv: list[str] | None = None) -> int:
         if missing:
             say(f"Skipped Prometheus, Alertmanager and the alert timeline: {', '.join(missing)} not available.")
             if not args.no_monitoring:
-                say("  To see the whole chain: apt-get install prometheus prometheus-alertmanager, then make demo again.")
+                say("  To see the whole chain: apt-get install prometheus prometheus-alertmanager, "
+                    "then make demo again.")
             say(f"  Try: curl -s {exporter.url}/metrics | grep ^ccl_nccl_tcp_fallback")
-            say(f"       curl -s -X POST '{exporter.url}/-/sim/nccl-job-restart?namespace={FALLBACK_NAMESPACE}&pod={FALLBACK_POD}'")
+            say(f"       curl -s -X POST "
+                f"'{exporter.url}/-/sim/nccl-job-restart?namespace={FALLBACK_NAMESPACE}&pod={FALLBACK_POD}'")
             if args.exit_after_timeline:
                 return 0
             say("Ctrl-C stops it.")

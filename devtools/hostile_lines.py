@@ -12,7 +12,8 @@ LINE_CHARS = 64 * 1024
 # Pieces of NCCL output that the patterns anchor on or repeat over.
 TOKENS = (
     "NET/", "NET/IB : ", "NET/Socket : ", "NET/OFI ", "NET/Plugin: ", "comm ", "nccl", "ncclComm", "Channel 00/0 : ",
-    "Ring 00 : ", "0[0] -> 1[1] ", " via ", "via NET/", "COLLNET/", "Coll 00 : 0 [send] via COLLNET/", "GPU Direct RDMA ",
+    "Ring 00 : ", "0[0] -> 1[1] ", " via ", "via NET/", "COLLNET/", "Coll 00 : 0 [send] via COLLNET/",
+    "GPU Direct RDMA ",
     " coll channels, ", "[0]", "[0]mlx5_0:1/IB ", "; OOB ", "h:1:2 [0] ", "a:1:1 [0] NCCL INFO ", "NCCL INFO ", "NCCL ",
     " ", "\t", ":", "1", "a", "-", ".", "[", "]", "(", "(RayTrainWorker pid=1) ", "[repeated 2x across cluster]",
     "2024-01-01T00:00:00.000000001Z ", "rank 1 nranks 2 ", "nRanks 2 nNodes 1 ", "Using network ", "Loaded net plugin ",

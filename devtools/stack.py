@@ -222,7 +222,7 @@ class WebhookReceiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            def do_POST(self) -> None:
                 length = min(int(self.headers.get("Content-Length") or 0), 16 * 1024 * 1024)
                 body = self.rfile.read(length)
                 try:
@@ -315,7 +315,7 @@ class StaticMetricsServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            def do_GET(self) -> None:
                 body = server.page().encode()
                 self.send_response(200 if self.path.startswith("/metrics") else 404)
                 self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
@@ -469,7 +469,8 @@ class ManagedProcess:
 
     def start(self, ready_timeout: float = 30.0) -> None:
         with open(self.log_path, "ab") as log_file:
-            self.proc = subprocess.Popen(self.argv(), stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(self.argv(), stdout=log_file, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL)
         try:
             if wait_answering(self.url + "/-/ready", self.proc, self.name, ready_timeout):
                 return
@@ -570,7 +571,7 @@ class Prometheus(ManagedProcess):
 
     def wait_targets_up(self, count: int, timeout: float = 60.0, job_name: str = SCRAPE_JOB) -> None:
         self.wait_until(
-            lambda: len([v for v in self.values(f'up{{job="{job_name}"}} == 1')]) >= count,
+            lambda: len(self.values(f'up{{job="{job_name}"}} == 1')) >= count,
             timeout, f"{count} targets up",
         )
 
@@ -585,7 +586,8 @@ class Prometheus(ManagedProcess):
                     return alert
             return None
 
-        return self.wait_until(find, timeout, f"alert {alertname} {state} {dict(match or {})}")  # type: ignore[no-any-return]
+        found = self.wait_until(find, timeout, f"alert {alertname} {state} {dict(match or {})}")
+        return found  # type: ignore[no-any-return]  # find() gives a dict or keeps waiting
 
     def firing_alertnames(self) -> set[str]:
         return {a["labels"]["alertname"] for a in self.alerts() if a.get("state") == "firing"}
@@ -694,12 +696,12 @@ class SimulatedExporter:
         return ScrapeTarget(self.address, {"node": self.node})
 
     def start(self, wait: bool = True) -> SimulatedExporter:
-        log_file = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        log_file = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115 - closed below
         try:
             self.proc = subprocess.Popen(self.argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         finally:
             if self.log_path:
-                log_file.close()  # type: ignore[union-attr]
+                log_file.close()  # type: ignore[union-attr]  # a file whenever log_path is set
         if wait:
             self.wait_ready()
         return self

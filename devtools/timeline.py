@@ -145,7 +145,8 @@ def follow(
         elif timeline.notified_at is None:
             got = receiver.wait_for(
                 lambda n: any(
-                    a.get("status") == "firing" and alert_matches(a.get("labels", {}), watch.alertname, watch.alert_labels)
+                    a.get("status") == "firing"
+                    and alert_matches(a.get("labels", {}), watch.alertname, watch.alert_labels)
                     for a in n.alerts
                 ),
                 timeout=0,

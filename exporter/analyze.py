@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import BinaryIO, TextIO
 
 from exporter.nccl import LogAnalyzer, Verdict
-from exporter.sources.podlogs.cri import CriJoiner
 from exporter.nccl.verdict import transport_key
+from exporter.sources.podlogs.cri import CriJoiner
 
 EXIT_OK = 0
 EXIT_UNREADABLE = 1
@@ -33,7 +33,9 @@ LOGGING_HINT = "NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET"
 _CHUNK = 1 << 20
 
 
-def add_parser(sub: argparse._SubParsersAction, environ: Mapping[str, str]) -> argparse.ArgumentParser:
+def add_parser(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], environ: Mapping[str, str]
+) -> argparse.ArgumentParser:
     parser = sub.add_parser(
         "analyze",
         help="offline verdict on NCCL logs: RDMA or TCP fallback",
@@ -44,7 +46,8 @@ def add_parser(sub: argparse._SubParsersAction, environ: Mapping[str, str]) -> a
     )
     parser.add_argument("--json", action="store_true", help="print exactly one JSON object")
     parser.add_argument("paths", nargs="+", metavar="PATH",
-                        help="log file or folder; - reads standard input (e.g. kubectl logs POD | ccl-exporter analyze -)")
+                        help="log file or folder; - reads standard input "
+                             "(e.g. kubectl logs POD | ccl-exporter analyze -)")
     parser.set_defaults(handler=run)
     return parser
 
@@ -65,12 +68,12 @@ STDIN = Path("-")
 
 def _open(path: Path) -> BinaryIO:
     if path == STDIN:  # a buffered reader over fd 0 that can peek; closing it leaves fd 0 open
-        raw = open(sys.stdin.fileno(), "rb", closefd=False)  # noqa: SIM115
+        raw = open(sys.stdin.fileno(), "rb", closefd=False)  # noqa: SIM115 - closed by the caller
     else:
         raw = open(path, "rb")  # noqa: SIM115 - closed by the caller
     head = raw.peek(2)[:2] if hasattr(raw, "peek") else b""
     if head == b"\x1f\x8b":
-        return gzip.GzipFile(fileobj=raw)  # type: ignore[return-value]
+        return gzip.GzipFile(fileobj=raw)  # type: ignore[return-value]  # reads like any BinaryIO
     return raw
 
 
@@ -114,8 +117,11 @@ def feed_file(analyzer: LogAnalyzer, path: Path) -> None:
         analyzer.feed(text)
 
 
+_YES_NO: dict[object, str] = {True: "yes", False: "no", None: "?"}
+
+
 def _yes_no(value: object) -> str:
-    return {True: "yes", False: "no", None: "?"}.get(value, str(value))  # type: ignore[call-overload]
+    return _YES_NO.get(value, str(value))
 
 
 def one_line(verdict: Verdict) -> str:
@@ -150,7 +156,7 @@ def render_text(verdict: Verdict, out: TextIO, warning_counts: Mapping[str, int]
     if len(rows) > 1:
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
         for r in rows:
-            out.write("  ".join(cell.ljust(w) for cell, w in zip(r, widths)) + "  " + r[-1] + "\n")
+            out.write("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=False)) + "  " + r[-1] + "\n")
         out.write("\n")
     out.write(one_line(verdict) + "\n")
     for reason in verdict.reasons:

@@ -79,7 +79,9 @@ MISC_FLAGS = (
 )
 
 
-def add_serve_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str], specs: Sequence[CollectorSpec]) -> None:
+def add_serve_arguments(
+    parser: argparse.ArgumentParser, environ: Mapping[str, str], specs: Sequence[CollectorSpec]
+) -> None:
     """serve's own flags, then one switch per collector and each collector's own flags."""
     web = parser.add_argument_group("web")
     for flag in WEB_FLAGS:

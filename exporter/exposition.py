@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from prometheus_client.exposition import choose_encoder, generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
-from prometheus_client.registry import CollectorRegistry
+from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 log = logging.getLogger(__name__)
@@ -98,11 +98,11 @@ def text_family(family: Metric) -> bytes:
     """One family in text format 0.0.4; raises when it cannot be encoded."""
     lines = _fast_lines(family)
     if lines is None:
-        return generate_latest(_OneFamily(family))  # type: ignore[arg-type]
+        return generate_latest(_OneFamily(family))
     return "".join(lines).encode("utf-8")
 
 
-def _client_python_family(encoder: Callable[[object], bytes]) -> FamilyEncoder:
+def _client_python_family(encoder: Callable[[Collector], bytes]) -> FamilyEncoder:
     """client_python's ``encoder`` applied to one family, without OpenMetrics' ``# EOF``."""
 
     def encode(family: Metric) -> bytes:

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import CollectorRegistry
@@ -152,7 +153,7 @@ def _rewrite_labels(family: Metric, suspects: list[int], result: Sanitized) -> N
         family.samples[index] = sample._replace(labels=labels)
 
 
-def _sample_order(samples: Sequence[Sample]) -> Callable[[Sample], object]:
+def _sample_order(samples: Sequence[Sample]) -> Callable[[Sample], Any]:  # keys of three shapes, each comparable
     """The sort key of samples: by name, then by ``sorted(labels.items())``.
 
     When every sample has the same label names (a family built with ``add_metric``), comparing

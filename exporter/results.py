@@ -206,7 +206,7 @@ def _row(obj: Any, where: str) -> Row:
 
 
 def _list(obj: dict[str, Any], key: str, where: str, limit: int = MAX_ROWS) -> list[Any]:
-    value = _get(obj, key, list, where)
+    value: list[Any] = _get(obj, key, list, where)
     if len(value) > limit:
         raise MalformedResult(f"{where}: {key!r} has more than {limit} entries")
     return value

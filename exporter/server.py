@@ -28,7 +28,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -137,7 +137,8 @@ class ConnectionGuard:
 
     def _drop(self, transport: asyncio.BaseTransport) -> None:
         self.forget(transport)
-        transport.abort()  # not close(): a client that stopped reading must not keep it open
+        # not close(): a client that stopped reading must not keep it open (a TCP server's transport)
+        cast(asyncio.Transport, transport).abort()
 
 
 UMBRELLA = web.AppKey("umbrella", UmbrellaCollector)
@@ -195,7 +196,9 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 @web.middleware
-async def _track_requests(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+async def _track_requests(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
     """Tell the connection guard (when the app is served by ``HttpServer``) a request is in progress."""
     guard = request.app.get(CONNECTION_GUARD)
     transport = request.transport
@@ -224,7 +227,8 @@ async def landing(request: web.Request) -> web.Response:
         status = "never scraped" if not outcome.finished_at else ("ok" if outcome.success else "failing")
         rewritten = (f" ({outcome.label_values_rewritten} label values rewritten: not UTF-8 or too long)"
                      if outcome.label_values_rewritten else "")
-        duration = "" if outcome.duration_seconds != outcome.duration_seconds else f"{outcome.duration_seconds * 1000:.1f} ms"
+        seconds = outcome.duration_seconds
+        duration = "" if seconds != seconds else f"{seconds * 1000:.1f} ms"
         rows.append(
             f"<tr><td>{html.escape(name)}</td><td>{status}</td><td>{duration}</td>"
             f"<td>{html.escape(outcome.error)}{rewritten}</td></tr>"
@@ -281,7 +285,7 @@ async def _supervise(name: str, run: Callable[[], Awaitable[None]]) -> None:
             return
         except asyncio.CancelledError:
             raise
-        except Exception:  # noqa: BLE001 - one broken tailer must not end the exporter
+        except Exception:  # logged: one broken tailer must not end the exporter
             log.exception("background task of collector %s crashed; restarting in %.0fs", name, backoff)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 60.0)
@@ -301,17 +305,17 @@ async def _background_tasks(app: web.Application) -> AsyncIterator[None]:
         with contextlib.suppress(asyncio.CancelledError):
             try:
                 await task
-            except Exception:  # noqa: BLE001 - shutting down; say it and go on
+            except Exception:  # logged: shutting down; say it and go on
                 log.exception("background task %s failed during shutdown", task.get_name())
     for collector in app[UMBRELLA].collectors:
         try:
             close_collector(collector)
-        except Exception:  # noqa: BLE001
+        except Exception:  # logged
             log.exception("closing collector %s failed", collector.name)
     app[UMBRELLA].close()
 
 
-class _OneLineRequestErrors(logging.LoggerAdapter):  # type: ignore[type-arg]
+class _OneLineRequestErrors(logging.LoggerAdapter):  # type: ignore[type-arg]  # LoggerAdapter[Logger] only runs on 3.11+
     """aiohttp's server logger, except that a malformed request is one line, not a traceback."""
 
     def exception(self, msg: object, *args: object, exc_info: Any = True, **kwargs: Any) -> None:
@@ -335,7 +339,7 @@ class _GuardedProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport
         if not self._guard.admit(transport):
-            transport.abort()
+            cast(asyncio.Transport, transport).abort()
             return
         self._inner = self._make_handler()
         self._inner.connection_made(transport)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixturetree import unpack
+from tests.tiers import tier
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -36,6 +37,15 @@ def require_tool(name: str) -> str:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-golden", action="store_true", help="rewrite golden files from current output")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test with its tier (``e2e``, ``tool``, or none: fast); see tests/tiers.py."""
+    for item in items:
+        if isinstance(item, pytest.Function):
+            name = tier(item.path, item.originalname, item.fixturenames)
+            if name:
+                item.add_marker(name)
 
 
 @pytest.fixture

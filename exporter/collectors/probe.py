@@ -24,7 +24,7 @@ from exporter.collectors.base import CollectorSpec
 from exporter.config import ServeConfig
 from exporter.flags import Flag
 from exporter.probe.occupancy import NvmlOccupancy, PodResourcesOccupancy
-from exporter.probe.schedule import ProbeScheduler, ProbeSettings
+from exporter.probe.schedule import GpuOccupancy, ProbeScheduler, ProbeSettings
 from exporter.resources import NodeResources
 from exporter.results import ProbeResult
 from exporter.sources.podlogs import PodKnown, pod_known_on_node
@@ -212,7 +212,7 @@ def build(settings: ProbeCollectorSettings, resources: NodeResources) -> ProbeCo
     scheduler = None
     if settings.schedule is not None:
         # How this node tells that its GPUs are in use: pod-resources, then NVML.
-        occupancy = [PodResourcesOccupancy(resources.pod_resources), NvmlOccupancy(resources.nvml)]
+        occupancy: list[GpuOccupancy] = [PodResourcesOccupancy(resources.pod_resources), NvmlOccupancy(resources.nvml)]
         scheduler = ProbeScheduler(settings.schedule, resources.paths.probe_results, occupancy, clock=resources.clock)
     pod_known = pod_known_on_node(resources.pod_metadata) if settings.bind_results_to_node_pods else None
     return ProbeCollector(resources.paths.probe_results, settings.max_age_seconds, scheduler, clock=resources.clock,

@@ -9,7 +9,7 @@ from collections import Counter
 from dataclasses import replace
 from typing import NamedTuple
 
-from exporter.nccl.facts import Process, connection_class, host_node_key, loopback_hosts, only_loopback
+from exporter.nccl.facts import NodeKey, Process, connection_class, host_node_key, loopback_hosts, only_loopback
 from exporter.nccl.networks import NO_SELECTION, RDMA, TCP, Selection
 from exporter.nccl.state import StreamState
 from exporter.nccl.summaries import CommFacts, log_version, shown_network, summarize_all
@@ -54,7 +54,7 @@ def decide(state: StreamState) -> Verdict:
 
 
 def _judge(state: StreamState, facts: list[CommFacts], selected: list[Selection], processes: list[Process],
-           nodes_of: dict[int, object]) -> _Judgement:
+           nodes_of: dict[int, NodeKey]) -> _Judgement:
     """Whether inter-node traffic runs on TCP: a communicator (or an evicted one) that shows it
     decides; else the communicators that decide anything; else the processes' own lines."""
     if state.retired.inter_node_tcp or any(f.summary.inter_node_tcp is True for f in facts):
@@ -95,7 +95,7 @@ def _open_on_tcp(summary: CommunicatorSummary, rdma_only: bool) -> bool:
 
 
 def _judged_by_processes(state: StreamState, facts: list[CommFacts], selected: list[Selection],
-                         processes: list[Process], nodes_of: dict[int, object]) -> _Judgement:
+                         processes: list[Process], nodes_of: dict[int, NodeKey]) -> _Judgement:
     """No communicator decides: the processes' own lines may (one job on several nodes that selected
     a TCP-class network, loopback interfaces only, RDMA selected by every process)."""
     tcp_selected = [sel for sel in selected if sel.cls == TCP]
@@ -123,7 +123,7 @@ def _log_network_classes(state: StreamState, facts: list[CommFacts], selected: l
     return classes
 
 
-def _log_nodes(state: StreamState, processes: list[Process], nodes_of: dict[int, object]) -> set[object]:
+def _log_nodes(state: StreamState, processes: list[Process], nodes_of: dict[int, NodeKey]) -> set[NodeKey]:
     """The nodes the log's processes run on, and those nccl-tests' device table names."""
     nodes = {nodes_of[id(p)] for p in processes if id(p) in nodes_of}
     table_nodes = {host_node_key(h, processes) for h, _ in state.test_ranks.values()}

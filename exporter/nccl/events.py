@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+
 class VersionEvent(NamedTuple):
     version: str  # "2.18.3" (+ suffix such as "a0" kept)
 
@@ -13,7 +14,7 @@ class NetworkEvent(NamedTuple):
 
 
 class IbDevice(NamedTuple):
-    index: int
+    index: int  # type: ignore[assignment]  # NCCL's [index]; hides tuple.index, which nothing here calls
     device: str
     port: int
     link: str  # "IB", "RoCE", "IB/SHARP", ...

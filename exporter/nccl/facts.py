@@ -16,6 +16,10 @@ from exporter.nccl.records import Record
 
 # The communicator key of connection lines whose communicator the log never names.
 UNATTRIBUTED = "unattributed"
+# A node as the log shows it: (hostname, the address that identifies the node, "" when none shows).
+NodeKey = tuple[str, str]
+# What makes connection lines one connection (see StreamReader._connection_key).
+ConnectionKey = tuple[object, ...]
 
 
 def is_loopback(interface: str, address: str) -> bool:
@@ -88,7 +92,8 @@ class Process:
             return Selection("Socket", self.socket_seen, network_class("Socket"))
         if self.ib_devices:
             loaded = self.plugin_loaded
-            if loaded and loaded not in self.plugins_failed and network_class(loaded) == RDMA and not is_libfabric(loaded):
+            if (loaded and loaded not in self.plugins_failed and network_class(loaded) == RDMA
+                    and not is_libfabric(loaded)):
                 return Selection(loaded, self.plugin_loaded_line, RDMA)  # an IBext plugin prints NET/IB lines too
             return Selection("IB", self.ib_line, RDMA)
         loaded = self.plugin_loaded
@@ -106,7 +111,7 @@ class Thread:
 
     def __init__(self) -> None:
         self.context: str | None = None  # communicator whose init (or runtime connect) this thread logs
-        self.pending: list[tuple] = []  # connection keys logged before their communicator is known
+        self.pending: list[ConnectionKey] = []  # connection keys logged before their communicator is known
         self.pending_network: str | None = None  # "Using network" not yet tied to a communicator
         self.pending_ranks: list[tuple[int, int | None]] = []  # (rank, nranks) lines before their init line
         self.inits = 0  # init lines seen: tells apart identical lines of successive inits
@@ -131,7 +136,7 @@ class Communicator:
         self.rank_process: dict[int, Process] = {}
         self.rank_gpu: dict[int, str] = {}  # from init lines, in the channel lines' GPU naming
         self.nvls_channels: dict[int, int] = {}  # rank -> NVLS channels
-        self.connections: set[tuple] = set()
+        self.connections: set[ConnectionKey] = set()
         self.order = order
         self.pointer_refs: set[tuple[Process, str]] = set()  # process.pointers entries naming this key
         # Several communicators under one key (before commIds, same-size communicators share
@@ -193,7 +198,7 @@ def _addresses(processes: list[Process]) -> dict[int, str | None]:
     return {id(p): (p.address if p.host in with_bootstrap else p.oob_address) for p in processes}
 
 
-def node_keys(processes: Iterable[Process]) -> dict[int, object]:
+def node_keys(processes: Iterable[Process]) -> dict[int, NodeKey]:
     """id(process) -> node key. A hostname seen with several addresses is several nodes."""
     processes = list(processes)
     # Interleaved writers glue the tail of one record to the next one's hostname
@@ -212,15 +217,17 @@ def node_keys(processes: Iterable[Process]) -> dict[int, object]:
     address = _addresses(processes)
     addresses: dict[str, set[str]] = {}
     for p in processes:
-        if p.host is not None and address[id(p)]:
-            addresses.setdefault(p.host, set()).add(address[id(p)])  # type: ignore[arg-type]
-    keys: dict[int, object] = {}
+        node_address = address[id(p)]
+        if p.host is not None and node_address:
+            addresses.setdefault(p.host, set()).add(node_address)
+    keys: dict[int, NodeKey] = {}
     for p in processes:
         if p.host is None:
             continue
         host = canonical.get(id(p), p.host)
-        if address[id(p)]:
-            keys[id(p)] = (host, address[id(p)])
+        node_address = address[id(p)]
+        if node_address:
+            keys[id(p)] = (host, node_address)
             continue
         known = addresses.get(host, set())
         if len(known) == 1:
@@ -230,11 +237,11 @@ def node_keys(processes: Iterable[Process]) -> dict[int, object]:
     return keys
 
 
-def host_node_key(host: str, processes: Iterable[Process]) -> object | None:
+def host_node_key(host: str, processes: Iterable[Process]) -> NodeKey | None:
     """The node key ``node_keys`` gives processes of ``host``; None when that host name is ambiguous."""
     processes = list(processes)
     address = _addresses(processes)
-    addresses = {address[id(p)] for p in processes if p.host == host and address[id(p)]}
+    addresses = {a for a in (address[id(p)] for p in processes if p.host == host) if a}
     if len(addresses) > 1:
         return None
     return (host, next(iter(addresses))) if addresses else (host, "")

@@ -13,16 +13,52 @@ Format strings are those of NVIDIA NCCL 2.3 to 2.30 (``src/debug.cc``, ``src/ini
 from __future__ import annotations
 
 import re
+from functools import partial
 
 from exporter.nccl.events import (
-    IB_INIT_FAILED, IB_NO_DEVICE, IB_NO_DEVICE_LISTED, IB_NO_INTERFACE, IB_NO_VERBS, IB_ZERO_DEVICES, MAX_NAME_CHARS,
-    OFI_FAMILY, PLUGIN_DISABLED, PLUGIN_FAILED, PLUGIN_IN_USE, PLUGIN_LOADED, AllRanksEvent, BootstrapEvent,
-    ChannelSummaryEvent, CommInitEvent, CommNodesEvent, ConnectionEvent, EnvEvent, Event, GdrEvent, IbDevice,
-    IbDevicesEvent, IbUnavailableEvent, InterfaceEvent, NetworkEvent, OfiProviderEvent, PluginEvent, RankEvent,
-    RingOrderEvent, SocketDevicesEvent, TestRankEvent, VersionEvent,
+    IB_INIT_FAILED,
+    IB_NO_DEVICE,
+    IB_NO_DEVICE_LISTED,
+    IB_NO_INTERFACE,
+    IB_NO_VERBS,
+    IB_ZERO_DEVICES,
+    MAX_NAME_CHARS,
+    OFI_FAMILY,
+    PLUGIN_DISABLED,
+    PLUGIN_FAILED,
+    PLUGIN_IN_USE,
+    PLUGIN_LOADED,
+    AllRanksEvent,
+    BootstrapEvent,
+    ChannelSummaryEvent,
+    CommInitEvent,
+    CommNodesEvent,
+    ConnectionEvent,
+    EnvEvent,
+    Event,
+    GdrEvent,
+    IbDevice,
+    IbDevicesEvent,
+    IbUnavailableEvent,
+    InterfaceEvent,
+    NetworkEvent,
+    OfiProviderEvent,
+    PluginEvent,
+    RankEvent,
+    RingOrderEvent,
+    SocketDevicesEvent,
+    TestRankEvent,
+    VersionEvent,
 )
 from exporter.nccl.records import (
-    TRAILER, WARNING_CATEGORIES, Prefix, Record, split_records, strip_ansi, strip_wrappers, warning_category,
+    TRAILER,
+    WARNING_CATEGORIES,
+    Prefix,
+    Record,
+    split_records,
+    strip_ansi,
+    strip_wrappers,
+    warning_category,
 )
 
 __all__ = [
@@ -48,14 +84,17 @@ PLUGIN_PREFIXES: tuple[tuple[str, str], ...] = (
 )
 
 VERSION_RE = re.compile(r"NCCL version (?P<v>\d{1,3}\.\d{1,3}\.\d{1,4})(?P<suffix>[^\s+]{0,16})")
-_USING_NETWORK_RE = re.compile(r"(?:Using (?:network|internal Network)|Assigned NET plugin) (?P<name>.+?)(?: to comm)?$")
+_USING_NETWORK_RE = re.compile(
+    r"(?:Using (?:network|internal Network)|Assigned NET plugin) (?P<name>.+?)(?: to comm)?$"
+)
 _IB_USING_RE = re.compile(r"NET/IB ?: Using(?P<devs>.*?)(?:; OOB (?P<oob>\S+))?$")
 _IB_DEVICE_RE = re.compile(r"\[(?P<i>\d+)\] ?(?P<dev>[^\s:=\[\]{},]+):(?P<port>\d+)/(?P<link>[A-Za-z/]+)")
 _SOCKET_USING_RE = re.compile(r"NET/Socket ?: Using(?P<ifs>.*)$")
 _SOCKET_IF_RE = re.compile(r"\[\d+\](?P<if>[^\s:\[\]]+):(?P<addr>[^\s<]+)")
 _BOOTSTRAP_RE = re.compile(r"Bootstrap ?: Using (?:\[\d+\])?(?P<if>[^\s:]+):(?P<addr>[^\s<]+)")
 _CONN_RE = re.compile(
-    r"(?P<word>Ring|Channel) (?P<ch>\d{1,4})(?:/(?P<conn>\d{1,4}))? : (?P<src>\d{1,7})(?:\[(?P<srcid>[0-9a-fA-F]{1,16})\])?"
+    r"(?P<word>Ring|Channel) (?P<ch>\d{1,4})(?:/(?P<conn>\d{1,4}))? : "
+    r"(?P<src>\d{1,7})(?:\[(?P<srcid>[0-9a-fA-F]{1,16})\])?"
     r" -> (?P<dst>\d{1,7})(?:\[(?P<dstid>[0-9a-fA-F]{1,16})\])?(?: \[(?P<dir>send|receive)\])? via (?P<via>.+)$"
 )
 _NET_VIA_RE = re.compile(
@@ -80,7 +119,9 @@ _CHANNELS_RE = re.compile(
     r"(?P<coll>\d{1,5}) coll channels, (?:(?P<collnet>\d{1,5}) collnet channels, )?"
     r"(?:(?P<nvls>\d{1,5}) nvls channels, )?\d{1,5} p2p channels"
 )
-_GDR_RE = re.compile(r"(?:NET/(?P<net>[^:]{1,64}?) ?: )?GPU Direct RDMA (?P<state>Enabled|Disabled) for (?P<subject>.*)$")
+_GDR_RE = re.compile(
+    r"(?:NET/(?P<net>[^:]{1,64}?) ?: )?GPU Direct RDMA (?P<state>Enabled|Disabled) for (?P<subject>.*)$"
+)
 _TEST_RANK_RE = re.compile(
     r"#?\s{0,16}Rank\s{1,16}(?P<rank>\d{1,7})\s{1,16}(?:Group\s{1,16}\d{1,7}\s{1,16})?Pid\s{1,16}(?P<pid>\d{1,10})"
     r"\s{1,16}on\s{1,16}(?P<host>\S{1,253})\s{1,16}device\s{1,16}\d{1,4}"
@@ -111,7 +152,8 @@ def _connection(m: re.Match[str]) -> ConnectionEvent | None:
     ids_are_devices = m.group("word") == "Channel" or (
         srcid is not None and dstid is not None and len(srcid) >= 4 and len(dstid) >= 4
     )
-    common = dict(
+    connection = partial(
+        ConnectionEvent,
         channel=int(m.group("ch")),
         conn_index=int(m.group("conn") or 0),
         src=int(m.group("src")),
@@ -126,13 +168,11 @@ def _connection(m: re.Match[str]) -> ConnectionEvent | None:
         n = _NET_VIA_RE.match(via)
         if n is None:
             return None
-        return ConnectionEvent(kind="net", network=n.group("net"), gdr=n.group("gdr") is not None, mnnvl=False,
-                               **common)  # type: ignore[arg-type]
+        return connection(kind="net", network=n.group("net"), gdr=n.group("gdr") is not None, mnnvl=False)
     if via.startswith("P2P/"):
-        return ConnectionEvent(kind="p2p", network=None, gdr=False, mnnvl=via.startswith("P2P/MNNVL"),
-                               **common)  # type: ignore[arg-type]
+        return connection(kind="p2p", network=None, gdr=False, mnnvl=via.startswith("P2P/MNNVL"))
     if via.startswith("SHM/") or via.startswith("direct shared memory"):
-        return ConnectionEvent(kind="shm", network=None, gdr=False, mnnvl=False, **common)  # type: ignore[arg-type]
+        return connection(kind="shm", network=None, gdr=False, mnnvl=False)
     return None
 
 
@@ -224,7 +264,8 @@ def parse_message(message: str) -> Event | None:
             return IbDevicesEvent(devices, interface, address)
         m = _SOCKET_USING_RE.match(message)
         if m is not None:
-            return SocketDevicesEvent(tuple((i.group("if"), i.group("addr")) for i in _SOCKET_IF_RE.finditer(m.group("ifs"))))
+            interfaces = _SOCKET_IF_RE.finditer(m.group("ifs"))
+            return SocketDevicesEvent(tuple((i.group("if"), i.group("addr")) for i in interfaces))
         m = _BOOTSTRAP_RE.match(message)
         if m is not None:
             return BootstrapEvent(m.group("if"), m.group("addr"))
@@ -289,6 +330,6 @@ def info_matters(message: str) -> bool:
     uses (most INFO lines: tuning, allocations, topology); one substring test per event kind."""
     return (" via " in message or "comm " in message or "Using" in message or "set by environment to" in message
             or "NCCL version" in message or "GPU Direct RDMA" in message or " coll channels, " in message
-            or message.startswith(("NET/", "NET : ", "Trees ", "Channel ", "Ring ", "Failed to open libibverbs", "nranks ",
-                                   "rank ", "Net/IB"))
+            or message.startswith(("NET/", "NET : ", "Trees ", "Channel ", "Ring ", "Failed to open libibverbs",
+                                   "nranks ", "rank ", "Net/IB"))
             or " plugin " in message or " NET plugin " in message or " Pid " in message)

@@ -21,7 +21,14 @@ from dataclasses import dataclass
 
 from exporter.nccl.events import ConnectionEvent
 from exporter.nccl.facts import (
-    UNATTRIBUTED, Communicator, Connection, Process, host_node_key, loopback_hosts, only_loopback,
+    UNATTRIBUTED,
+    Communicator,
+    Connection,
+    NodeKey,
+    Process,
+    host_node_key,
+    loopback_hosts,
+    only_loopback,
 )
 from exporter.nccl.state import StreamState
 from exporter.nccl.verdict import INTER, INTRA, UNKNOWN
@@ -42,7 +49,7 @@ class Span:
 
 
 def place(state: StreamState, key: str, comm: Communicator | None, conns: list[Connection],
-          nodes_of: dict[int, object]) -> Span:
+          nodes_of: dict[int, NodeKey]) -> Span:
     """Where communicator ``key``'s ranks run, from the processes logging them, its connection lines
     and its GPUs (``nodes_of``: id(process) -> node key)."""
     rank_process, mixed = _rank_processes(comm, conns)
@@ -85,7 +92,7 @@ def _rank_processes(comm: Communicator | None, conns: list[Connection]) -> tuple
 
 
 def _add_test_table(state: StreamState, key: str, comm: Communicator | None, nranks: int | None,
-                    rank_process: dict[int, Process], host_links: list[tuple[int, object]]) -> int | None:
+                    rank_process: dict[int, Process], host_links: list[tuple[int, NodeKey]]) -> int | None:
     """Adds the ranks nccl-tests' device table places, when the table is this communicator's; returns
     the communicator's size, which the table gives when it lists every rank."""
     table = state.test_ranks if not state.test_runs_mixed else {}
@@ -187,7 +194,7 @@ class _RankGroups:
         )
 
 
-def _group(host_links: list[tuple[int, object]], same_links: list[tuple[int, int]],
+def _group(host_links: list[tuple[int, NodeKey]], same_links: list[tuple[int, int]],
            rank_ids: dict[int, str], use_hosts: bool, use_ids: bool) -> tuple[_RankGroups, bool]:
     """The groups the chosen evidence makes, and whether it contradicts itself (two ranks of one
     group on one GPU)."""
@@ -216,7 +223,7 @@ def _group(host_links: list[tuple[int, object]], same_links: list[tuple[int, int
     return _RankGroups(uf, comp_nodes, comp_ids, id_comps), contradiction
 
 
-def _group_ranks(host_links: list[tuple[int, object]], same_links: list[tuple[int, int]], comm: Communicator | None,
+def _group_ranks(host_links: list[tuple[int, NodeKey]], same_links: list[tuple[int, int]], comm: Communicator | None,
                  conns: list[Connection]) -> tuple[_RankGroups, bool]:
     """The groups all evidence makes, and whether hostnames count: they are dropped when they
     contradict the GPU ids; GPU ids are dropped instead when they contradict each other anyway."""
@@ -275,7 +282,7 @@ def _several_nodes(nodes: int | None, single: bool, groups: _RankGroups) -> bool
 
 
 def _place_mixed(comm: Communicator | None, conns: list[Connection], rank_process: dict[int, Process],
-                 nodes_of: dict[int, object]) -> Span:
+                 nodes_of: dict[int, NodeKey]) -> Span:
     """Connection lines of several communicators under one key: rank numbers do not name one GPU,
     so only evidence inside each line counts (two ranks on the same GPU id are on two nodes; P2P and
     SHM stay in one node), plus whether the processes logging them sit on several nodes."""

@@ -5,8 +5,11 @@ names (:mod:`state`). ``feed`` never raises; every structure stays within the st
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from exporter.nccl import grammar as g
-from exporter.nccl.facts import UNATTRIBUTED, Connection, Process, Thread, is_loopback
+from exporter.nccl.facts import UNATTRIBUTED, Connection, ConnectionKey, Process, Thread, is_loopback
 from exporter.nccl.networks import RDMA, is_libfabric, network_class
 from exporter.nccl.state import Limits, StreamState, SummarizeEvicted
 from exporter.nccl.verdict import NcclWarning, Verdict
@@ -35,7 +38,8 @@ class StreamReader(StreamState):
         self._prefixes: dict[str, g.Prefix | None] = {}  # parsed line prefixes by their text
         self._events: dict[str, g.Event | None] = {}  # parsed messages by their text
         self._memo_chars = 0  # characters of the messages in _events
-        self._handlers = {
+        # Event type -> its handler; each handler takes its own event type.
+        self._handlers: dict[type, Callable[[Process, Thread, Any, g.Record], None]] = {
             g.VersionEvent: self._on_version, g.NetworkEvent: self._on_network, g.IbDevicesEvent: self._on_ib_devices,
             g.IbUnavailableEvent: self._on_ib_unavailable, g.SocketDevicesEvent: self._on_socket_devices,
             g.BootstrapEvent: self._on_bootstrap, g.EnvEvent: self._on_env, g.GdrEvent: self._on_gdr,
@@ -58,7 +62,7 @@ class StreamReader(StreamState):
     def _feed(self, line: str) -> None:
         self.lines += 1
         if not isinstance(line, str):
-            line = str(line)
+            line = str(line)  # type: ignore[unreachable]  # callers outside typed code may pass bytes
         limit = self.limits.max_line_chars
         if len(line) > limit:
             self._count("long_lines")
@@ -79,9 +83,10 @@ class StreamReader(StreamState):
                 prefix = g.split_records(line, self._prefixes)[0].prefix
             if prefix is not None and " via " in message:
                 process = self.processes.get((prefix.host, prefix.pid))
-                thread = process.threads.get(prefix.tid) if process is not None else None
-                if thread is not None and self._connection_key(process, thread, message) in self.connections:
-                    return  # a connection line seen before changes nothing
+                if process is not None:
+                    thread = process.threads.get(prefix.tid)
+                    if thread is not None and self._connection_key(process, thread, message) in self.connections:
+                        return  # a connection line seen before changes nothing
             self._record(g.Record(prefix, "INFO", message))
             return
         records = g.split_records(line.rstrip("\r\n"), self._prefixes)
@@ -141,7 +146,7 @@ class StreamReader(StreamState):
         thread = self._thread(process, record.prefix.tid if record.prefix else 0)
         self._handlers[type(event)](process, thread, event, record)
 
-    def _connection_key(self, process: Process, thread: Thread, message: str) -> tuple:
+    def _connection_key(self, process: Process, thread: Thread, message: str) -> ConnectionKey:
         """Identical lines of one process in one communicator (or, outside any, one init) are one
         connection; the line's text names everything the connection event holds."""
         context = thread.context if thread.context in self.communicators else None

@@ -12,7 +12,18 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from exporter.nccl.facts import Communicator, Connection, Process, Retired, Thread, cite, connection_class, node_keys
+from exporter.nccl.facts import (
+    Communicator,
+    Connection,
+    ConnectionKey,
+    NodeKey,
+    Process,
+    Retired,
+    Thread,
+    cite,
+    connection_class,
+    node_keys,
+)
 from exporter.nccl.networks import RDMA
 from exporter.nccl.records import Prefix, Record
 from exporter.nccl.verdict import CommunicatorSummary, NcclWarning
@@ -50,7 +61,7 @@ class StreamState:
         self.overflow: dict[str, int] = {}
         self.processes: dict[tuple[str, int] | None, Process] = {}
         self.communicators: dict[str, Communicator] = {}
-        self.connections: dict[tuple, Connection] = {}
+        self.connections: dict[ConnectionKey, Connection] = {}
         self.versions: Counter[str] = Counter()
         self.test_ranks: dict[int, tuple[str, int]] = {}  # nccl-tests device table: rank -> (host, pid)
         self.test_runs_mixed = False
@@ -64,7 +75,7 @@ class StreamState:
         self.retired = Retired()
         self.lines = 0
         self._comm_order = 0
-        self._nodes: tuple[list[Process], dict[int, object]] | None = None  # see process_nodes()
+        self._nodes: tuple[list[Process], dict[int, NodeKey]] | None = None  # see process_nodes()
         self._summarize_evicted = summarize_evicted
 
     def _count(self, kind: str, n: int = 1) -> None:
@@ -161,7 +172,7 @@ class StreamState:
             if len(comm.pointer_refs) < self.limits.max_ranks:
                 comm.pointer_refs.add((process, pointer))
 
-    def process_nodes(self) -> tuple[list[Process], dict[int, object]]:
+    def process_nodes(self) -> tuple[list[Process], dict[int, NodeKey]]:
         """Every process the state refers to, and ``id(process) -> node key``; recomputed only
         after a process appears, goes or shows a new address."""
         if self._nodes is None:

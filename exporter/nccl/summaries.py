@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from exporter.nccl.events import ConnectionEvent
-from exporter.nccl.facts import UNATTRIBUTED, Communicator, Connection, Process, connection_class
+from exporter.nccl.facts import UNATTRIBUTED, Communicator, Connection, NodeKey, Process, connection_class
 from exporter.nccl.networks import NO_SELECTION, RDMA, TCP, Selection, network_class, transport_of_network
 from exporter.nccl.placement import Span, place, takes_loose_ranks
 from exporter.nccl.state import StreamState
@@ -63,7 +63,7 @@ def shown_network(name: str | None, cls: str | None) -> str:
 # Which connection lines are whose
 
 
-def _attribute(state: StreamState, nodes_of: dict[int, object]) -> dict[str, list[Connection]]:
+def _attribute(state: StreamState, nodes_of: dict[int, NodeKey]) -> dict[str, list[Connection]]:
     """Connection lines by the communicator they belong to (UNATTRIBUTED: one the log never names)."""
     buckets: dict[str, list[Connection]] = {}
     for c in state.connections.values():
@@ -77,7 +77,8 @@ def _summarized_keys(state: StreamState, buckets: dict[str, list[Connection]]) -
     keys = [k for k in state.communicators if k != UNATTRIBUTED or k in buckets]
     keys += [k for k in buckets if k not in state.communicators]
     if not keys and (takes_loose_ranks(state, UNATTRIBUTED) or (state.test_ranks and not state.test_runs_mixed)):
-        keys = [UNATTRIBUTED]  # no communicator named, but lines that place ranks (Trees, ring listings, nccl-tests table)
+        # no communicator named, but lines that place ranks (Trees, ring listings, nccl-tests table)
+        keys = [UNATTRIBUTED]
     return keys
 
 
@@ -89,7 +90,7 @@ def _only_communicator(state: StreamState, process: Process) -> str:
     return keys.pop() if len(keys) == 1 else UNATTRIBUTED
 
 
-def _adopt_strays(state: StreamState, buckets: dict[str, list[Connection]], nodes_of: dict[int, object]) -> None:
+def _adopt_strays(state: StreamState, buckets: dict[str, list[Connection]], nodes_of: dict[int, NodeKey]) -> None:
     """Give the log's only communicator the unattributed connection lines of processes that
     never logged an init line, when they can only be its own: logged on a node where its ranks
     are, naming ranks inside its size, never a rank another process holds. Placement then adds no
@@ -135,7 +136,7 @@ def _fits(nranks: int, rank_process: dict[int, Process], process: Process, conns
 # One communicator
 
 
-def _summarize(state: StreamState, key: str, conns: list[Connection], nodes_of: dict[int, object],
+def _summarize(state: StreamState, key: str, conns: list[Connection], nodes_of: dict[int, NodeKey],
                version: str | None) -> CommFacts:
     """One communicator: where its ranks run (placement), then what its connection lines show."""
     comm = state.communicators.get(key)
@@ -210,7 +211,9 @@ def provider_of(processes: Iterable[Process]) -> str | None:
     """aws-ofi-nccl's libfabric provider as these processes show it (a TCP-class one first)."""
     providers = [p.ofi_provider for p in processes if p.ofi_provider]
     tcp = [p for p in providers if network_class(None, p) == TCP]
-    return (tcp or providers or [None])[0]
+    if tcp:
+        return tcp[0]
+    return providers[0] if providers else None
 
 
 def _comm_network(comm: Communicator | None, conns: list[Connection], processes: list[Process]) -> Selection:
@@ -227,12 +230,13 @@ def _comm_network(comm: Communicator | None, conns: list[Connection], processes:
         return Selection(chosen.event.network, chosen.cited, connection_class(chosen))
     selected = [sel for sel in (p.selected_network() for p in processes) if sel.name or sel.cls]
     if comm is not None and comm.network:
-        selected.insert(0, Selection(comm.network, comm.network_line, network_class(comm.network, provider_of(processes))))
+        comm_class = network_class(comm.network, provider_of(processes))
+        selected.insert(0, Selection(comm.network, comm.network_line, comm_class))
     if not selected:
         return NO_SELECTION
     # Ranks that disagree (one node on IB, another on Socket) are judged by the TCP one.
-    tcp = [sel for sel in selected if sel.cls == TCP]
-    return tcp[0] if tcp else selected[0]
+    tcp_selected = [sel for sel in selected if sel.cls == TCP]
+    return tcp_selected[0] if tcp_selected else selected[0]
 
 
 def _judge(key: str, comm: Communicator | None, span: Span, multi: bool | None, tcp_inter: Connection | None,

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import TextIO
 
 from exporter.flags import PROBE_RESULTS, Flag
-from exporter.probe.formulas import COLLECTIVES, busbw_factor, parse_size, size_sweep
+from exporter.probe.formulas import busbw_factor, parse_size, size_sweep
 from exporter.probe.runner import Identity, ProbeRequest, Rendezvous, resolve_backend, run_probe, visible_gpu_count
-from exporter.results import SOURCES, ProbeResult, write_result
+from exporter.results import COLLECTIVES, SOURCES, ProbeResult, write_result
 
 GB = 1e9  # nccl-tests prints GB/s with GB = 10^9 bytes
 PROCFS = Flag("--path.procfs", "/proc", "procfs mount point (GPU discovery for --backend auto)", dest="procfs")
@@ -52,7 +52,10 @@ def add_probe_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, s
 
 def request_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> ProbeRequest:
     """A ``ProbeRequest`` from parsed flags; ``ValueError`` with a readable message on bad ones."""
-    names = list(COLLECTIVES) if args.collective == "all" else [c.strip() for c in args.collective.split(",") if c.strip()]
+    if args.collective == "all":
+        names = list(COLLECTIVES)
+    else:
+        names = [c.strip() for c in args.collective.split(",") if c.strip()]
     unknown = [c for c in names if c not in COLLECTIVES]
     if unknown or not names:
         raise ValueError(f"--collective {args.collective!r}: choose from {', '.join(COLLECTIVES)} or 'all'")
@@ -69,7 +72,8 @@ def request_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> P
         raise ValueError("a multi-node probe needs --master-port (or MASTER_PORT)")
     if args.timeout <= 0:
         raise ValueError("--timeout must be positive")
-    sizes = size_sweep(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor, parse_size(args.stepbytes))
+    sizes = size_sweep(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor,
+                       parse_size(args.stepbytes))
     return ProbeRequest(
         backend=backend,
         nprocs=nprocs,
@@ -91,7 +95,10 @@ def describe_transport(result: ProbeResult) -> str:
 
 def print_table(result: ProbeResult, request: ProbeRequest, out: TextIO) -> None:
     """The nccl-tests table, one block per collective, with its ``# Avg bus bandwidth`` line."""
-    p = lambda text="": print(text, file=out)  # noqa: E731
+
+    def p(text: str = "") -> None:
+        print(text, file=out)
+
     p(f"# ccl-exporter probe: backend {result.backend}, {result.world_size} ranks on {result.nnodes} node(s), "
       f"{request.warmup_iters} warm-up + {request.iters} timed iterations, time = slowest rank")
     p(f"# transport: {describe_transport(result)}")
@@ -100,8 +107,10 @@ def print_table(result: ProbeResult, request: ProbeRequest, out: TextIO) -> None
     for collective in result.collectives:
         reduces = collective.collective in ("all_reduce", "reduce_scatter")
         p("#")
-        p(f"# {collective.collective}: busbw = algbw x {busbw_factor(collective.collective, max(1, result.world_size)):.4g}")
-        p(f"# {'size':>12} {'count':>12} {'type':>6} {'redop':>6} {'root':>5} {'time':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>7}")
+        factor = busbw_factor(collective.collective, max(1, result.world_size))
+        p(f"# {collective.collective}: busbw = algbw x {factor:.4g}")
+        p(f"# {'size':>12} {'count':>12} {'type':>6} {'redop':>6} {'root':>5} {'time':>10} {'algbw':>8} "
+          f"{'busbw':>8} {'#wrong':>7}")
         p(f"# {'(B)':>12} {'(elements)':>12} {'':>6} {'':>6} {'':>5} {'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8} {'':>7}")
         for row in collective.rows:
             root = 0 if collective.collective == "broadcast" else -1
@@ -118,7 +127,9 @@ def print_table(result: ProbeResult, request: ProbeRequest, out: TextIO) -> None
         p(f"# probe FAILED: {result.error}")
 
 
-def run_probe_command(args: argparse.Namespace, environ: Mapping[str, str] | None = None, out: TextIO | None = None) -> int:
+def run_probe_command(
+    args: argparse.Namespace, environ: Mapping[str, str] | None = None, out: TextIO | None = None
+) -> int:
     environ = os.environ if environ is None else environ
     out = sys.stdout if out is None else out
     try:
@@ -140,7 +151,9 @@ def run_probe_command(args: argparse.Namespace, environ: Mapping[str, str] | Non
     return 0 if result.success else 1
 
 
-def add_parser(sub: argparse._SubParsersAction, environ: Mapping[str, str]) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+def add_parser(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], environ: Mapping[str, str]
+) -> argparse.ArgumentParser:
     parser = sub.add_parser(
         "probe",
         help="nccl-tests-style bus-bandwidth probe (NCCL on GPUs, gloo on CPU)",

@@ -35,8 +35,8 @@ from typing import TextIO
 
 from exporter.flags import PROBE_RESULTS, SYSFS, Flag, Switch
 from exporter.probe.command import add_probe_arguments, describe_transport, request_from_args
-from exporter.results import Check, ProbeResult, Transport, write_result
 from exporter.probe.runner import Identity, run_probe
+from exporter.results import Check, ProbeResult, Transport, write_result
 from exporter.sources.rdma import RdmaPort, RdmaReading, read_rdma
 
 ACTIVE, LINK_UP = 4, 5
@@ -69,7 +69,7 @@ class PortSpec:
     port: int | None  # None: every port of the device
 
     @classmethod
-    def parse(cls, text: str) -> "PortSpec":
+    def parse(cls, text: str) -> PortSpec:
         device, sep, port = text.strip().partition(":")
         if not device or (sep and not port.isdigit()):
             raise ValueError(f"port {text!r} is not DEVICE or DEVICE:PORT (e.g. mlx5_0:1)")
@@ -140,7 +140,9 @@ def select_ports(reading: RdmaReading, expected: Sequence[PortSpec]) -> tuple[li
 
 
 def _state_text(port: RdmaPort) -> str:
-    return f"{port.state or port.state_id or 'unreadable'}/{port.physical_state or port.physical_state_id or 'unreadable'}"
+    state = port.state or port.state_id or "unreadable"
+    physical = port.physical_state or port.physical_state_id or "unreadable"
+    return f"{state}/{physical}"
 
 
 def check_ports(
@@ -183,7 +185,7 @@ def check_gpudirect(sysfs: Path, procfs: Path) -> Check:
             return _ok("gpudirect_rdma", f"{module} loaded ({sysfs}/module/{module})")
     try:
         with open(procfs / "modules", encoding="utf-8", errors="replace") as handle:
-            loaded = {line.split(" ", 1)[0] for _, line in zip(range(100_000), handle)}
+            loaded = {line.split(" ", 1)[0] for _, line in zip(range(100_000), handle, strict=False)}
     except OSError:
         loaded = set()
     for module in PEERMEM_MODULES:
@@ -322,7 +324,9 @@ def run_preflight(args: argparse.Namespace, environ: Mapping[str, str] | None = 
     return 1 if failed else 0
 
 
-def add_parser(sub: argparse._SubParsersAction, environ: Mapping[str, str]) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+def add_parser(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], environ: Mapping[str, str]
+) -> argparse.ArgumentParser:
     parser = sub.add_parser(
         "preflight",
         help="init-container check: RDMA devices, ports, GPUDirect, NCCL env, optional gang-wide probe",

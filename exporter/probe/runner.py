@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from exporter.nccl import LogAnalyzer
-from exporter.results import CollectiveResult, ProbeResult, Row, Transport
 from exporter.probe.worker import RESULT_PREFIX
+from exporter.results import CollectiveResult, ProbeResult, Row, Transport
 
 MAX_CAPTURED_LINES = 20_000
 MAX_LINE_CHARS = 4096
@@ -70,7 +70,7 @@ class Rendezvous:
     node_rank: int = 0
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> "Rendezvous":
+    def from_env(cls, environ: Mapping[str, str]) -> Rendezvous:
         """torchrun / PyTorchJob / indexed-Job variables; a single loopback node when absent."""
 
         def first(*names: str, default: str) -> str:
@@ -110,7 +110,7 @@ class Identity:
     job_name: str = ""
 
     @classmethod
-    def from_env(cls, source: str, environ: Mapping[str, str]) -> "Identity":
+    def from_env(cls, source: str, environ: Mapping[str, str]) -> Identity:
         if source == "scheduled":  # the exporter's own probe: about the node, not a pod
             return cls(source=source)
         return cls(

@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from exporter.probe.formulas import COLLECTIVES, parse_size, size_sweep
+from exporter.probe.formulas import parse_size, size_sweep
 from exporter.results import (
+    COLLECTIVES,
     CollectiveResult,
     MalformedResult,
     ProbeResult,

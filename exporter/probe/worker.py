@@ -26,7 +26,8 @@ import traceback
 from datetime import timedelta
 from typing import Any
 
-from exporter.probe.formulas import COLLECTIVES, align_size, algbw, busbw
+from exporter.probe.formulas import algbw, align_size, busbw
+from exporter.results import COLLECTIVES
 
 RESULT_PREFIX = "CCL_PROBE "
 TYPE_NAME = "float"
@@ -88,7 +89,9 @@ def _buffers(torch: Any, collective: str, size_bytes: int, rank: int, world: int
     return send, torch.zeros(count, dtype=f32, device=device), expected
 
 
-def measure(dist: Any, torch: Any, collective: str, size_bytes: int, iters: int, warmup: int, device: Any) -> dict[str, Any]:
+def measure(
+    dist: Any, torch: Any, collective: str, size_bytes: int, iters: int, warmup: int, device: Any
+) -> dict[str, Any]:
     rank, world = dist.get_rank(), dist.get_world_size()
     size_bytes = align_size(collective, size_bytes, TYPE_SIZE, world)
     send, recv, expected = _buffers(torch, collective, size_bytes, rank, world, device)

@@ -30,8 +30,8 @@ class SimulatedNode:
     parts: list[SimPart] = field(default_factory=list)
     seed: int = 7
     elapsed_seconds: float = 0.0
-    nvml: "SimNvml | None" = None  # the simulated GPUs the NVML collectors read
-    pod_metadata: "PodMetadataSource | None" = None  # its pods and their jobs (no API server here)
+    nvml: SimNvml | None = None  # the simulated GPUs the NVML collectors read
+    pod_metadata: PodMetadataSource | None = None  # its pods and their jobs (no API server here)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -67,7 +67,7 @@ class SimJobEnd:
     """The simulated training pod ends after ``after_seconds``: its GPUs become idle (no pod,
     no compute process), which is when idle-time probes may run."""
 
-    nvml: "SimNvml"
+    nvml: SimNvml
     after_seconds: float
     ended: bool = False
 

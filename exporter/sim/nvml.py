@@ -78,7 +78,7 @@ class SimNvml:
             for i in range(gpu_count)
         ]
         self._links = {
-            (g, link): _SimLink(errors={k: 0 for k in self._error_kinds(link)})
+            (g, link): _SimLink(errors=dict.fromkeys(self._error_kinds(link), 0))
             for g in range(gpu_count)
             for link in range(link_count)
         }
@@ -88,7 +88,9 @@ class SimNvml:
 
     @staticmethod
     def _error_kinds(link: int) -> tuple[str, ...]:
-        return ("crc_flit", "crc_data", "replay", "recovery") if link < CRC_DATA_LINKS else ("crc_flit", "replay", "recovery")
+        if link < CRC_DATA_LINKS:
+            return ("crc_flit", "crc_data", "replay", "recovery")
+        return ("crc_flit", "replay", "recovery")
 
     # SimPart
     def setup(self, root: Path) -> None:
@@ -138,7 +140,9 @@ class SimNvml:
     def compute_processes(self) -> dict[str, list[GpuProcess]]:
         with self._lock:
             return {
-                gpu.uuid: [GpuProcess(pid=31000 + gpu.index, used_memory_bytes=120 << 30)] if gpu.uuid in self._holders else []
+                gpu.uuid: [GpuProcess(pid=31000 + gpu.index, used_memory_bytes=120 << 30)]
+                if gpu.uuid in self._holders
+                else []
                 for gpu in self._gpus
             }
 

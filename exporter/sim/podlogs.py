@@ -110,7 +110,9 @@ def nccl_init_lines_placement_open(job: SimJob) -> list[str]:
         if local < local_ranks - 1:
             lines.append(p + f"Channel 00/0 : {local}[{local}] -> {local + 1}[{local + 1}] via P2P/IPC/read")
         else:
-            lines.append(p + f"Channel 00/0 : {local}[{local}] -> {local + 1}[{local + 1}] [send] via NET/{job.network}/0")
+            lines.append(
+                p + f"Channel 00/0 : {local}[{local}] -> {local + 1}[{local + 1}] [send] via NET/{job.network}/0"
+            )
         lines.append(p + f"{init} - Init COMPLETE")
     return lines
 

@@ -18,6 +18,7 @@ simulated GPUs are idle.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from exporter.probe.formulas import busbw_factor, size_sweep
@@ -33,7 +34,8 @@ TCP_PEAK_BUSBW = 24e9
 HALF_PEAK_BYTES = 64 << 20  # size at which a collective reaches half its peak
 HOST_CHECKS_PASSED = (
     Check("rdma_devices", True, "8 RDMA device(s): mlx5_0, mlx5_1, mlx5_2, mlx5_3, mlx5_4, mlx5_5, mlx5_6, mlx5_7"),
-    Check("uverbs_devices", True, "8 uverbs device(s): uverbs0, uverbs1, uverbs2, uverbs3, uverbs4, uverbs5, uverbs6, uverbs7"),
+    Check("uverbs_devices", True,
+          "8 uverbs device(s): uverbs0, uverbs1, uverbs2, uverbs3, uverbs4, uverbs5, uverbs6, uverbs7"),
     Check("port_state", True, "8 port(s) ACTIVE/LinkUp"),
     Check("port_rate", True, "8 port(s) at >= 400 Gb/s"),
     Check("port_link_layer", True, "8 port(s) on InfiniBand"),
@@ -58,9 +60,10 @@ def results(now: float) -> list[ProbeResult]:
                     ("NET/IB : No device found; Using network Socket: inter-node traffic on TCP",))
     tcp_all_reduce = CollectiveResult("all_reduce", sweep("all_reduce", TCP_PEAK_BUSBW, 256 << 20, 1 << 30))
     tcp_average = (tcp_all_reduce.average_busbw or 0.0) / 1e9
-    common = dict(hostname=HOSTNAME, backend="nccl", world_size=RANKS, nnodes=NODES, scope="inter_node")
+    probe_result = partial(ProbeResult, hostname=HOSTNAME, backend="nccl", world_size=RANKS, nnodes=NODES,
+                           scope="inter_node")
     return [
-        ProbeResult(
+        probe_result(
             source="preflight", started_at=now - 3700, finished_at=now - 3640, namespace=TRAINING_NAMESPACE,
             pod=TRAINING_POD, job_name="llama-70b", transport=rdma,
             collectives=(CollectiveResult("all_reduce", sweep("all_reduce", RDMA_PEAK_BUSBW, 256 << 20, 1 << 30)),),
@@ -69,9 +72,8 @@ def results(now: float) -> list[ProbeResult]:
                 Check("probe_transport", True, "traffic ran on net_ib (rdma, NCCL network IB, GPUDirect RDMA True)"),
                 Check("probe_bandwidth", True, "average busbw >= 100 GB/s"),
             ),
-            **common,  # type: ignore[arg-type]
         ),
-        ProbeResult(
+        probe_result(
             source="preflight", started_at=now - 900, finished_at=now - 840, namespace="research",
             pod="gpt-neox-worker-1", job_name="gpt-neox", transport=tcp,
             collectives=(tcp_all_reduce,),
@@ -83,16 +85,14 @@ def results(now: float) -> list[ProbeResult]:
                 Check("probe_bandwidth", False,
                       f"all_reduce average busbw {tcp_average:.2f} GB/s (expected at least 100 GB/s)"),
             ),
-            **common,  # type: ignore[arg-type]
         ),
-        ProbeResult(
+        probe_result(
             source="job", started_at=now - 660, finished_at=now - 600, namespace="ccl-exporter", pod="ccl-probe-0",
             job_name="ccl-probe", transport=rdma,
             collectives=(
                 CollectiveResult("all_reduce", sweep("all_reduce", RDMA_PEAK_BUSBW, 8 << 20, 4 << 30)),
                 CollectiveResult("all_gather", sweep("all_gather", 0.93 * RDMA_PEAK_BUSBW, 8 << 20, 4 << 30)),
             ),
-            **common,  # type: ignore[arg-type]
         ),
     ]
 

@@ -172,7 +172,7 @@ Decoded = tuple[int, "int | float | None"]
 
 def _decode_union(value_type: int, raw: bytes) -> int | float | None:
     union = _UNION_FORMATS.get(value_type)
-    return None if union is None else union.unpack_from(raw)[0]  # type: ignore[no-any-return]
+    return None if union is None else union.unpack_from(raw)[0]
 
 
 def decode_field_values(values: Any) -> list[Decoded]:
@@ -183,7 +183,9 @@ def decode_field_values(values: Any) -> list[Decoded]:
         return [_decode_slow(v) for v in values]
     return [
         (ret, _decode_union(value_type, raw) if ret == NVML_SUCCESS else None)
-        for _fid, _scope, _ts, _lat, value_type, ret, raw in _FIELD_VALUE.iter_unpack(bytes(memoryview(values).cast("B")))
+        for _fid, _scope, _ts, _lat, value_type, ret, raw in _FIELD_VALUE.iter_unpack(
+            bytes(memoryview(values).cast("B"))
+        )
     ]
 
 
@@ -217,7 +219,7 @@ def links_from_values(
     """Turn one field-values answer into link readings; also return odd per-value errors."""
     per_link: dict[int, dict[str, int]] = {link: {} for link in range(link_count)}
     odd: list[str] = []
-    for slot, (ret, value) in zip(slots, values):
+    for slot, (ret, value) in zip(slots, values, strict=False):
         if ret != NVML_SUCCESS:
             if ret not in UNSUPPORTED_RETURNS:
                 odd.append(f"link {slot.link} {slot.what}: nvmlReturn {ret}")
@@ -278,7 +280,7 @@ class PynvmlBackend:
     def _nvml(self) -> ModuleType:
         if self._module is None:
             try:
-                import pynvml
+                import pynvml  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
             except ImportError as exc:  # the dependency itself missing: same as no NVML
                 raise NvmlUnavailable(f"the pynvml module (nvidia-ml-py) is not installed: {exc}") from exc
             self._module = pynvml
@@ -395,7 +397,9 @@ class PynvmlBackend:
         nvml = self._nvml()
         label = f"GPU {gpu.identity.index} ({gpu.identity.uuid})"
         try:
-            values = decode_field_values(self._call("nvmlDeviceGetFieldValues", gpu.handle, gpu.pairs)) if gpu.pairs else []
+            values = (
+                decode_field_values(self._call("nvmlDeviceGetFieldValues", gpu.handle, gpu.pairs)) if gpu.pairs else []
+            )
         except nvml.NVMLError as exc:
             gpu.failed = True
             problems.append(f"{label}: {exc}")

@@ -13,6 +13,10 @@ import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # gRPC itself is loaded only when the kubelet socket is used
+    import grpc
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +95,7 @@ class PodResourcesClient:
         self._socket = socket_path
         self._timeout = timeout_seconds
         self._lock = threading.Lock()
-        self._channel: object | None = None
+        self._channel: grpc.Channel | None = None
         self._stub: object | None = None
 
     @property
@@ -135,7 +139,7 @@ class PodResourcesClient:
     def _close_locked(self) -> None:
         channel, self._channel, self._stub = self._channel, None, None
         if channel is not None:
-            channel.close()  # type: ignore[attr-defined]
+            channel.close()
 
     def close(self) -> None:
         with self._lock:

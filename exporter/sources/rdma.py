@@ -100,7 +100,8 @@ def parse_state(text: str | None) -> tuple[int | None, str | None]:
 
 
 def _float32(value: float) -> float:
-    return struct.unpack("f", struct.pack("f", value))[0]
+    rounded: float = struct.unpack("f", struct.pack("f", value))[0]
+    return rounded
 
 
 def parse_rate(text: str | None) -> int | None:

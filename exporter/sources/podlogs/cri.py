@@ -28,7 +28,8 @@ Every pattern here is linear in the length of the line. Pure: the caller reads t
 from __future__ import annotations
 
 import re
-from typing import AnyStr, Generic
+from collections.abc import Callable
+from typing import Any, AnyStr, Generic
 
 # A record's framing, up to its message: the message starts where the match ends. One pattern,
 # compiled for text and for bytes; it matches at the start of a line only (``^`` with MULTILINE:
@@ -42,8 +43,9 @@ CRI_RE_BYTES = re.compile(_RECORD.encode())
 PARTIAL_TAG_SEARCH = re.compile(rb" P[ :]")
 STREAMS = ("stdout", "stderr")
 _STREAM_NAMES = {"stdout": "stdout", "stderr": "stderr", b"stdout": "stdout", b"stderr": "stderr"}
-_LINE_ENDS = {str: "\r\n", bytes: b"\r\n"}
-_MATCH = {str: CRI_RE.match, bytes: CRI_RE_BYTES.match}
+# By the type of the line (str or bytes): one lookup instead of an isinstance test per line.
+_LINE_ENDS: dict[type, Any] = {str: "\r\n", bytes: b"\r\n"}
+_MATCH: dict[type, Callable[[Any], re.Match[Any] | None]] = {str: CRI_RE.match, bytes: CRI_RE_BYTES.match}
 # Pieces of a line kept as they came before they are joined into one: many tiny pieces cost
 # little more memory than their text.
 _MAX_PIECES = 32
@@ -60,7 +62,7 @@ class Partial(Generic[AnyStr]):
     __slots__ = ("pieces", "size", "cut")
 
     def __init__(self, pieces: list[AnyStr], size: int, cut: bool) -> None:
-        self.pieces = pieces
+        self.pieces: list[AnyStr] = pieces
         self.size = size
         self.cut = cut  # text beyond the cap was dropped
 
@@ -69,7 +71,7 @@ class Partial(Generic[AnyStr]):
             return self.pieces[0][:0].join(self.pieces)
         if len(self.pieces) == 1:  # the common case: a line in two pieces
             return self.pieces[0] + last
-        return last[:0].join([*self.pieces, last])
+        return last[:0].join(self.pieces + [last])
 
     def add(self, piece: AnyStr, cut: bool) -> None:
         if cut:

@@ -8,6 +8,7 @@ import stat
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 HEAD_BYTES = 256  # checksum of a file's first bytes: tells a replaced file from the one we read
 # A rotated file not modified for this long gets no more bytes: a last line without its
@@ -55,7 +56,7 @@ class File:
             return self.size - self.offset
         return 0
 
-    def to_state(self, root: Path) -> dict:
+    def to_state(self, root: Path) -> dict[str, Any]:
         try:
             path = str(self.path.relative_to(root))
         except ValueError:  # the root was moved under us: the name is enough to find it again

@@ -38,14 +38,8 @@ class StreamKey:
         return int(self.name) if self.source == SOURCE_POD_LOG and self.name.isdigit() else 0
 
     def text(self) -> str:
+        """The stream's name in the saved state file."""
         return "/".join((self.source, self.namespace, self.pod, self.pod_uid, self.container, self.name))
-
-    @classmethod
-    def from_text(cls, text: str) -> StreamKey | None:
-        parts = text.split("/", 5)
-        if len(parts) != 6 or parts[0] not in SOURCES:
-            return None
-        return cls(*parts)
 
 
 def parse_pod_folder(name: str) -> tuple[str, str, str] | None:

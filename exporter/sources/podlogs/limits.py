@@ -4,8 +4,12 @@ back (``TailBatch``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from exporter.sources.podlogs.layout import SOURCE_DEBUG_FILE, SOURCE_POD_LOG, StreamKey
+
+# The caller's small note about a stream (its counters), saved with the stream's offsets as JSON.
+StreamNote = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,7 @@ class TailBatch:
     # Lines already counted by an earlier run (head of a stream resumed from saved state).
     replayed: dict[StreamKey, list[str]] = field(default_factory=dict)
     # Streams seen for the first time in this run, with the note saved for them (or None).
-    opened: dict[StreamKey, dict | None] = field(default_factory=dict)
+    opened: dict[StreamKey, StreamNote | None] = field(default_factory=dict)
     # Streams whose file was truncated or replaced: what follows is a new log.
     restarted: list[StreamKey] = field(default_factory=list)
     # Streams no longer tailed: every file gone, evicted by a cap, or no longer bound to a

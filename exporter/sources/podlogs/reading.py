@@ -62,7 +62,7 @@ class StreamReader:
                 used += len(data)
                 end = data.rfind(b"\n")
                 if end >= 0:
-                    pieces = CriJoiner(self.limits.max_line_bytes)  # a replay joins within a file
+                    pieces: CriJoiner[bytes] = CriJoiner(self.limits.max_line_bytes)  # a replay joins within a file
                     replay += extract_lines(data[: end + 1], stream.cri, pieces, self.limits, scratch)
             if replay:
                 batch.replayed[stream.key] = replay
@@ -78,13 +78,16 @@ class StreamReader:
         self.stats.bytes_read[stream.key.source] += used
         end = data.rfind(b"\n")
         if end >= 0:
-            self._deliver(stream, extract_lines(data[: end + 1], stream.cri, stream.joiner, self.limits, self.stats), batch)
+            lines = extract_lines(data[: end + 1], stream.cri, stream.joiner, self.limits, self.stats)
+            self._deliver(stream, lines, batch)
         stream.joiner.partials.clear()
         for tracked in ordered:
             skipped_from = (end + 1) if tracked is head and end >= 0 else 0
             self.stats.skip("initial_cap", tracked.size - skipped_from)
             tracked.offset = tracked.read_to = tracked.size
-            tracked.skipping = tracked.size > 0 and read_at(tracked.path, tracked.identity, tracked.size - 1, 1) != b"\n"
+            tracked.skipping = (
+                tracked.size > 0 and read_at(tracked.path, tracked.identity, tracked.size - 1, 1) != b"\n"
+            )
             tracked.remember_head()
         return used
 

@@ -5,18 +5,20 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
 import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 from exporter.sources.podlogs.compressed import find_compressed
 from exporter.sources.podlogs.cri import STREAMS, Partial
 from exporter.sources.podlogs.files import HEAD_BYTES, File, head_checksum
 from exporter.sources.podlogs.layout import StreamKey
-from exporter.sources.podlogs.limits import TailLimits, TailStats
+from exporter.sources.podlogs.limits import StreamNote, TailLimits, TailStats
 from exporter.sources.podlogs.scan import Candidate
 from exporter.sources.podlogs.stream import Stream
 
@@ -49,7 +51,7 @@ class SavedFile:
         numbers = [entry.get(name) for name in ("dev", "ino", "offset", "head_len", "head_crc")]
         if not isinstance(path, str) or not isinstance(skipping, bool) or any(type(n) is not int for n in numbers):
             return None
-        dev, ino, offset, head_len, head_crc = numbers
+        dev, ino, offset, head_len, head_crc = cast("list[int]", numbers)  # each checked to be an int above
         if min(dev, ino) < 0 or not 0 <= offset <= _MAX_OFFSET or not 0 <= head_len <= HEAD_BYTES:
             return None
         if not 0 <= head_crc < _CRC_LIMIT:
@@ -89,7 +91,7 @@ class TailState:
         self.stats = stats
         self._save_failing = False
 
-    def load(self) -> dict[str, dict]:
+    def load(self) -> dict[str, dict[str, Any]]:
         """The saved entry of each stream, by ``StreamKey.text()`` (empty when there is none
         or it cannot be read)."""
         path = self.path
@@ -109,12 +111,12 @@ class TailState:
             return {}
         return {k: v for k, v in raw["streams"].items() if isinstance(v, dict)}
 
-    def save(self, streams: Mapping[StreamKey, Stream], notes: Mapping[StreamKey, dict] | None = None) -> bool:
+    def save(self, streams: Mapping[StreamKey, Stream], notes: Mapping[StreamKey, StreamNote] | None = None) -> bool:
         """Write offsets, partial messages and ``notes`` atomically; False if it failed."""
         path = self.path
         if path is None:
             return False
-        entries: dict[str, dict] = {}
+        entries: dict[str, dict[str, Any]] = {}
         for key, stream in streams.items():
             root = stream.root
             entries[key.text()] = {
@@ -141,10 +143,8 @@ class TailState:
                 log.warning("could not save tail state to %s (a restart will re-read from the "
                             "start caps): %s", path, exc)
             self._save_failing = True
-            try:
+            with contextlib.suppress(OSError):
                 tmp.unlink()
-            except OSError:
-                pass
             return False
         if self._save_failing:
             log.info("tail state saved to %s again", path)
@@ -152,7 +152,7 @@ class TailState:
         self.stats.state_saves += 1
         return True
 
-    def restore(self, stream: Stream, saved: dict, cands: list[Candidate], gz_names: list[str]) -> None:
+    def restore(self, stream: Stream, saved: dict[str, Any], cands: list[Candidate], gz_names: list[str]) -> None:
         """Resume the files of ``stream`` at their saved offsets, and its unfinished message."""
         by_identity = {(c.dev, c.ino): c for c in cands}
         folder = cands[0].path.parent

@@ -12,7 +12,7 @@ from pathlib import Path
 from exporter.sources.podlogs.cri import CriJoiner
 from exporter.sources.podlogs.files import File
 from exporter.sources.podlogs.layout import SOURCE_DEBUG_FILE, SOURCE_POD_LOG, SOURCES, PodKnown, StreamKey
-from exporter.sources.podlogs.limits import TailBatch, TailLimits, TailStats
+from exporter.sources.podlogs.limits import StreamNote, TailBatch, TailLimits, TailStats
 from exporter.sources.podlogs.reading import StreamReader
 from exporter.sources.podlogs.rotation import FileSync
 from exporter.sources.podlogs.scan import Candidate, FolderCache, Scanner, resolved
@@ -49,7 +49,7 @@ class PodLogTailer:
         self._cursor: dict[str, StreamKey] = {}  # per source: the stream the next poll starts with
         self._evicted: OrderedDict[StreamKey, list[File]] = OrderedDict()
 
-    def save_state(self, notes: Mapping[StreamKey, dict] | None = None) -> bool:
+    def save_state(self, notes: Mapping[StreamKey, StreamNote] | None = None) -> bool:
         """Write offsets, partial messages and ``notes`` atomically; False if it failed."""
         return self._state.save(self._streams, notes)
 
@@ -95,9 +95,9 @@ class PodLogTailer:
         self._first_scan = False
 
         for key in [k for k in self._streams if k not in selected]:
-            stream = self._streams.pop(key)
+            gone = self._streams.pop(key)
             refused = (key.source, key.namespace, key.pod, key.pod_uid) in scan.refused
-            self.stats.skip("pod_not_on_node" if refused else "vanished", stream.unread())
+            self.stats.skip("pod_not_on_node" if refused else "vanished", gone.unread())
             batch.removed.append(key)
 
         by_source: dict[str, list[Stream]] = {source: [] for source in SOURCES}
@@ -121,7 +121,7 @@ class PodLogTailer:
 
         self.stats.backlog_bytes = sum(s.waiting(now) for s in self._streams.values())
         self.stats.streams = len(self._streams)
-        files = {source: 0 for source in SOURCES}
+        files = dict.fromkeys(SOURCES, 0)
         for stream in self._streams.values():
             files[stream.key.source] += len(stream.files)
         self.stats.files = files

@@ -21,9 +21,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import Metric
 
 from exporter.collectors.base import CollectorSpec, CollectorUnavailable
+from exporter.collectors.nccl.families import NcclLimits, PodReport, Snapshot, nccl_families
 from exporter.flags import Flag
 from exporter.nccl import Limits, LogAnalyzer, Verdict
 from exporter.nccl.decision import with_node_context
@@ -32,6 +33,7 @@ from exporter.resources import NodeResources
 from exporter.sources.gpu_inventory import GpuInventory, GpuInventorySource
 from exporter.sources.kube import NoPodMetadata, PodMetadata, PodMetadataSource
 from exporter.sources.podlogs import SOURCE_POD_LOG, PodLogTailer, StreamKey, TailLimits, pod_known_on_node
+from exporter.sources.podlogs.limits import StreamNote
 from exporter.sources.rdma import RdmaReading, read_rdma
 
 log = logging.getLogger(__name__)
@@ -41,10 +43,9 @@ DEFAULT_GRACE_SECONDS = 300.0
 GDR_LABELS = {"1": "true", "0": "false"}  # the parser's transport-key gdr field → label
 NOTE_WARNINGS = "warnings"
 NOTE_DROPPED = "dropped"
-# ccl_nccl_verdict states, one series each (kube-state-metrics' phase convention), and how a pod's
-# streams combine: any fallback decides; then RDMA (a process uses one network for all its
-# communicators); "cannot tell" outranks "one node", which a later communicator may contradict.
-VERDICTS = ("rdma", "single_node", "tcp_fallback", "unknown")
+# How a pod's streams combine into one ccl_nccl_verdict state: any fallback decides; then RDMA
+# (a process uses one network for all its communicators); "cannot tell" outranks "one node",
+# which a later communicator may contradict.
 _VERDICT_PRIORITY = ("tcp_fallback", "rdma", "unknown", "single_node")
 
 
@@ -54,19 +55,6 @@ _VERDICT_PRIORITY = ("tcp_fallback", "rdma", "unknown", "single_node")
 # (NcclLimits.parser_memory_budget_bytes) bounds them all together.
 EXPORTER_PARSER_LIMITS = Limits(max_processes=64, max_pointers=64, max_communicators=32, max_connections=2048,
                                 max_ranks=1024)
-
-
-@dataclass(frozen=True)
-class NcclLimits:
-    """Caps of the collector itself (the parser's caps are ``exporter.nccl.Limits``)."""
-
-    max_communicator_series_per_pod: int = 256
-    max_communicator_series: int = 4096
-    max_warning_categories: int = 64
-    # Every stream's analyzer together (their own estimate, LogAnalyzer.approx_bytes). Over it, the
-    # largest give back memory (parsed-line caches, then their oldest communicators, whose
-    # conclusions are kept) down to 80 % of it, counted as ccl_nccl_dropped_total{reason="parser_budget"}.
-    parser_memory_budget_bytes: int = 64 * 1024 * 1024
 
 
 @dataclass
@@ -95,44 +83,6 @@ class _Pod:
     streams: dict[StreamKey, _Stream] = field(default_factory=dict)
     retired_warnings: dict[str, int] = field(default_factory=dict)  # of streams no longer held
     gone_since: float | None = None
-
-
-@dataclass(frozen=True)
-class PodReport:
-    """What the collector exposes for one pod: a snapshot, safe to read from any thread."""
-
-    namespace: str
-    pod: str
-    job_name: str
-    job_kind: str
-    # comm_id, nranks, nnodes, network, network_class, version
-    communicators: tuple[tuple[str, str, str, str, str, str], ...]
-    connections: tuple[tuple[str, str, str, str, int], ...]  # comm_id, transport, scope, gdr, count
-    has_nccl: bool
-    inter_node_tcp: bool
-    gdr_disabled: bool
-    warnings: tuple[tuple[str, int], ...]
-    verdict: str = "unknown"  # one of VERDICTS, with what the node knows (GPU counts) added
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    pods: tuple[PodReport, ...] = ()
-    node_has_active_rdma: bool | None = None
-    dropped: tuple[tuple[str, int], ...] = ()
-    tail_bytes: tuple[tuple[str, int], ...] = ()
-    tail_lines: tuple[tuple[str, int], ...] = ()
-    tail_files: tuple[tuple[str, int], ...] = ()
-    tail_skipped: tuple[tuple[str, int], ...] = ()
-    streams: int = 0
-    analyzers: int = 0
-    backlog_bytes: int = 0
-    unattributed_files: int = 0
-    metadata_available: bool = False
-    state_save_errors: int = 0
-    parser_bytes: int = 0
-    # namespace, pod, job_name, job_kind, expected_network, its class: pods that declare their network
-    expectations: tuple[tuple[str, str, str, str, str, str], ...] = ()
 
 
 def _add_counts(base: Mapping[str, int], extra: Mapping[str, int]) -> dict[str, int]:
@@ -251,7 +201,7 @@ class NcclCollector:
     def _new_stream(self, key: StreamKey) -> _Stream:
         return _Stream(key=key, analyzer=LogAnalyzer(limits=self._parser_limits))
 
-    def _open(self, key: StreamKey, note: dict | None) -> None:
+    def _open(self, key: StreamKey, note: StreamNote | None) -> None:
         pod = self._pods.setdefault((key.namespace, key.pod), _Pod(key.namespace, key.pod))
         stream = self._new_stream(key)
         if note:
@@ -310,8 +260,8 @@ class NcclCollector:
                 total -= before - stream.size
         self._parser_bytes = total
 
-    def _notes(self) -> dict[StreamKey, dict]:
-        notes: dict[StreamKey, dict] = {}
+    def _notes(self) -> dict[StreamKey, StreamNote]:
+        notes: dict[StreamKey, StreamNote] = {}
         for pod in self._pods.values():
             for key, stream in pod.streams.items():
                 notes[key] = {NOTE_WARNINGS: stream.warnings(), NOTE_DROPPED: stream.dropped()}
@@ -493,150 +443,7 @@ class NcclCollector:
         if not any(p.is_dir() for p in folders):
             raise CollectorUnavailable("no pod-log or NCCL debug-file folder: " + ", ".join(map(str, folders)))
 
-    @staticmethod
-    def families(snap: Snapshot, limits: NcclLimits) -> list[Metric]:
-        pod_labels = ["namespace", "pod", "job_name", "job_kind"]
-        info = GaugeMetricFamily(
-            "ccl_nccl_communicator_info",
-            "An NCCL communicator seen in the pod's logs; always 1. network as NCCL printed it "
-            "(IB, Socket, IBext_v8, AWS Libfabric, ...), empty when the log did not say; network_class "
-            "rdma or tcp (by name, or by aws-ofi-nccl's libfabric provider), empty when unknown.",
-            labels=pod_labels + ["comm_id", "nranks", "nnodes", "network", "network_class", "nccl_version"],
-        )
-        verdict_family = GaugeMetricFamily(
-            "ccl_nccl_verdict",
-            "The pod's NCCL transport verdict, one series per state (rdma, single_node, tcp_fallback, "
-            "unknown): 1 for the current one. unknown = its logs (and this node's GPU count) do not show "
-            "which network carries inter-node traffic, also for GPU pods that print no NCCL logs.",
-            labels=pod_labels + ["verdict"],
-        )
-        expected = GaugeMetricFamily(
-            "ccl_pod_expected_network_info",
-            "A pod on this node that declares the network it runs on (label ccl-health.io/expected-network "
-            "on the pod or its namespace); always 1. network_class tcp means TCP on purpose: not a fallback.",
-            labels=pod_labels + ["expected_network", "network_class"],
-        )
-        for namespace, pod, job_name, job_kind, value, cls in snap.expectations:
-            expected.add_metric([namespace, pod, job_name, job_kind, value, cls], 1.0)
-        connections = GaugeMetricFamily(
-            "ccl_nccl_connections",
-            "Channel connections of a communicator by transport (net_ib, net_socket, net_plugin, "
-            "p2p, shm, nvls, collnet), scope (inter_node, intra_node, unknown) and gdr (true, false, unknown).",
-            labels=["namespace", "pod", "job_name", "comm_id", "transport", "scope", "gdr"],
-        )
-        fallback = GaugeMetricFamily(
-            "ccl_nccl_tcp_fallback",
-            "1 when the pod's inter-node NCCL traffic runs over a TCP-class network while this "
-            "node has an ACTIVE RDMA port; 0 otherwise (also on nodes without RDMA).",
-            labels=pod_labels,
-        )
-        gdr = GaugeMetricFamily(
-            "ccl_nccl_gdr_disabled",
-            "1 when inter-node NCCL connections run on RDMA without GPUDirect RDMA (staged through host memory).",
-            labels=pod_labels,
-        )
-        warnings = CounterMetricFamily(
-            "ccl_nccl_warnings_total",
-            "NCCL warnings in the pod's logs by category.",
-            labels=["namespace", "pod", "job_name", "category"],
-        )
-        series_dropped = GaugeMetricFamily(
-            "ccl_nccl_series_dropped",
-            "Series not exposed in this scrape because of the per-pod or per-node caps.",
-            labels=["metric"],
-        )
-        per_pod_cap = limits.max_communicator_series_per_pod
-        budget = limits.max_communicator_series
-        info_dropped = conn_dropped = warn_dropped = 0
-        flag_fallback = snap.node_has_active_rdma is True
-        for report in snap.pods:
-            head = [report.namespace, report.pod, report.job_name, report.job_kind]
-            for state in VERDICTS:
-                verdict_family.add_metric(head + [state], 1.0 if report.verdict == state else 0.0)
-            if not report.has_nccl and not report.warnings:
-                continue
-            if report.has_nccl:
-                fallback.add_metric(head, 1.0 if (report.inter_node_tcp and flag_fallback) else 0.0)
-                gdr.add_metric(head, 1.0 if report.gdr_disabled else 0.0)
-            allowed = min(per_pod_cap, max(budget, 0))
-            shown = report.communicators[:allowed]
-            info_dropped += len(report.communicators) - len(shown)
-            budget -= len(shown)
-            shown_ids = {c[0] for c in shown}
-            for comm in shown:
-                info.add_metric(head + list(comm), 1.0)
-            for comm_id, transport, scope, gdr_label, count in report.connections:
-                if comm_id not in shown_ids:
-                    conn_dropped += 1
-                    continue
-                connections.add_metric(
-                    [report.namespace, report.pod, report.job_name, comm_id, transport, scope, gdr_label], float(count)
-                )
-            for index, (category, count) in enumerate(report.warnings):
-                if index >= limits.max_warning_categories:
-                    warn_dropped += 1
-                    continue
-                warnings.add_metric([report.namespace, report.pod, report.job_name, category], float(count))
-        for metric, count in (
-            ("ccl_nccl_communicator_info", info_dropped),
-            ("ccl_nccl_connections", conn_dropped),
-            ("ccl_nccl_warnings_total", warn_dropped),
-        ):
-            series_dropped.add_metric([metric], float(count))
-
-        by_one_label = [
-            (CounterMetricFamily, "ccl_nccl_dropped_total",
-             "Input the NCCL pipeline dropped or cut to stay bounded, by reason: parser_* (parser "
-             "caps: communicators, processes, ...; parser_budget: the node-wide parser memory budget), "
-             "tail_long_line, tail_stream_evicted, tail_malformed_cri, tail_truncated, tail_replaced, "
-             "tail_gz_cap, tail_gz_corrupt, tail_state_invalid, tail_pod_not_on_node, tail_pod_uid_mismatch, "
-             "tail_symlink, tail_folder_cap.",
-             "reason", snap.dropped),
-            (CounterMetricFamily, "ccl_nccl_log_read_bytes_total", "Bytes read from pod logs and NCCL debug files.",
-             "source", snap.tail_bytes),
-            (CounterMetricFamily, "ccl_nccl_log_lines_total", "Lines containing NCCL handed to the parser.",
-             "source", snap.tail_lines),
-            (CounterMetricFamily, "ccl_nccl_log_skipped_bytes_total",
-             "Bytes not parsed, by reason: initial_cap (busy log found at start), long_line, "
-             "stream_evicted, vanished (file deleted before it was read to its end), pod_not_on_node "
-             "(files of a pod that left the node), gz_cap and gz_corrupt (rest of a .gz resumed after a "
-             "restart: past the decompression cap, or corrupt; compressed bytes).",
-             "reason", snap.tail_skipped),
-            (GaugeMetricFamily, "ccl_nccl_log_files", "Log files being tailed.", "source", snap.tail_files),
-        ]
-        gauges = [
-            ("ccl_nccl_log_streams", "Log streams (container runs and debug files) being tailed.", snap.streams),
-            ("ccl_nccl_log_backlog_bytes", "Bytes written to tailed files and not yet read.", snap.backlog_bytes),
-            ("ccl_nccl_parser_memory_bytes",
-             "Memory the NCCL log analyzers of all streams hold (their own estimate), kept within "
-             "--collector.nccl.parser-memory-budget.", snap.parser_bytes),
-            ("ccl_nccl_log_unattributed_files",
-             "Entries under the NCCL debug-file folder outside a <namespace>_<pod> folder (not read).",
-             snap.unattributed_files),
-            ("ccl_nccl_pod_metadata_available",
-             "1 when pods are attributed to jobs from a complete pod list (Kubernetes API or simulation).",
-             1 if snap.metadata_available else 0),
-            ("ccl_nccl_node_rdma_active",
-             "1 when this node has an ACTIVE RDMA port (what TCP fallback is judged against); "
-             "absent when it could not be read.", None if snap.node_has_active_rdma is None else int(snap.node_has_active_rdma)),
-        ]
-        out: list[Metric] = [info, verdict_family, connections, fallback, gdr, warnings, series_dropped, expected]
-        for family_type, metric_name, help_text, label, pairs in by_one_label:
-            labelled = family_type(metric_name, help_text, labels=[label])
-            for label_value, count in pairs:
-                labelled.add_metric([label_value], float(count))
-            out.append(labelled)
-        for metric_name, help_text, value in gauges:
-            family = GaugeMetricFamily(metric_name, help_text)
-            if value is not None:
-                family.add_metric([], float(value))
-            out.append(family)
-        save_errors = CounterMetricFamily(
-            "ccl_nccl_state_save_errors_total", "Failed writes of the tail-offset state file."
-        )
-        save_errors.add_metric([], float(snap.state_save_errors))
-        out.append(save_errors)
-        return out
+    families = staticmethod(nccl_families)  # what collect() renders; also callable on any snapshot
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,52 @@
+"""The test tiers `make test-fast` leaves out are found from the test source (tests/tiers.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.tiers import TESTS, tier
+
+
+@pytest.mark.parametrize(
+    ("module", "test", "fixtures", "expected"),
+    [
+        # its own body calls require_tool("promtool")
+        ("test_rdma_collector.py", "test_promtool_accepts_the_exposition", ["fixture_tree"], "tool"),
+        # its own body runs a subprocess
+        ("test_cli.py", "test_help_is_readable", [], "tool"),
+        # a conftest fixture starts the exporter as a process
+        ("test_simulate.py", "test_simulated_counters_advance_and_lint_clean", ["exporter_process"], "tool"),
+        # a helper of its module starts processes (the corpus runs `analyze` once per log)
+        ("nccl/test_corpus.py", "test_corpus_bars", [], "tool"),
+        # a fixture of its module compiles the fake NVML library with gcc
+        ("test_nvml.py", "test_gpu_without_nvlink", ["fake_lib"], "tool"),
+        # in-process only: the golden file, parsing flags
+        ("test_rdma_collector.py", "test_golden_metrics", ["fixture_tree", "update_golden", "tmp_path"], None),
+        ("test_cli.py", "test_defaults", [], None),
+        # everything under tests/e2e
+        ("e2e/test_chain.py", "test_stopping_the_cluster_waits_for_every_process", ["tmp_path"], "e2e"),
+    ],
+)
+def test_tier_follows_what_a_test_starts(module: str, test: str, fixtures: list[str], expected: str | None) -> None:
+    path = TESTS / module
+    assert path.is_file(), path
+    assert tier(path, test, fixtures) == expected
+
+
+def test_a_process_behind_two_helpers_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "tests"
+    folder.mkdir()
+    (folder / "conftest.py").write_text("import pytest\n\n@pytest.fixture\ndef served():\n    return start()\n\n"
+                                        "def start():\n    return ExporterProcess()\n")
+    (folder / "test_x.py").write_text("def test_served(served):\n    pass\n\n"
+                                      "def test_helper():\n    outer()\n\n"
+                                      "def outer():\n    return inner()\n\n"
+                                      "def inner():\n    import subprocess\n    return subprocess.run\n\n"
+                                      "def test_plain():\n    assert len(\"ab\") == 2\n")
+    monkeypatch.setattr("tests.tiers.TESTS", folder)
+    test_file = folder / "test_x.py"
+    assert tier(test_file, "test_served", ["served"]) == "tool"
+    assert tier(test_file, "test_helper", []) == "tool"
+    assert tier(test_file, "test_plain", []) is None

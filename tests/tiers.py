@@ -1,0 +1,101 @@
+"""Which tier a test belongs to, read from the test source (``tests/conftest.py`` applies it).
+
+``make test-fast`` runs ``pytest -m "not e2e and not tool"``; ``make test`` and CI run everything.
+
+- ``e2e``: every test under ``tests/e2e`` (real Prometheus, Alertmanager and exporter processes).
+- ``tool``: a test that drives a real system tool or starts processes. A test is one when its
+  body, a function it calls or a fixture it uses (the fixture's own helpers and fixtures included)
+  names one of ``PROCESS_NAMES``. Functions are followed through the test's own module, the
+  ``conftest.py`` files above it and the ``tests.*`` modules it imports from, so a new test lands
+  in its tier without a hand-written marker.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+E2E = TESTS / "e2e"
+
+# Names that start a process or need a real tool: a system tool found on PATH, a subprocess, the
+# exporter as a process, the fake NVML library compiled with gcc, the probe's worker processes
+# (torch.distributed with gloo) started by the scheduler and the runner.
+PROCESS_NAMES = frozenset({"require_tool", "subprocess", "ExporterProcess", "build_fake_nvml", "ProbeScheduler",
+                           "run_probe"})
+
+
+@dataclass
+class _Module:
+    functions: dict[str, set[str]] = field(default_factory=dict)  # function name -> names its body uses
+    imported: dict[str, tuple[Path, str]] = field(default_factory=dict)  # local name -> (module file, name there)
+
+
+def _module_file(dotted: str) -> Path | None:
+    """The file of a ``tests.*`` module, or None for anything else."""
+    parts = dotted.split(".")
+    if parts[0] != "tests":
+        return None
+    base = TESTS.joinpath(*parts[1:])
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+@functools.cache
+def _read(path: Path) -> _Module:
+    module = _Module()
+    for node in ast.parse(path.read_text(), filename=str(path)).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            used = {name.id for name in ast.walk(node) if isinstance(name, ast.Name)}
+            used |= {arg.arg for arg in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs)}
+            module.functions[node.name] = used
+        elif isinstance(node, ast.ImportFrom) and node.module and (source := _module_file(node.module)):
+            for alias in node.names:
+                module.imported[alias.asname or alias.name] = (source, alias.name)
+    return module
+
+
+def _conftests(test_file: Path) -> list[Path]:
+    """The ``conftest.py`` files whose fixtures a test in ``test_file`` can use, nearest first."""
+    found = []
+    folder = test_file.parent
+    while folder == TESTS or TESTS in folder.parents:
+        if (folder / "conftest.py").is_file():
+            found.append(folder / "conftest.py")
+        folder = folder.parent
+    return found
+
+
+def _starts_processes(path: Path, name: str, seen: set[tuple[Path, str]]) -> bool:
+    """Whether function ``name`` of module ``path`` names a process, itself or through what it uses."""
+    if (path, name) in seen:
+        return False
+    seen.add((path, name))
+    module = _read(path)
+    if name in module.imported:
+        return _starts_processes(*module.imported[name], seen)
+    used = module.functions.get(name)
+    if used is None:
+        return False
+    if used & PROCESS_NAMES:
+        return True
+    # Names used here may be functions of this module, names it imports, or fixtures from a conftest.
+    places = [path, *_conftests(path)]
+    return any(_starts_processes(place, other, seen) for other in used for place in places)
+
+
+def tier(test_file: Path, test_name: str, fixtures: list[str]) -> str | None:
+    """``"e2e"``, ``"tool"`` or None (the fast tier) for one collected test."""
+    if E2E in test_file.parents:
+        return "e2e"
+    seen: set[tuple[Path, str]] = set()
+    places = [test_file, *_conftests(test_file)]
+    if _starts_processes(test_file, test_name, seen):
+        return "tool"
+    if any(_starts_processes(place, fixture, seen) for fixture in fixtures for place in places):
+        return "tool"
+    return None
