@@ -23,8 +23,12 @@ from exporter.analyze import feed_file
 from exporter.nccl import LogAnalyzer
 
 CORPUS = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "nccl"
-RANGES = (("2.3-2.5", (2, 3), (2, 5)), ("2.6-2.12", (2, 6), (2, 12)), ("2.13-2.19", (2, 13), (2, 19)),
-          ("2.20-2.30", (2, 20), (2, 30)))
+RANGES = (
+    ("2.3-2.5", (2, 3), (2, 5)),
+    ("2.6-2.12", (2, 6), (2, 12)),
+    ("2.13-2.19", (2, 13), (2, 19)),
+    ("2.20-2.30", (2, 20), (2, 30)),
+)
 NO_VERSION = "not printed"
 
 
@@ -97,28 +101,38 @@ def _order(key: str) -> tuple[int, int]:
 def run() -> BenchResult:
     kinds = ("public", "synthetic")
     mine, peer = tally(kinds, ours), tally(kinds, grep_peer)
-    rows = ["| logs | n | fallbacks caught | false alarms | `inter_node_tcp` right (knowable) | cannot tell | "
-            "grep: caught | grep: false alarms | grep: right |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| logs | n | fallbacks caught | false alarms | `inter_node_tcp` right (knowable) | cannot tell | "
+        "grep: caught | grep: false alarms | grep: right |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for key in sorted(mine, key=_order):
         m, p = mine[key], peer[key]
-        rows.append(f"| {key} | {m.logs} | {m.caught}/{m.fallbacks} | {m.false_alarms} | {m.right}/{m.knowable} "
-                    f"({m.accuracy():.0%}) | {m.cannot_tell} ({m.cannot_tell / m.logs:.0%}) | {p.caught}/{p.fallbacks} | "
-                    f"{p.false_alarms} | {p.right}/{p.knowable} ({p.accuracy():.0%}) |")
+        rows.append(
+            f"| {key} | {m.logs} | {m.caught}/{m.fallbacks} | {m.false_alarms} | {m.right}/{m.knowable} "
+            f"({m.accuracy():.0%}) | {m.cannot_tell} ({m.cannot_tell / m.logs:.0%}) | {p.caught}/{p.fallbacks} | "
+            f"{p.false_alarms} | {p.right}/{p.knowable} ({p.accuracy():.0%}) |"
+        )
     public, total, grep_total = mine["public: all"], mine["all"], peer["all"]
-    summary = (f"Real public logs: {public.caught}/{public.fallbacks} TCP fallbacks caught, {public.false_alarms} false "
-               f"alarms, inter_node_tcp right on {public.accuracy():.0%} of the {public.knowable} knowable logs, "
-               f"{public.cannot_tell} of {public.logs} answered \"cannot tell\"; the grep peer: "
-               f"{peer['public: all'].caught}/{peer['public: all'].fallbacks} caught, "
-               f"{peer['public: all'].false_alarms} false alarms, {peer['public: all'].accuracy():.0%} right.")
-    notes = ["", "`public` logs are verbatim excerpts of real runs (bug reports, saved logs); `synthetic` ones are "
-             "written from NCCL's and the plugins' format strings for shapes no public report shows (aws-ofi-nccl on "
-             "TCP providers in each of its three wordings, TCPX/FasTrak known only by their own lines, loopback "
-             "sockets, ncclCommInitAll). A version range is the `NCCL version` the log prints.", "",
-             "Held-out check: 25 public logs collected after the parser learned the shapes of this change, run before "
-             "any of them was looked at, gave 9/9 fallbacks caught, 0 false alarms and 19/22 (86 %) knowable logs "
-             "right; the 3 misses (nccl-tests tables of one process, NCCL 2.2 lines without the word NCCL) were then "
-             "fixed and the logs joined the corpus."]
+    summary = (
+        f"Real public logs: {public.caught}/{public.fallbacks} TCP fallbacks caught, {public.false_alarms} false "
+        f"alarms, inter_node_tcp right on {public.accuracy():.0%} of the {public.knowable} knowable logs, "
+        f'{public.cannot_tell} of {public.logs} answered "cannot tell"; the grep peer: '
+        f"{peer['public: all'].caught}/{peer['public: all'].fallbacks} caught, "
+        f"{peer['public: all'].false_alarms} false alarms, {peer['public: all'].accuracy():.0%} right."
+    )
+    notes = [
+        "",
+        "`public` logs are verbatim excerpts of real runs (bug reports, saved logs); `synthetic` ones are "
+        "written from NCCL's and the plugins' format strings for shapes no public report shows (aws-ofi-nccl on "
+        "TCP providers in each of its three wordings, TCPX/FasTrak known only by their own lines, loopback "
+        "sockets, ncclCommInitAll). A version range is the `NCCL version` the log prints.",
+        "",
+        "Held-out check: 25 public logs collected after the parser learned the shapes of this change, run before "
+        "any of them was looked at, gave 9/9 fallbacks caught, 0 false alarms and 19/22 (86 %) knowable logs "
+        "right; the 3 misses (nccl-tests tables of one process, NCCL 2.2 lines without the word NCCL) were then "
+        "fixed and the logs joined the corpus.",
+    ]
     return BenchResult(
         title="TCP fallback detection on the labelled corpus, by NCCL version",
         command="python -m bench.detection_corpus",

@@ -48,8 +48,10 @@ def run(runs: int = 1, fast: bool = False, intervals: Intervals | None = None) -
         ("alert pending in Prometheus (activeAt)", [r.ours.seconds(r.ours.pending_at) for r in results]),
         ("alert firing in Prometheus", [r.ours.seconds(r.ours.firing_at) for r in results]),
         ("notification at the receiver: CclNcclTcpFallback", [r.ours.seconds(r.ours.notified_at) for r in results]),
-        ("notification at the receiver: reference rule, no `for:` (peer)",
-         [None if r.reference_notified is None else r.reference_notified - r.ours.written_at for r in results]),
+        (
+            "notification at the receiver: reference rule, no `for:` (peer)",
+            [None if r.reference_notified is None else r.reference_notified - r.ours.written_at for r in results],
+        ),
     ]
     ours = [r.ours.seconds(r.ours.notified_at) for r in results]
     peer = [None if r.reference_notified is None else r.reference_notified - r.ours.written_at for r in results]
@@ -58,14 +60,16 @@ def run(runs: int = 1, fast: bool = False, intervals: Intervals | None = None) -
     ratio = ours_median / peer_median if ours_median and peer_median else None
     hold = results[0].hold_seconds
     evaluation = results[0].alert_group_interval_seconds
-    setting = (f"scrape {intervals.scrape_seconds:g} s, rule evaluation {intervals.evaluation_seconds:g} s "
-               f"({evaluation:g} s for CclNcclTcpFallback's group), "
-               f"Alertmanager group_wait {intervals.group_wait_seconds:g} s, CclNcclTcpFallback `for:` {hold:g} s")
+    setting = (
+        f"scrape {intervals.scrape_seconds:g} s, rule evaluation {intervals.evaluation_seconds:g} s "
+        f"({evaluation:g} s for CclNcclTcpFallback's group), "
+        f"Alertmanager group_wait {intervals.group_wait_seconds:g} s, CclNcclTcpFallback `for:` {hold:g} s"
+    )
     table = "\n".join(f"| {name} | {_fmt(values)} |" for name, values in hops)
     markdown = f"""
-Settings: {setting} ({'custom settings' if custom else 'fast test settings' if fast else 'what the shipped PodMonitor and rules, the Prometheus Operator defaults and alerts/alertmanager.yml give'}).
+Settings: {setting} ({"custom settings" if custom else "fast test settings" if fast else "what the shipped PodMonitor and rules, the Prometheus Operator defaults and alerts/alertmanager.yml give"}).
 {runs} run(s); times from the NCCL lines being written to the pod's log. Labels on the notification
-(namespace, pod, job_name, node) {'all correct' if all(r.labels_ok for r in results) else 'NOT all correct'}.
+(namespace, pod, job_name, node) {"all correct" if all(r.labels_ok for r in results) else "NOT all correct"}.
 
 | hop | after the NCCL lines |
 |---|---|
@@ -81,12 +85,24 @@ group_wait 30 s, `for: 1m`) the page arrived 112–120 s after the log lines. Th
 no `for:` (its signal is exact), sits in its own rule group evaluated every 15 s, the PodMonitor
 scrapes every 15 s, and `alerts/alertmanager.yml` routes critical alerts with a 10 s group_wait.
 """
-    flags = (f" --scrape {intervals.scrape_seconds:g} --evaluation {intervals.evaluation_seconds:g} "
-             f"--group-wait {intervals.group_wait_seconds:g}") if custom else (" --fast" if fast else "")
+    flags = (
+        (
+            f" --scrape {intervals.scrape_seconds:g} --evaluation {intervals.evaluation_seconds:g} "
+            f"--group-wait {intervals.group_wait_seconds:g}"
+        )
+        if custom
+        else (" --fast" if fast else "")
+    )
     return BenchResult(
         title="Detection latency: TCP fallback lines to notification"
-        + (f" (scrape {intervals.scrape_seconds:g} s, evaluation {intervals.evaluation_seconds:g} s, "
-           f"group_wait {intervals.group_wait_seconds:g} s)" if custom else " (fast settings)" if fast else ""),
+        + (
+            f" (scrape {intervals.scrape_seconds:g} s, evaluation {intervals.evaluation_seconds:g} s, "
+            f"group_wait {intervals.group_wait_seconds:g} s)"
+            if custom
+            else " (fast settings)"
+            if fast
+            else ""
+        ),
         command="python -m bench.detection_latency" + flags + (f" --runs {runs}" if runs != 1 else ""),
         peer="the same pipeline with a reference rule without `for:` (same run, same log lines)",
         ratio=ratio,
@@ -110,8 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.scrape or args.evaluation or args.group_wait:
         if not (args.scrape and args.evaluation and args.group_wait):
             parser.error("--scrape, --evaluation and --group-wait go together")
-        custom = Intervals(scrape_seconds=args.scrape, evaluation_seconds=args.evaluation,
-                           group_wait_seconds=args.group_wait, group_interval_seconds=60.0)
+        custom = Intervals(
+            scrape_seconds=args.scrape,
+            evaluation_seconds=args.evaluation,
+            group_wait_seconds=args.group_wait,
+            group_interval_seconds=60.0,
+        )
     print(run(args.runs, args.fast, custom).section())
     return 0
 

@@ -52,8 +52,13 @@ def measure(nodes: int = 32, seconds: float = 60.0, scrape_interval: float = 5.0
     try:
         with tempfile.TemporaryDirectory(prefix="ccl-fleet-") as workdir:
             intervals = Intervals(scrape_seconds=scrape_interval, evaluation_seconds=scrape_interval)
-            with Stack(Path(workdir), [e.target for e in exporters], rule_files=[rules] if rules else [],
-                       intervals=intervals, alerting=False) as stack:
+            with Stack(
+                Path(workdir),
+                [e.target for e in exporters],
+                rule_files=[rules] if rules else [],
+                intervals=intervals,
+                alerting=False,
+            ) as stack:
                 prometheus = stack.prometheus
                 assert prometheus is not None and prometheus.pid is not None
                 prometheus.wait_targets_up(nodes, timeout=60.0 + nodes)
@@ -87,8 +92,9 @@ def measure(nodes: int = 32, seconds: float = 60.0, scrape_interval: float = 5.0
                         ((r["name"], float(r.get("evaluationTime", 0.0))) for g in groups for r in g.get("rules", [])),
                         key=lambda item: -item[1],
                     )[:8],
-                    biggest_families=sorted(((f["metric"]["__name__"], float(f["value"][1])) for f in families),
-                                            key=lambda item: -item[1]),
+                    biggest_families=sorted(
+                        ((f["metric"]["__name__"], float(f["value"][1])) for f in families), key=lambda item: -item[1]
+                    ),
                     rule_count=sum(len(g.get("rules", [])) for g in groups),
                     recording_series=recording[0],
                     prometheus_rss=process_rss_bytes(prometheus.pid),
@@ -121,7 +127,7 @@ def run(nodes: int = 32, seconds: float = 60.0) -> BenchResult:
     markdown = f"""
 {m.nodes} simulated nodes (one `ccl-exporter serve --simulate` process each, 8 IB + 2 RoCE ports and
 whatever simulated parts the build has; simulator ticking every scrape interval) on 127.0.0.1, scraped every {m.scrape_interval:g} s by one
-Prometheus {'with our rules' if m.rule_count else '(no rule file found)'}, measured after {m.seconds:.0f} s on a
+Prometheus {"with our rules" if m.rule_count else "(no rule file found)"}, measured after {m.seconds:.0f} s on a
 2-core machine that also runs all the exporters.
 
 | measure | value |
@@ -143,7 +149,7 @@ Prometheus {'with our rules' if m.rule_count else '(no rule file found)'}, measu
 
 | rule group, and the slowest rules | last evaluation (ms) |
 |---|---|
-{groups or '| (none) | |'}
+{groups or "| (none) | |"}
 """
     return BenchResult(
         title=f"Simulated fleet ({m.nodes} nodes, one Prometheus)",

@@ -39,8 +39,10 @@ CONTAINERS = 4
 COMMUNICATORS = 64
 ATTACK_NETWORK_BYTES = 60_000
 # What the exporter keeps of them: the parser's communicator cap per stream, the series cap per pod.
-EXPOSED = min(CONTAINERS * min(COMMUNICATORS, EXPORTER_PARSER_LIMITS.max_communicators),
-              NcclLimits().max_communicator_series_per_pod)
+EXPOSED = min(
+    CONTAINERS * min(COMMUNICATORS, EXPORTER_PARSER_LIMITS.max_communicators),
+    NcclLimits().max_communicator_series_per_pod,
+)
 HALF_OPEN_REQUEST = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n"  # the blank line never comes
 
 
@@ -62,11 +64,15 @@ def write_tree(root: Path, network_of: Callable[[int, int], str]) -> None:
             comm_id = f"0x{container:02x}{comm:014x}"
             lines += [
                 _cri(prefix + f"Using network {network_of(container, comm)}"),
-                _cri(prefix + f"ncclCommInitRank comm {pointer} rank 0 nranks 16 cudaDev 0 nvmlDev 0 busId 18000 "
-                              f"commId {comm_id} - Init START"),
+                _cri(
+                    prefix + f"ncclCommInitRank comm {pointer} rank 0 nranks 16 cudaDev 0 nvmlDev 0 busId 18000 "
+                    f"commId {comm_id} - Init START"
+                ),
                 _cri(prefix + f"comm {pointer} rank 0 nRanks 16 nNodes 2 localRanks 8 localRank 0 MNNVL 0"),
-                _cri(prefix + f"ncclCommInitRank comm {pointer} rank 0 nranks 16 cudaDev 0 nvmlDev 0 busId 18000 "
-                              f"commId {comm_id} - Init COMPLETE"),
+                _cri(
+                    prefix + f"ncclCommInitRank comm {pointer} rank 0 nranks 16 cudaDev 0 nvmlDev 0 busId 18000 "
+                    f"commId {comm_id} - Init COMPLETE"
+                ),
             ]
         (folder / "0.log").write_text("".join(lines))
 
@@ -159,9 +165,19 @@ def _median_scrape(url: str, times: int = 5) -> float:
 def measure(tree: Path, rounds: int, half_open: int) -> Measured:
     port = free_loopback_port()
     url = f"http://127.0.0.1:{port}/metrics"
-    argv = [sys.executable, "-m", "exporter", "serve", "--collector.disable-defaults", "--collector.nccl",
-            f"--path.pod-logs={tree / 'pods'}", f"--path.nccl-debug-files={tree / 'nccl'}",
-            f"--path.state={tree / 'state'}", f"--web.listen-address=127.0.0.1:{port}", "--log.level=error"]
+    argv = [
+        sys.executable,
+        "-m",
+        "exporter",
+        "serve",
+        "--collector.disable-defaults",
+        "--collector.nccl",
+        f"--path.pod-logs={tree / 'pods'}",
+        f"--path.nccl-debug-files={tree / 'nccl'}",
+        f"--path.state={tree / 'state'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--log.level=error",
+    ]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
     try:
         if not wait_answering(url, proc, "ccl-exporter", 60.0):
@@ -172,8 +188,15 @@ def measure(tree: Path, rounds: int, half_open: int) -> Measured:
         assert gzip.decompress(zipped).count(b"\n") == page.count(b"\n")
         hwm_before = _status_kib(proc.pid, "VmHWM")
         _concurrent_scrapes(url, 4, rounds)
-        result = Measured(series, len(page), len(zipped), hwm_before, _status_kib(proc.pid, "VmHWM"),
-                          _status_kib(proc.pid, "VmRSS"), _median_scrape(url))
+        result = Measured(
+            series,
+            len(page),
+            len(zipped),
+            hwm_before,
+            _status_kib(proc.pid, "VmHWM"),
+            _status_kib(proc.pid, "VmRSS"),
+            _median_scrape(url),
+        )
         if half_open:
             held = _hold_half_open(port, half_open)
             try:

@@ -48,8 +48,10 @@ def communicator_flood(host: str, communicators: int, ranks: int) -> Iterator[st
     for c in range(communicators):
         for r in range(ranks):
             pid = 1000 + r % 64
-            yield (f"{host}:{pid}:{pid} [0] NCCL INFO ncclCommInitRank comm 0x{c:x}{r:05x} rank {r} nranks {ranks} "
-                   f"cudaDev 0 nvmlDev {r % 8} busId {r:x}000 commId 0x{c + 1:016x} - Init COMPLETE")
+            yield (
+                f"{host}:{pid}:{pid} [0] NCCL INFO ncclCommInitRank comm 0x{c:x}{r:05x} rank {r} nranks {ranks} "
+                f"cudaDev 0 nvmlDev {r % 8} busId {r:x}000 commId 0x{c + 1:016x} - Init COMPLETE"
+            )
 
 
 def memory_at_caps(root: Path, streams: int, communicators: int, ranks: int) -> dict[str, float]:
@@ -89,9 +91,14 @@ def memory_at_caps(root: Path, streams: int, communicators: int, ranks: int) -> 
         tracemalloc.stop()
     evicted = sum(a.overflow.get("budget", 0) for a in analyzers)
     return {
-        "lines": lines, "seconds": time.perf_counter() - started, "budget": limits.parser_memory_budget_bytes,
-        "estimate": estimate, "traced": traced, "evicted": evicted,
-        "one_unbounded_estimate": one.approx_bytes(), "one_unbounded_traced": one_traced,
+        "lines": lines,
+        "seconds": time.perf_counter() - started,
+        "budget": limits.parser_memory_budget_bytes,
+        "estimate": estimate,
+        "traced": traced,
+        "evicted": evicted,
+        "one_unbounded_estimate": one.approx_bytes(),
+        "one_unbounded_traced": one_traced,
     }
 
 
@@ -99,34 +106,48 @@ def run(streams: int = 24, communicators: int = 32, ranks: int = 512) -> BenchRe
     floor = worst_line(lambda line: line.find("NCCL"))
     rows = []
     analyzer = LogAnalyzer()
-    for name, call in (("parse_message", g.parse_message), ("split_records", lambda line: g.split_records(line, {})),
-                       ("LogAnalyzer.feed", analyzer.feed)):
+    for name, call in (
+        ("parse_message", g.parse_message),
+        ("split_records", lambda line: g.split_records(line, {})),
+        ("LogAnalyzer.feed", analyzer.feed),
+    ):
         worst, median, which = worst_line(call)
         rows.append((name, worst, median, which))
     worst_ms = max(r[1] for r in rows) * 1000
     with tempfile.TemporaryDirectory(prefix="ccl-bench-parse-") as tmp:
         mem = memory_at_caps(Path(tmp), streams, communicators, ranks)
     mib = 1024 * 1024
-    table = ["| entry point | worst line | median line | worst line is | vs. one str.find over it |",
-             "|---|---|---|---|---|"]
+    table = [
+        "| entry point | worst line | median line | worst line is | vs. one str.find over it |",
+        "|---|---|---|---|---|",
+    ]
     for name, worst, median, which in rows:
-        table.append(f"| {name} | {worst * 1000:.2f} ms | {median * 1000:.3f} ms | `{which}` | {worst / floor[0]:.0f}x |")
-    table += ["", f"{len(TOKENS) * len(TAILS)} lines of {LINE_CHARS // 1024} KiB each; the floor (one `str.find` of "
-              f"`NCCL` over a line) is {floor[0] * 1e6:.0f} us at worst. Before the patterns were made linear, "
-              "the review's line (`NET/` x 16,000 before `GPU Direct RDMA Enabled for x`) cost about 11 s.", "",
-              "| parser memory at the caps | value |", "|---|---|",
-              f"| streams x communicators x ranks | {streams} x {communicators} x {ranks} ({mem['lines']:.0f} NCCL lines, "
-              f"read and parsed in {mem['seconds']:.1f} s) |",
-              f"| node-wide budget (peer) | {mem['budget'] / mib:.0f} MiB |",
-              f"| held by all analyzers, their estimate | {mem['estimate'] / mib:.1f} MiB ({mem['estimate'] / mem['budget']:.2f} of the budget) |",
-              f"| held by the collector (analyzers, tailer, snapshot), tracemalloc | {mem['traced'] / mib:.1f} MiB |",
-              f"| communicators forgotten to stay within it (`parser_budget`) | {mem['evicted']:.0f} |",
-              f"| one such stream without the budget: estimate / tracemalloc | {mem['one_unbounded_estimate'] / mib:.1f} / "
-              f"{mem['one_unbounded_traced'] / mib:.1f} MiB ({mem['one_unbounded_estimate'] / max(mem['one_unbounded_traced'], 1):.2f}) |"]
-    summary = (f"Worst hostile 64 KiB line: {worst_ms:.1f} ms (goal: linear, well under the 500 ms tick; 11 s before); "
-               f"{streams} streams filled to the parser's caps hold {mem['estimate'] / mib:.1f} MiB by the analyzers' "
-               f"estimate, {mem['estimate'] / mem['budget']:.2f} of the {mem['budget'] / mib:.0f} MiB budget "
-               f"(tracemalloc for the whole collector: {mem['traced'] / mib:.1f} MiB).")
+        table.append(
+            f"| {name} | {worst * 1000:.2f} ms | {median * 1000:.3f} ms | `{which}` | {worst / floor[0]:.0f}x |"
+        )
+    table += [
+        "",
+        f"{len(TOKENS) * len(TAILS)} lines of {LINE_CHARS // 1024} KiB each; the floor (one `str.find` of "
+        f"`NCCL` over a line) is {floor[0] * 1e6:.0f} us at worst. Before the patterns were made linear, "
+        "the review's line (`NET/` x 16,000 before `GPU Direct RDMA Enabled for x`) cost about 11 s.",
+        "",
+        "| parser memory at the caps | value |",
+        "|---|---|",
+        f"| streams x communicators x ranks | {streams} x {communicators} x {ranks} ({mem['lines']:.0f} NCCL lines, "
+        f"read and parsed in {mem['seconds']:.1f} s) |",
+        f"| node-wide budget (peer) | {mem['budget'] / mib:.0f} MiB |",
+        f"| held by all analyzers, their estimate | {mem['estimate'] / mib:.1f} MiB ({mem['estimate'] / mem['budget']:.2f} of the budget) |",
+        f"| held by the collector (analyzers, tailer, snapshot), tracemalloc | {mem['traced'] / mib:.1f} MiB |",
+        f"| communicators forgotten to stay within it (`parser_budget`) | {mem['evicted']:.0f} |",
+        f"| one such stream without the budget: estimate / tracemalloc | {mem['one_unbounded_estimate'] / mib:.1f} / "
+        f"{mem['one_unbounded_traced'] / mib:.1f} MiB ({mem['one_unbounded_estimate'] / max(mem['one_unbounded_traced'], 1):.2f}) |",
+    ]
+    summary = (
+        f"Worst hostile 64 KiB line: {worst_ms:.1f} ms (goal: linear, well under the 500 ms tick; 11 s before); "
+        f"{streams} streams filled to the parser's caps hold {mem['estimate'] / mib:.1f} MiB by the analyzers' "
+        f"estimate, {mem['estimate'] / mem['budget']:.2f} of the {mem['budget'] / mib:.0f} MiB budget "
+        f"(tracemalloc for the whole collector: {mem['traced'] / mib:.1f} MiB)."
+    )
     return BenchResult(
         title="NCCL parser under hostile input: worst line and memory at the caps",
         command=f"python -m bench.hostile_parse --streams {streams} --communicators {communicators} --ranks {ranks}",

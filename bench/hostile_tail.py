@@ -67,12 +67,16 @@ def cri_block(first_seq: int, lines: int = 640) -> tuple[bytes, int]:
     seq = first_seq
     for n in range(lines):
         if n % 10 == 0:
-            out.append(f"{STAMP} stdout F host-0:41:41 [0] NCCL INFO seq {seq} Channel 00/0 : 0[0] -> 1[1] "
-                       f"via P2P/CUMEM/read\n")
+            out.append(
+                f"{STAMP} stdout F host-0:41:41 [0] NCCL INFO seq {seq} Channel 00/0 : 0[0] -> 1[1] "
+                f"via P2P/CUMEM/read\n"
+            )
             seq += 1
         else:
-            out.append(f"{STAMP} stdout F [rank0]: step {first_seq + n} loss 2.3456 lr 3.0e-4 grad_norm 0.812 "
-                       f"tokens/s 412345\n")
+            out.append(
+                f"{STAMP} stdout F [rank0]: step {first_seq + n} loss 2.3456 lr 3.0e-4 grad_norm 0.812 "
+                f"tokens/s 412345\n"
+            )
     return "".join(out).encode(), seq - first_seq
 
 
@@ -114,8 +118,13 @@ def write_rotating(folder: Path, total_bytes: int, bytes_per_second: float) -> d
             if ahead > 0:
                 time.sleep(ahead)
     handle.close()
-    return {"bytes": written, "nccl_lines": seq, "started": started, "seconds": time.perf_counter() - t0,
-            "rotations": rotations}
+    return {
+        "bytes": written,
+        "nccl_lines": seq,
+        "started": started,
+        "seconds": time.perf_counter() - t0,
+        "rotations": rotations,
+    }
 
 
 def write_noisy(files: list[Path], bytes_per_second: float) -> None:
@@ -134,8 +143,9 @@ def write_noisy(files: list[Path], bytes_per_second: float) -> None:
 
 
 def start_writer(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "bench.hostile_tail", "--writer", *args], cwd=REPO,
-                            stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "bench.hostile_tail", "--writer", *args], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -147,8 +157,9 @@ def measure_drain(work: Path, total_bytes: int, bytes_per_second: float) -> dict
     pods.mkdir(parents=True)
     tailer = PodLogTailer(pods, None)
     tailer.poll()  # the stream appears after the first scan: read whole, from byte 0
-    writer = start_writer("rotating", str(pods / f"training_fast-0_{UID}" / "pytorch"), str(total_bytes),
-                          str(bytes_per_second))
+    writer = start_writer(
+        "rotating", str(pods / f"training_fast-0_{UID}" / "pytorch"), str(total_bytes), str(bytes_per_second)
+    )
     seen: set[int] = set()
     duplicates = 0
     last_line = time.time()
@@ -169,9 +180,14 @@ def measure_drain(work: Path, total_bytes: int, bytes_per_second: float) -> dict
     writer.wait(30)
     info = json.loads(writer.stdout.read() if writer.stdout else "{}")
     return {
-        "bytes": info["bytes"], "writer_seconds": info["seconds"], "rotations": info["rotations"],
-        "drain_seconds": last_line - info["started"], "nccl_lines": info["nccl_lines"],
-        "lost": info["nccl_lines"] - len(seen), "duplicated": duplicates, "polls": polls,
+        "bytes": info["bytes"],
+        "writer_seconds": info["seconds"],
+        "rotations": info["rotations"],
+        "drain_seconds": last_line - info["started"],
+        "nccl_lines": info["nccl_lines"],
+        "lost": info["nccl_lines"] - len(seen),
+        "duplicated": duplicates,
+        "polls": polls,
         "read_bytes": tailer.stats.bytes_read[SOURCE_POD_LOG],
     }
 
@@ -292,8 +308,10 @@ def fallback_on_metrics(port: int, pod: str) -> bool:
         body = conn.getresponse().read().decode()
     finally:
         conn.close()
-    return any(line.startswith("ccl_nccl_tcp_fallback{") and f'pod="{pod}"' in line and line.endswith(" 1.0")
-               for line in body.splitlines())
+    return any(
+        line.startswith("ccl_nccl_tcp_fallback{") and f'pod="{pod}"' in line and line.endswith(" 1.0")
+        for line in body.splitlines()
+    )
 
 
 def start_serve(work: Path, pods: Path, debug: Path) -> tuple[subprocess.Popen[bytes], int]:
@@ -302,11 +320,30 @@ def start_serve(work: Path, pods: Path, debug: Path) -> tuple[subprocess.Popen[b
     SimRdma(random.Random(7)).setup(work / "sysfs")
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "serve", "--path.sysfs", str(work / "sysfs" / "sys"),
-         "--path.pod-logs", str(pods), "--path.nccl-debug-files", str(debug), "--path.state", str(work / "state-serve"),
-         "--collector.disable-defaults", "--collector.nccl", "--web.listen-address", f"127.0.0.1:{port}",
-         "--log.level", "warning"],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "exporter",
+            "serve",
+            "--path.sysfs",
+            str(work / "sysfs" / "sys"),
+            "--path.pod-logs",
+            str(pods),
+            "--path.nccl-debug-files",
+            str(debug),
+            "--path.state",
+            str(work / "state-serve"),
+            "--collector.disable-defaults",
+            "--collector.nccl",
+            "--web.listen-address",
+            f"127.0.0.1:{port}",
+            "--log.level",
+            "warning",
+        ],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     wait_ready(port)
     return proc, port
 
@@ -341,7 +378,7 @@ def measure_hostile(work: Path) -> dict[str, object]:
                 pod = f"fallback-{source.split('_')[0]}-{n}"
                 latencies[source].append(wait_seen(loop, pod, start_pod(pods, debug, pod, in_debug_file)))
         loop.stop()
-        busy_polls = loop.poll_seconds[len(static_polls):]
+        busy_polls = loop.poll_seconds[len(static_polls) :]
 
         serve_latency = []
         for n in range(3):
@@ -360,9 +397,15 @@ def measure_hostile(work: Path) -> dict[str, object]:
             noisy.wait(10)
         serve.terminate()
         serve.wait(10)
-    return {"static": static, "latencies": latencies, "serve_latency": serve_latency, "streams": streams,
-            "static_poll_ms": statistics.median(static_polls) * 1e3 if static_polls else 0.0,
-            "busy_poll_ms": statistics.median(busy_polls) * 1e3 if busy_polls else 0.0, "skipped": skipped}
+    return {
+        "static": static,
+        "latencies": latencies,
+        "serve_latency": serve_latency,
+        "streams": streams,
+        "static_poll_ms": statistics.median(static_polls) * 1e3 if static_polls else 0.0,
+        "busy_poll_ms": statistics.median(busy_polls) * 1e3 if busy_polls else 0.0,
+        "skipped": skipped,
+    }
 
 
 # ---------------------------------------------------------------------------------------
@@ -407,7 +450,8 @@ def run(drain_mb: int = 48) -> BenchResult:
         table.append(
             f"| {name} | {m['bytes'] / MB:.1f} MB | {m['bytes'] / m['writer_seconds'] / MB:.1f} | "
             f"{m['bytes'] / m['drain_seconds'] / MB:.1f} | {m['bytes'] / m['drain_seconds'] / ceiling:.2f} | "
-            f"{m['nccl_lines']:.0f} | {m['lost']:.0f} | {m['duplicated']:.0f} | {m['rotations']:.0f} |")
+            f"{m['nccl_lines']:.0f} | {m['lost']:.0f} | {m['duplicated']:.0f} | {m['rotations']:.0f} |"
+        )
     table += [
         f"| peer: cat \\| grep -c NCCL, same bytes | {fast['bytes'] / MB:.1f} MB | | {grep_rate / MB:.0f} | | "
         f"{grep_count} | | | |",
@@ -416,8 +460,10 @@ def run(drain_mb: int = 48) -> BenchResult:
         "|---|---|---|---|",
     ]
     for source, values in latencies.items():
-        table.append(f"| tailer hands over its first lines ({source}) | {statistics.median(values):.2f} | "
-                     f"{max(values):.2f} | {len(values)} |")
+        table.append(
+            f"| tailer hands over its first lines ({source}) | {statistics.median(values):.2f} | "
+            f"{max(values):.2f} | {len(values)} |"
+        )
     table += [
         f"| `ccl_nccl_tcp_fallback 1` on /metrics of serve (pod_log) | {statistics.median(serve_latency):.2f} | "
         f"{max(serve_latency):.2f} | {len(serve_latency)} |",

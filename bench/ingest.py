@@ -48,18 +48,24 @@ def generate(path: Path, size_bytes: int, nccl_percent: float, seed: int = 11) -
                     kind = rng.random()
                     if kind < 0.05:  # init lines of a job's few communicators (process groups)
                         comm = rng.randrange(16)
-                        msg = (f"worker-0:{pid}:{pid} [{pid - 100}] NCCL INFO ncclCommInitRank comm 0x55d4{comm:08x} "
-                               f"rank {pid - 100} nranks 16 cudaDev {pid - 100} nvmlDev {pid - 100} busId 18000 "
-                               f"commId 0x{comm:016x} - Init START")
+                        msg = (
+                            f"worker-0:{pid}:{pid} [{pid - 100}] NCCL INFO ncclCommInitRank comm 0x55d4{comm:08x} "
+                            f"rank {pid - 100} nranks 16 cudaDev {pid - 100} nvmlDev {pid - 100} busId 18000 "
+                            f"commId 0x{comm:016x} - Init START"
+                        )
                     elif kind < 0.1:
                         msg = f"worker-0:{pid}:{pid} [{pid - 100}] NCCL INFO Using network IB"
                     else:
                         ch = rng.randrange(32)
-                        msg = (f"worker-0:{pid}:{pid} [{pid - 100}] NCCL INFO Channel {ch:02d}/0 : {pid - 100}[{pid - 100}]"
-                               f" -> {pid - 99}[{(pid - 99) % 8}] via P2P/CUMEM/read")
+                        msg = (
+                            f"worker-0:{pid}:{pid} [{pid - 100}] NCCL INFO Channel {ch:02d}/0 : {pid - 100}[{pid - 100}]"
+                            f" -> {pid - 99}[{(pid - 99) % 8}] via P2P/CUMEM/read"
+                        )
                 else:
-                    msg = (f"[rank{rng.randrange(8)}]: step {rng.randrange(10**6)} loss {rng.random() * 3:.4f} "
-                           f"lr 3.0e-4 grad_norm {rng.random():.3f} tokens/s {rng.randrange(10**5, 10**6)}")
+                    msg = (
+                        f"[rank{rng.randrange(8)}]: step {rng.randrange(10**6)} loss {rng.random() * 3:.4f} "
+                        f"lr 3.0e-4 grad_norm {rng.random():.3f} tokens/s {rng.randrange(10**5, 10**6)}"
+                    )
                 chunk.append(f"{STAMP} stdout F {msg}\n")
             text = "".join(chunk)
             handle.write(text)
@@ -96,7 +102,9 @@ def time_scan_floor(path: Path, chunk_bytes: int = 16 << 20) -> float:
     return time.perf_counter() - t0
 
 
-def time_pipeline(pods: Path, state: Path, staged: Path, target: Path, feed: bool) -> tuple[float, float, int, list[list[str]]]:
+def time_pipeline(
+    pods: Path, state: Path, staged: Path, target: Path, feed: bool
+) -> tuple[float, float, int, list[list[str]]]:
     """Read ``staged`` moved to ``target`` after the first scan, so it is read whole (no start
     cap); (wall s, CPU s, NCCL lines, the lines when not fed)."""
     limits = TailLimits(tick_bytes=256 << 20, file_chunk_bytes=16 << 20)
@@ -190,8 +198,12 @@ def run(size_mb: int = 200, nccl_percent: float = 3.0) -> BenchResult:
         f"The scan floor is the C-level part of the tailer alone (16 MiB reads and two searches, the "
         f"second for CRI partial pieces, which may split a line anywhere, even inside `NCCL`): "
         f"{grep_wall / floor_wall:.2f} of grep's throughput before any line is handled"
-        + (", so the goal of 0.25 is out of reach for this design in Python; the share of a core at a "
-           "real log rate is the figure that matters on a node." if grep_wall / floor_wall < 0.25 else ".")
+        + (
+            ", so the goal of 0.25 is out of reach for this design in Python; the share of a core at a "
+            "real log rate is the figure that matters on a node."
+            if grep_wall / floor_wall < 0.25
+            else "."
+        )
     )
     return BenchResult(
         title="NCCL log ingest (tailer + analyzer vs grep)",

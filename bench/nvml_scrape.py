@@ -44,7 +44,9 @@ def _load_fake(build_dir: Path) -> ctypes.CDLL:
     return lib
 
 
-def _naive_scrape(nvml: Any, handles: list[Any], requests: list[tuple[list[tuple[int, int]], list[Any], int]]) -> list[Any]:
+def _naive_scrape(
+    nvml: Any, handles: list[Any], requests: list[tuple[list[tuple[int, int]], list[Any], int]]
+) -> list[Any]:
     """The same values, fetched one nvmlDeviceGetFieldValues call per value."""
     from exporter.collectors.nvml import NvmlCollector
     from exporter.sources.nvml import GpuIdentity, GpuReading, decode_field_values, links_from_values
@@ -80,22 +82,32 @@ def run(scrapes: int = 30, latencies_us: tuple[int, ...] = (0, 20)) -> BenchResu
     with tempfile.TemporaryDirectory(prefix="bench-nvml-") as folder:
         lib = _load_fake(Path(folder))
         for latency in latencies_us:
-            os.environ.update({"FAKE_NVML_GPU_COUNT": str(GPUS), "FAKE_NVML_LINK_COUNT": str(LINKS),
-                               "FAKE_NVML_CALL_LATENCY_US": str(latency)})
+            os.environ.update(
+                {
+                    "FAKE_NVML_GPU_COUNT": str(GPUS),
+                    "FAKE_NVML_LINK_COUNT": str(LINKS),
+                    "FAKE_NVML_CALL_LATENCY_US": str(latency),
+                }
+            )
             backend = PynvmlBackend()  # its nvmlInit re-reads the fake's settings
             collector = NvmlCollector(backend)
             ours = _measure(lambda: list(collector.collect()), lib, scrapes)  # noqa: B023 - called in this iteration
             pynvml.nvmlInit()
             handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(GPUS)]
             requests = [(*field_request(LINKS), LINKS) for _ in handles]
-            naive = _measure(lambda: _naive_scrape(pynvml, handles, requests), lib,  # noqa: B023 - called in this iteration
-                             max(3, scrapes // 5))
+            naive = _measure(
+                lambda: _naive_scrape(pynvml, handles, requests),  # noqa: B023 - called in this iteration
+                lib,
+                max(3, scrapes // 5),
+            )
             pynvml.nvmlShutdown()
             backend.close()
             rows.append((latency, ours, naive))
 
-    header = ("| modeled latency per NVML call | ours: ms/scrape | ours: NVML calls/scrape | "
-              "one call per value: ms/scrape | calls/scrape | time ratio | call ratio |\n|---|---|---|---|---|---|---|\n")
+    header = (
+        "| modeled latency per NVML call | ours: ms/scrape | ours: NVML calls/scrape | "
+        "one call per value: ms/scrape | calls/scrape | time ratio | call ratio |\n|---|---|---|---|---|---|---|\n"
+    )
     body = "".join(
         f"| {lat} µs | {o[0] * 1e3:.2f} | {o[1]:.0f} | {n[0] * 1e3:.2f} | {n[1]:.0f} | "
         f"{n[0] / o[0]:.1f}x | {n[1] / o[1]:.0f}x |\n"
@@ -113,7 +125,9 @@ def run(scrapes: int = 30, latencies_us: tuple[int, ...] = (0, 20)) -> BenchResu
             f"in {base[1][0] * 1e3:.2f} ms; one call per value takes {base[2][1]:.0f} calls and "
             f"{base[2][0] / base[1][0]:.1f}x the time. Goal: calls per scrape = GPUs, whatever the link count."
         ),
-        markdown=header + body + (
+        markdown=header
+        + body
+        + (
             "\nTimes are medians over the run on the fake library; the fake answers in microseconds, a real "
             "driver does not, hence the rows with a modeled per-call latency. Discovery (UUID, name, PCI id, "
             "link count) and each link's remote end are read once, before the timed scrapes.\n"

@@ -70,14 +70,16 @@ def mpi_peer(sizes: list[int], tcp_only: bool) -> tuple[str, dict[int, float]]:
     line = next((text for text in done.stdout.splitlines() if text.startswith("MPI_RESULT ")), None)
     if done.returncode != 0 or line is None:
         raise RuntimeError(f"mpirun failed ({done.returncode}): {(done.stderr or done.stdout)[-500:]}")
-    result = json.loads(line[len("MPI_RESULT "):])
-    return result["library"], {r["size_bytes"]: busbw("all_reduce", r["size_bytes"], r["time_seconds"], 2)
-                               for r in result["rows"]}
+    result = json.loads(line[len("MPI_RESULT ") :])
+    return result["library"], {
+        r["size_bytes"]: busbw("all_reduce", r["size_bytes"], r["time_seconds"], 2) for r in result["rows"]
+    }
 
 
 def probe_busbw(sizes: list[int], iters: int, warmup: int = WARMUP) -> tuple[dict[int, float], float, str]:
-    request = ProbeRequest("gloo", 2, ("all_reduce",), tuple(sizes), iters=iters, warmup_iters=warmup,
-                           timeout_seconds=900)
+    request = ProbeRequest(
+        "gloo", 2, ("all_reduce",), tuple(sizes), iters=iters, warmup_iters=warmup, timeout_seconds=900
+    )
     t0 = time.perf_counter()
     result = run_probe(request)
     wall = time.perf_counter() - t0
@@ -115,7 +117,9 @@ def compare_with_mpi() -> tuple[list[str], float, float]:
             ours[size].append(probe[size])
             shm[size].append(mpi_shm[size])
             tcp[size].append(mpi_tcp[size])
-    med = {name: {s: statistics.median(v[s]) for s in SIZES} for name, v in (("ours", ours), ("shm", shm), ("tcp", tcp))}
+    med = {
+        name: {s: statistics.median(v[s]) for s in SIZES} for name, v in (("ours", ours), ("shm", shm), ("tcp", tcp))
+    }
     lines = [
         f"Probe transport: {transport}. Peer: {library.strip()}. {WARMUP} warm-up + {ITERS} timed iterations per "
         f"size, time of the slowest rank, busbw = S/t x 2(n-1)/n (= algbw for 2 ranks), GB = 1e9 bytes. "
@@ -126,8 +130,10 @@ def compare_with_mpi() -> tuple[list[str], float, float]:
     ]
     for size in SIZES:
         o, m, t = med["ours"][size], med["shm"][size], med["tcp"][size]
-        lines.append(f"| {format_size(size)} | {o / GB:.2f} ({_spread(ours[size])}) | {m / GB:.2f} ({_spread(shm[size])}) "
-                     f"| {o / m:.2f} | {t / GB:.2f} ({_spread(tcp[size])}) | {o / t:.2f} |")
+        lines.append(
+            f"| {format_size(size)} | {o / GB:.2f} ({_spread(ours[size])}) | {m / GB:.2f} ({_spread(shm[size])}) "
+            f"| {o / m:.2f} | {t / GB:.2f} ({_spread(tcp[size])}) | {o / t:.2f} |"
+        )
     shm_ratio = statistics.median(med["ours"][s] / med["shm"][s] for s in SIZES)
     tcp_ratio = statistics.median(med["ours"][s] / med["tcp"][s] for s in SIZES)
     return lines, shm_ratio, tcp_ratio
@@ -158,34 +164,44 @@ def convergence() -> tuple[list[str], str]:
         values = [v for v, _ in short[iters]]
         deviations = [abs(v / ref - 1) for v in values]
         wall = statistics.median(w for _, w in short[iters])
-        lines.append(f"| {iters} | {wall:.2f} | {', '.join(f'{v / GB:.3f}' for v in values)} | "
-                     f"{statistics.median(deviations) * 100:.1f} % | {max(deviations) * 100:.1f} % |")
+        lines.append(
+            f"| {iters} | {wall:.2f} | {', '.join(f'{v / GB:.3f}' for v in values)} | "
+            f"{statistics.median(deviations) * 100:.1f} % | {max(deviations) * 100:.1f} % |"
+        )
         if enough is None and max(deviations) <= 0.05:
             enough = (iters, wall)
     spread = max(abs(r / ref - 1) for r in references)
     if enough:
         needed = f"{enough[0]} timed iterations ({enough[1]:.1f} s wall) were within ±5 % in all {REPEATS} runs"
     else:
-        needed = (f"no probe up to {SHORT_ITERS[-1]} iterations was within ±5 % in all {REPEATS} runs; the "
-                  f"{REFERENCE_ITERS}-iteration references themselves differ by up to {spread * 100:.0f} % from their median")
+        needed = (
+            f"no probe up to {SHORT_ITERS[-1]} iterations was within ±5 % in all {REPEATS} runs; the "
+            f"{REFERENCE_ITERS}-iteration references themselves differ by up to {spread * 100:.0f} % from their median"
+        )
     return lines, needed
 
 
 def run() -> BenchResult:
     command = "python -m bench.probe_vs_mpi"
-    peer = ("MPI Allreduce via mpi4py on Debian's Open MPI, 2 ranks, with its default transports (shared memory) "
-            "and restricted to TCP (--mca btl self,tcp)")
+    peer = (
+        "MPI Allreduce via mpi4py on Debian's Open MPI, 2 ranks, with its default transports (shared memory) "
+        "and restricted to TCP (--mca btl self,tcp)"
+    )
     why = missing_peer()
     if why is not None:
         return BenchResult("Probe busbw vs MPI all-reduce", command, peer, None, f"skipped: {why}", "")
     load_before = os.getloadavg()[0]
     lines, shm_ratio, tcp_ratio = compare_with_mpi()
     more, needed = convergence()
-    load = (f"1-minute load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end, "
-            f"on {os.cpu_count()} cores")
+    load = (
+        f"1-minute load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end, "
+        f"on {os.cpu_count()} cores"
+    )
     lines += ["", *more, "", f"Convergence: {needed}.", "", f"Machine: {load}."]
-    summary = (f"Probe busbw / MPI busbw, median over 1 MiB–256 MiB: {shm_ratio:.2f} against Open MPI on shared "
-               f"memory, {tcp_ratio:.2f} against Open MPI restricted to TCP. {needed}.")
+    summary = (
+        f"Probe busbw / MPI busbw, median over 1 MiB–256 MiB: {shm_ratio:.2f} against Open MPI on shared "
+        f"memory, {tcp_ratio:.2f} against Open MPI restricted to TCP. {needed}."
+    )
     return BenchResult("Probe busbw vs MPI all-reduce", command, peer, shm_ratio, summary, "\n".join(lines))
 
 

@@ -68,8 +68,9 @@ def _measure(commands: dict[str, list[str]], urls: dict[str, str], seconds: floa
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
         for name, argv in commands.items():
-            procs[name] = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                           stdin=subprocess.DEVNULL)
+            procs[name] = subprocess.Popen(
+                argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL
+            )
         for name, proc in procs.items():
             if not wait_answering(urls[name], proc, commands[name][0], 30.0):
                 raise TimeoutError(f"{commands[name][0]} did not answer")
@@ -84,8 +85,12 @@ def _measure(commands: dict[str, list[str]], urls: dict[str, str], seconds: floa
                 times[name].append(elapsed_ms)
             time.sleep(interval)
         return {
-            name: Usage(process_rss_bytes(proc.pid), process_cpu_seconds(proc.pid) - cpu_before[name],
-                        statistics.median(times[name]), sizes[name])
+            name: Usage(
+                process_rss_bytes(proc.pid),
+                process_cpu_seconds(proc.pid) - cpu_before[name],
+                statistics.median(times[name]),
+                sizes[name],
+            )
             for name, proc in procs.items()
         }
     finally:
@@ -111,13 +116,28 @@ def measure(ports: int, seconds: float, interval: float, node_exporter: str) -> 
         sysfs = build_tree(root / "node", ports)
         ours_port, peer_port = free_loopback_port(), free_loopback_port()
         commands = {
-            "ours": [sys.executable, "-m", "exporter", "serve", f"--web.listen-address=127.0.0.1:{ours_port}",
-                     f"--path.sysfs={sysfs}", f"--path.pod-logs={root / 'pods'}",
-                     f"--path.nccl-debug-files={root / 'nccl'}", f"--path.state={root / 'state'}",
-                     f"--path.pod-resources={root / 'no-kubelet.sock'}", f"--path.probe-results={root / 'probe'}",
-                     "--log.level=error"],
-            "peer": [node_exporter, f"--web.listen-address=127.0.0.1:{peer_port}", f"--path.sysfs={sysfs}",
-                     "--collector.disable-defaults", "--collector.infiniband", "--log.level=error"],
+            "ours": [
+                sys.executable,
+                "-m",
+                "exporter",
+                "serve",
+                f"--web.listen-address=127.0.0.1:{ours_port}",
+                f"--path.sysfs={sysfs}",
+                f"--path.pod-logs={root / 'pods'}",
+                f"--path.nccl-debug-files={root / 'nccl'}",
+                f"--path.state={root / 'state'}",
+                f"--path.pod-resources={root / 'no-kubelet.sock'}",
+                f"--path.probe-results={root / 'probe'}",
+                "--log.level=error",
+            ],
+            "peer": [
+                node_exporter,
+                f"--web.listen-address=127.0.0.1:{peer_port}",
+                f"--path.sysfs={sysfs}",
+                "--collector.disable-defaults",
+                "--collector.infiniband",
+                "--log.level=error",
+            ],
         }
         urls = {"ours": f"http://127.0.0.1:{ours_port}/metrics", "peer": f"http://127.0.0.1:{peer_port}/metrics"}
         usage = _measure(commands, urls, seconds, interval)
@@ -166,15 +186,21 @@ of the exporter's own code, collectors or data. The design target is well under 
 counted in kernel clock ticks (10 ms at 100 Hz), so short runs round.
 """
     )
-    rss = ", ".join(f"{r.ours.rss_bytes / 2**20:.1f} MiB vs {r.peer.rss_bytes / 2**20:.1f} MiB "
-                    f"(**{r.rss_ratio:.2f}x**) at {r.ports} ports" for r in runs)
-    cpu = ", ".join(f"{r.ours.cpu_seconds / scrapes * 1000:.1f} ms vs {r.peer.cpu_seconds / scrapes * 1000:.1f} ms"
-                    for r in runs)
+    rss = ", ".join(
+        f"{r.ours.rss_bytes / 2**20:.1f} MiB vs {r.peer.rss_bytes / 2**20:.1f} MiB "
+        f"(**{r.rss_ratio:.2f}x**) at {r.ports} ports"
+        for r in runs
+    )
+    cpu = ", ".join(
+        f"{r.ours.cpu_seconds / scrapes * 1000:.1f} ms vs {r.peer.cpu_seconds / scrapes * 1000:.1f} ms" for r in runs
+    )
     scrape = ", ".join(f"{r.ours.scrape_ms / r.peer.scrape_ms:.2f}x" for r in runs)
     return BenchResult(
         title="Exporter memory and CPU at rest vs node_exporter",
-        command=(f"python -m bench.rest_usage --seconds {seconds:g} --scrape-interval {scrape_interval:g} "
-                 f"--ports {' '.join(map(str, ports))}"),
+        command=(
+            f"python -m bench.rest_usage --seconds {seconds:g} --scrape-interval {scrape_interval:g} "
+            f"--ports {' '.join(map(str, ports))}"
+        ),
         peer="prometheus-node-exporter (infiniband collector) on the same sysfs tree",
         ratio=max(r.rss_ratio for r in runs),
         summary=f"RSS {rss} (goal: within {GOAL_RSS_RATIO:g}x); CPU per scrape {cpu}; median scrape time {scrape}.",

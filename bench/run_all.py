@@ -93,8 +93,9 @@ def _unfresh(section: str, why: str) -> str:
 def render(previous: str, outcomes: list[Outcome]) -> str:
     head, sections = split_sections(previous)
     fresh = {o.result.title: o.result.section() for o in outcomes if o.result is not None}
-    stale = {o.name: (o.skipped and f"skipped ({o.skipped})") or f"failed ({o.failed})"
-             for o in outcomes if o.result is None}
+    stale = {
+        o.name: (o.skipped and f"skipped ({o.skipped})") or f"failed ({o.failed})" for o in outcomes if o.result is None
+    }
     out: list[str] = []
     seen: set[str] = set()
     for title, text in sections:
@@ -105,7 +106,11 @@ def render(previous: str, outcomes: list[Outcome]) -> str:
         owner = next((name for name in stale if f"python -m bench.{name}" in text), None)
         out.append(_unfresh(text, stale[owner]) if owner else text)
     out += [text for title, text in fresh.items() if title not in seen]
-    return (head.rstrip() + "\n" if head.strip() else HEADER) + "\n" + "\n".join(section.rstrip() + "\n" for section in out)
+    return (
+        (head.rstrip() + "\n" if head.strip() else HEADER)
+        + "\n"
+        + "\n".join(section.rstrip() + "\n" for section in out)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

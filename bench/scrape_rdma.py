@@ -81,13 +81,40 @@ def measure(scrapes: int, ports: int) -> dict[str, object]:
     try:
         sysfs = build_tree(tmp, ports)
         ours_port, theirs_port = free_port(), free_port()
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "exporter", "serve", "--path.sysfs", str(sysfs), "--collector.disable-defaults",
-             "--collector.rdma", "--web.listen-address", f"127.0.0.1:{ours_port}", "--log.level", "warning"],
-            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        procs.append(subprocess.Popen(
-            [node_exporter, f"--path.sysfs={sysfs}", "--collector.disable-defaults", "--collector.infiniband",
-             f"--web.listen-address=127.0.0.1:{theirs_port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "exporter",
+                    "serve",
+                    "--path.sysfs",
+                    str(sysfs),
+                    "--collector.disable-defaults",
+                    "--collector.rdma",
+                    "--web.listen-address",
+                    f"127.0.0.1:{ours_port}",
+                    "--log.level",
+                    "warning",
+                ],
+                cwd=REPO,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+        procs.append(
+            subprocess.Popen(
+                [
+                    node_exporter,
+                    f"--path.sysfs={sysfs}",
+                    "--collector.disable-defaults",
+                    "--collector.infiniband",
+                    f"--web.listen-address=127.0.0.1:{theirs_port}",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
         wait_ready(ours_port)
         wait_ready(theirs_port)
         ours_conn = http.client.HTTPConnection("127.0.0.1", ours_port, timeout=10)
@@ -103,10 +130,14 @@ def measure(scrapes: int, ports: int) -> dict[str, object]:
             ms, theirs_bytes = scrape_ms(theirs_conn)
             theirs.append(ms)
         return {
-            "ports": ports, "scrapes": scrapes,
-            "ours_median": statistics.median(ours), "ours_p90": statistics.quantiles(ours, n=10)[-1],
-            "theirs_median": statistics.median(theirs), "theirs_p90": statistics.quantiles(theirs, n=10)[-1],
-            "ours_bytes": ours_bytes, "theirs_bytes": theirs_bytes,
+            "ports": ports,
+            "scrapes": scrapes,
+            "ours_median": statistics.median(ours),
+            "ours_p90": statistics.quantiles(ours, n=10)[-1],
+            "theirs_median": statistics.median(theirs),
+            "theirs_p90": statistics.quantiles(theirs, n=10)[-1],
+            "ours_bytes": ours_bytes,
+            "theirs_bytes": theirs_bytes,
         }
     finally:
         for proc in procs:
@@ -129,7 +160,8 @@ def run(scrapes: int = 200, ports: Sequence[int] = PORT_COUNTS) -> BenchResult:
         for m in runs
     )
     table = (
-        "| ports | exporter | median ms | p90 ms | body bytes | ratio |\n|---|---|---|---|---|---|\n" + rows
+        "| ports | exporter | median ms | p90 ms | body bytes | ratio |\n|---|---|---|---|---|---|\n"
+        + rows
         + f"\nNDR ports, {scrapes} alternating keep-alive scrapes each on loopback per port count; both bodies "
         "include the exporter's own process metrics. Ours also carries hw_counters/ and the info/netdev facts "
         "that node_exporter does not read."

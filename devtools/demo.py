@@ -49,8 +49,13 @@ NODE = "demo-node"
 FALLBACK_NAMESPACE = "ml-training"
 FALLBACK_POD = "llama-70b-worker-0"
 # Faster than production (15-30 s) so the demo moves; the rules and their for: are the shipped ones.
-DEMO_INTERVALS = Intervals(scrape_seconds=2.0, evaluation_seconds=2.0, group_wait_seconds=1.0,
-                           group_interval_seconds=10.0, repeat_interval_seconds=3600.0)
+DEMO_INTERVALS = Intervals(
+    scrape_seconds=2.0,
+    evaluation_seconds=2.0,
+    group_wait_seconds=1.0,
+    group_interval_seconds=10.0,
+    repeat_interval_seconds=3600.0,
+)
 EVENT_TEXT = {
     "metric": "ccl_nccl_tcp_fallback = 1 on the exporter's /metrics",
     "pending": "alert CclNcclTcpFallback pending in Prometheus (the rule matched; its for: starts)",
@@ -89,9 +94,13 @@ def run_chain(exporter: SimulatedExporter, rules: Path, workdir: Path, timeout: 
     kube_state_metrics = StaticMetricsServer(gpu_node_capacity_metrics([NODE]))
     stops.callback(kube_state_metrics.stop)
     stack = Stack(
-        workdir, [exporter.target], rule_files=[rules], intervals=DEMO_INTERVALS,
+        workdir,
+        [exporter.target],
+        rule_files=[rules],
+        intervals=DEMO_INTERVALS,
         other_jobs={"kube-state-metrics": [ScrapeTarget(kube_state_metrics.address)]},
-        prometheus_port=port_if_free(9090), alertmanager_port=port_if_free(9093),
+        prometheus_port=port_if_free(9090),
+        alertmanager_port=port_if_free(9093),
     )
     stops.callback(stack.stop)
     stack.start()
@@ -104,30 +113,44 @@ def run_chain(exporter: SimulatedExporter, rules: Path, workdir: Path, timeout: 
     time.sleep(2 * DEMO_INTERVALS.scrape_seconds)  # a healthy sample or two first
     say()
     say(f"Restarting {FALLBACK_NAMESPACE}/{FALLBACK_POD}; NCCL comes back on NET/Socket (no IB device found).")
-    written = exporter.act("nccl-job-restart", namespace=FALLBACK_NAMESPACE, pod=FALLBACK_POD,
-                           network="Socket")["at"]
-    say("  +   0.0 s  NCCL init lines written to the pod's log "
-        "(\"NET/IB : No device found\", \"Using network Socket\")")
+    written = exporter.act("nccl-job-restart", namespace=FALLBACK_NAMESPACE, pod=FALLBACK_POD, network="Socket")["at"]
+    say('  +   0.0 s  NCCL init lines written to the pod\'s log ("NET/IB : No device found", "Using network Socket")')
 
     def on_event(name: str, timeline: Timeline) -> None:
-        at = {"metric": timeline.metric_at, "pending": timeline.pending_at,
-              "firing": timeline.firing_at, "notified": timeline.notified_at}[name]
+        at = {
+            "metric": timeline.metric_at,
+            "pending": timeline.pending_at,
+            "firing": timeline.firing_at,
+            "notified": timeline.notified_at,
+        }[name]
         say(f"  +{(at or written) - written:6.1f} s  {EVENT_TEXT[name]}")
 
     watch = tcp_fallback_watch(FALLBACK_NAMESPACE, FALLBACK_POD, NODE)
     timeline = follow(written, watch, exporter, stack.prometheus, stack.receiver, timeout, on_event=on_event)
-    hold = next((rule.get("duration", 0) for group in stack.prometheus.rule_groups() for rule in group["rules"]
-                 if rule.get("name") == watch.alertname), 0)
+    hold = next(
+        (
+            rule.get("duration", 0)
+            for group in stack.prometheus.rule_groups()
+            for rule in group["rules"]
+            if rule.get("name") == watch.alertname
+        ),
+        0,
+    )
     say()
     if timeline.complete:
         labels = timeline.notification_labels
-        say("Notification: " + ", ".join(
-            f"{key}={labels.get(key, '?')}"
-            for key in ("alertname", "namespace", "pod", "job_name", "job_kind", "node", "severity")
-        ))
-        say(f"Detection: {timeline.seconds(timeline.notified_at):.1f} s from the NCCL lines to the receiver "
+        say(
+            "Notification: "
+            + ", ".join(
+                f"{key}={labels.get(key, '?')}"
+                for key in ("alertname", "namespace", "pod", "job_name", "job_kind", "node", "severity")
+            )
+        )
+        say(
+            f"Detection: {timeline.seconds(timeline.notified_at):.1f} s from the NCCL lines to the receiver "
             f"(the rule's for: holds it {hold:g} s; scrape and evaluation every {DEMO_INTERVALS.scrape_seconds:g} s "
-            "here, 15-30 s in production).")
+            "here, 15-30 s in production)."
+        )
     else:
         say(f"The chain did not complete within {timeout:.0f} s:")
         say(timeline.render("NCCL lines written"))
@@ -141,13 +164,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-monitoring", action="store_true", help="only the simulated node, no Prometheus")
     parser.add_argument("--exit-after-timeline", action="store_true", help="stop once the timeline is printed")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the notification")
-    parser.add_argument("--rules", type=Path, default=None,
-                        help="alert rules to load (default: alerts/ccl-health-rules.yaml of the working folder "
-                        "or the source checkout)")
+    parser.add_argument(
+        "--rules",
+        type=Path,
+        default=None,
+        help="alert rules to load (default: alerts/ccl-health-rules.yaml of the working folder or the source checkout)",
+    )
     args = parser.parse_args(argv)
     _stop_on_sigterm()
-    exporter = SimulatedExporter(NODE, port=port_if_free(args.port),
-                                 extra_args=["--collector.nccl.grace-period=30"])
+    exporter = SimulatedExporter(NODE, port=port_if_free(args.port), extra_args=["--collector.nccl.grace-period=30"])
     stops = ExitStack()
     try:
         stops.callback(exporter.stop)
@@ -164,11 +189,15 @@ def main(argv: list[str] | None = None) -> int:
         if missing:
             say(f"Skipped Prometheus, Alertmanager and the alert timeline: {', '.join(missing)} not available.")
             if not args.no_monitoring:
-                say("  To see the whole chain: apt-get install prometheus prometheus-alertmanager, "
-                    "then make demo again.")
+                say(
+                    "  To see the whole chain: apt-get install prometheus prometheus-alertmanager, "
+                    "then make demo again."
+                )
             say(f"  Try: curl -s {exporter.url}/metrics | grep ^ccl_nccl_tcp_fallback")
-            say(f"       curl -s -X POST "
-                f"'{exporter.url}/-/sim/nccl-job-restart?namespace={FALLBACK_NAMESPACE}&pod={FALLBACK_POD}'")
+            say(
+                f"       curl -s -X POST "
+                f"'{exporter.url}/-/sim/nccl-job-restart?namespace={FALLBACK_NAMESPACE}&pod={FALLBACK_POD}'"
+            )
             if args.exit_after_timeline:
                 return 0
             say("Ctrl-C stops it.")

@@ -33,13 +33,17 @@ from exporter.sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
 
 REFERENCE_ALERT = "ReferenceTcpFallbackNoHold"
 REFERENCE_RULES = {
-    "groups": [{
-        "name": "detection-latency-reference",
-        "rules": [{
-            "alert": REFERENCE_ALERT,
-            "expr": "max by (namespace, pod, job_name, job_kind, node) (ccl_nccl_tcp_fallback == 1)",
-        }],
-    }]
+    "groups": [
+        {
+            "name": "detection-latency-reference",
+            "rules": [
+                {
+                    "alert": REFERENCE_ALERT,
+                    "expr": "max by (namespace, pod, job_name, job_kind, node) (ccl_nccl_tcp_fallback == 1)",
+                }
+            ],
+        }
+    ]
 }
 
 
@@ -66,8 +70,13 @@ def measure_once(intervals: Intervals, workdir: Path, timeout: float = 400.0) ->
     kube_state_metrics = StaticMetricsServer(gpu_node_capacity_metrics(e.node for e in exporters))
     try:
         make_healthy(exporters)
-        stack = Stack(workdir, [e.target for e in exporters], rule_files=[rules, reference], intervals=intervals,
-                      other_jobs={"kube-state-metrics": [ScrapeTarget(kube_state_metrics.address)]})
+        stack = Stack(
+            workdir,
+            [e.target for e in exporters],
+            rule_files=[rules, reference],
+            intervals=intervals,
+            other_jobs={"kube-state-metrics": [ScrapeTarget(kube_state_metrics.address)]},
+        )
         with stack:
             assert stack.prometheus is not None and stack.receiver is not None
             stack.prometheus.wait_targets_up(2, timeout=120)
@@ -76,16 +85,26 @@ def measure_once(intervals: Intervals, workdir: Path, timeout: float = 400.0) ->
             watch = tcp_fallback_watch(TRAINING_NAMESPACE, TRAINING_POD, node.node)
             if exporter_has(node, watch):
                 raise RuntimeError("the pod already reports a TCP fallback before the restart: nothing to time")
-            written = node.act("nccl-job-restart", namespace=TRAINING_NAMESPACE, pod=TRAINING_POD,
-                               network="Socket")["at"]
+            written = node.act("nccl-job-restart", namespace=TRAINING_NAMESPACE, pod=TRAINING_POD, network="Socket")[
+                "at"
+            ]
             ours = follow(written, watch, node, stack.prometheus, stack.receiver, timeout)
             # The reference rule sits in a group at the global evaluation interval: give it time.
             got = stack.receiver.wait_alert(
-                REFERENCE_ALERT, "firing", match=watch.alert_labels,
+                REFERENCE_ALERT,
+                "firing",
+                match=watch.alert_labels,
                 timeout=intervals.scrape_seconds + intervals.evaluation_seconds + intervals.group_wait_seconds + 30,
             )
-            found = next(((g, r) for g in stack.prometheus.rule_groups() for r in g["rules"]
-                          if r.get("name") == watch.alertname), None)
+            found = next(
+                (
+                    (g, r)
+                    for g in stack.prometheus.rule_groups()
+                    for r in g["rules"]
+                    if r.get("name") == watch.alertname
+                ),
+                None,
+            )
             if found is None:
                 raise RuntimeError(f"Prometheus has no rule {watch.alertname}: is {rules} the shipped rules file?")
             group, rule = found

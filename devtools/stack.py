@@ -263,9 +263,7 @@ class WebhookReceiver:
         with self._lock:
             return list(self._notifications)
 
-    def wait_for(
-        self, predicate: Callable[[Notification], bool], timeout: float
-    ) -> Notification | None:
+    def wait_for(self, predicate: Callable[[Notification], bool], timeout: float) -> Notification | None:
         """The first notification (already here or arriving within ``timeout``) that satisfies ``predicate``."""
         deadline = time.monotonic() + timeout
         seen = 0
@@ -359,8 +357,14 @@ class CadvisorStandIn:
         value, since, rate = self._counters.get(key, (0.0, now, 0.0))
         return value + rate * (now - since)
 
-    def set_traffic(self, namespace: str, pod: str, transmit_bytes_per_second: float,
-                    receive_bytes_per_second: float, interface: str = "eth0") -> None:
+    def set_traffic(
+        self,
+        namespace: str,
+        pod: str,
+        transmit_bytes_per_second: float,
+        receive_bytes_per_second: float,
+        interface: str = "eth0",
+    ) -> None:
         """From now on the pod's ``interface`` counters grow at these rates."""
         now = self._clock()
         with self._lock:
@@ -377,8 +381,10 @@ class CadvisorStandIn:
                 lines.append(f"# TYPE {name} counter")
                 for key in sorted(k for k in self._counters if k[0] == direction):
                     _, namespace, pod, interface = key
-                    labels = (f'container="",id="/kubepods/pod-{pod}",image="",interface="{interface}",name="",'
-                              f'namespace="{namespace}",pod="{pod}"')
+                    labels = (
+                        f'container="",id="/kubepods/pod-{pod}",image="",interface="{interface}",name="",'
+                        f'namespace="{namespace}",pod="{pod}"'
+                    )
                     lines.append(f"{name}{{{labels}}} {self._value(key, now):.0f}")
         return "\n".join(lines) + "\n"
 
@@ -469,8 +475,9 @@ class ManagedProcess:
 
     def start(self, ready_timeout: float = 30.0) -> None:
         with open(self.log_path, "ab") as log_file:
-            self.proc = subprocess.Popen(self.argv(), stdout=log_file, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(
+                self.argv(), stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
         try:
             if wait_answering(self.url + "/-/ready", self.proc, self.name, ready_timeout):
                 return
@@ -524,8 +531,12 @@ class Prometheus(ManagedProcess):
             raise StackUnavailable("promtool is not installed (it comes with the prometheus package)")
         source = self.workdir / "backfill.om"
         source.write_text(openmetrics)
-        done = subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(source),
-                               str(self.workdir / "tsdb")], capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [promtool, "tsdb", "create-blocks-from", "openmetrics", str(source), str(self.workdir / "tsdb")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if done.returncode != 0:
             raise RuntimeError(f"promtool backfill failed: {done.stderr.strip() or done.stdout.strip()}")
 
@@ -572,7 +583,8 @@ class Prometheus(ManagedProcess):
     def wait_targets_up(self, count: int, timeout: float = 60.0, job_name: str = SCRAPE_JOB) -> None:
         self.wait_until(
             lambda: len(self.values(f'up{{job="{job_name}"}} == 1')) >= count,
-            timeout, f"{count} targets up",
+            timeout,
+            f"{count} targets up",
         )
 
     def wait_alert(
@@ -633,15 +645,19 @@ class Stack:
                 assert alertmanager_binary is not None
                 self.receiver = WebhookReceiver().start()
                 self.alertmanager = Alertmanager(
-                    alertmanager_binary, self.workdir / "alertmanager",
-                    alertmanager_config(self.receiver.url, self.intervals), port=self.alertmanager_port,
+                    alertmanager_binary,
+                    self.workdir / "alertmanager",
+                    alertmanager_config(self.receiver.url, self.intervals),
+                    port=self.alertmanager_port,
                 )
                 self.alertmanager.start()
                 alertmanager_address = self.alertmanager.address
             self.prometheus = Prometheus(
-                prometheus_binary, self.workdir / "prometheus",
-                prometheus_config(self.targets, self.rule_files, alertmanager_address, self.intervals,
-                                  other_jobs=self.other_jobs),
+                prometheus_binary,
+                self.workdir / "prometheus",
+                prometheus_config(
+                    self.targets, self.rule_files, alertmanager_address, self.intervals, other_jobs=self.other_jobs
+                ),
                 port=self.prometheus_port,
             )
             if self.backfill:
@@ -677,17 +693,31 @@ class Stack:
 class SimulatedExporter:
     """``ccl-exporter serve --simulate`` in a subprocess on a loopback port, driven through ``/-/sim``."""
 
-    def __init__(self, node: str, seed: int = 7, port: int | None = None, extra_args: Sequence[str] = (),
-                 log_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        node: str,
+        seed: int = 7,
+        port: int | None = None,
+        extra_args: Sequence[str] = (),
+        log_path: Path | None = None,
+    ) -> None:
         import sys
 
         self.node = node
         self.port = port or free_loopback_port()
         self.address = f"{LOOPBACK}:{self.port}"
         self.url = f"http://{self.address}"
-        self.argv = [sys.executable, "-m", "exporter", "serve", "--simulate",
-                     f"--web.listen-address={self.address}", f"--simulate.seed={seed}",
-                     "--log.level=warning", *extra_args]
+        self.argv = [
+            sys.executable,
+            "-m",
+            "exporter",
+            "serve",
+            "--simulate",
+            f"--web.listen-address={self.address}",
+            f"--simulate.seed={seed}",
+            "--log.level=warning",
+            *extra_args,
+        ]
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -740,12 +770,15 @@ class SimulatedExporter:
         stop_process(self.proc, timeout)
 
 
-def start_exporters(count: int, node_prefix: str = "gpu-node-", first_seed: int = 1,
-                    extra_args: Sequence[str] = ()) -> list[SimulatedExporter]:
+def start_exporters(
+    count: int, node_prefix: str = "gpu-node-", first_seed: int = 1, extra_args: Sequence[str] = ()
+) -> list[SimulatedExporter]:
     """``count`` simulated nodes (``gpu-node-01`` ...), started together, then waited for."""
     width = max(2, len(str(count)))
-    exporters = [SimulatedExporter(f"{node_prefix}{i + 1:0{width}d}", seed=first_seed + i, extra_args=extra_args)
-                 for i in range(count)]
+    exporters = [
+        SimulatedExporter(f"{node_prefix}{i + 1:0{width}d}", seed=first_seed + i, extra_args=extra_args)
+        for i in range(count)
+    ]
     try:
         for exporter in exporters:
             exporter.start(wait=False)

@@ -34,8 +34,11 @@ class Watch:
 def tcp_fallback_watch(namespace: str, pod: str, node: str) -> Watch:
     """The headline chain: a pod's NCCL falls back to TCP → ``ccl_nccl_tcp_fallback`` 1 → CclNcclTcpFallback."""
     return Watch(
-        metric="ccl_nccl_tcp_fallback", metric_labels={"namespace": namespace, "pod": pod}, metric_value=1.0,
-        alertname="CclNcclTcpFallback", alert_labels={"namespace": namespace, "pod": pod, "node": node},
+        metric="ccl_nccl_tcp_fallback",
+        metric_labels={"namespace": namespace, "pod": pod},
+        metric_value=1.0,
+        alertname="CclNcclTcpFallback",
+        alert_labels={"namespace": namespace, "pod": pod, "node": node},
     )
 
 
@@ -90,8 +93,10 @@ def parse_timestamp(text: str) -> float:
 def exporter_has(exporter: SimulatedExporter, watch: Watch) -> bool:
     for family in text_string_to_metric_families(exporter.metrics()):
         for sample in family.samples:
-            if sample.name == watch.metric and sample.value == watch.metric_value and all(
-                sample.labels.get(k) == v for k, v in watch.metric_labels.items()
+            if (
+                sample.name == watch.metric
+                and sample.value == watch.metric_value
+                and all(sample.labels.get(k) == v for k, v in watch.metric_labels.items())
             ):
                 return True
     return False
@@ -153,8 +158,9 @@ def follow(
             )
             if got is not None:
                 timeline.notified_at = got.received_at
-                alert = next(a for a in got.alerts
-                             if alert_matches(a.get("labels", {}), watch.alertname, watch.alert_labels))
+                alert = next(
+                    a for a in got.alerts if alert_matches(a.get("labels", {}), watch.alertname, watch.alert_labels)
+                )
                 timeline.notification_labels = dict(alert.get("labels", {}))
                 seen("notified")
                 break

@@ -45,9 +45,12 @@ def add_parser(
         "4 the log does not show enough to tell, 1 unreadable input (nothing on stdout), 2 usage.",
     )
     parser.add_argument("--json", action="store_true", help="print exactly one JSON object")
-    parser.add_argument("paths", nargs="+", metavar="PATH",
-                        help="log file or folder; - reads standard input "
-                             "(e.g. kubectl logs POD | ccl-exporter analyze -)")
+    parser.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="log file or folder; - reads standard input (e.g. kubectl logs POD | ccl-exporter analyze -)",
+    )
     parser.set_defaults(handler=run)
     return parser
 
@@ -126,8 +129,13 @@ def _yes_no(value: object) -> str:
 
 def one_line(verdict: Verdict) -> str:
     """The verdict as one sentence an SRE can paste into a ticket."""
-    facts = [f"network {verdict.network or '?'}", f"GDR {_yes_no(verdict.gdr)}",
-             f"NCCL {verdict.nccl_version or '?'}", f"nodes {verdict.nodes or '?'}", f"ranks {verdict.nranks or '?'}"]
+    facts = [
+        f"network {verdict.network or '?'}",
+        f"GDR {_yes_no(verdict.gdr)}",
+        f"NCCL {verdict.nccl_version or '?'}",
+        f"nodes {verdict.nodes or '?'}",
+        f"ranks {verdict.nranks or '?'}",
+    ]
     meaning = {
         "tcp_fallback": "inter-node NCCL traffic runs over TCP (fallback from RDMA)",
         "rdma": "inter-node NCCL traffic runs over RDMA",
@@ -140,8 +148,10 @@ def one_line(verdict: Verdict) -> str:
 def next_step(verdict: Verdict) -> str:
     """What the exit code means for the job, and what to do when the log cannot tell."""
     if verdict.verdict == "unknown":
-        return (f"  cannot tell (exit {EXIT_CANNOT_TELL}): run the job with {LOGGING_HINT} and give this command "
-                "the log from the start of the job (NCCL prints its network choice once, at communicator init)")
+        return (
+            f"  cannot tell (exit {EXIT_CANNOT_TELL}): run the job with {LOGGING_HINT} and give this command "
+            "the log from the start of the job (NCCL prints its network choice once, at communicator init)"
+        )
     if verdict.verdict == "tcp_fallback":
         return f"  TCP fallback (exit {EXIT_TCP_FALLBACK}): see the CclNcclTcpFallback runbook"
     return f"  no fallback shown (exit {EXIT_OK})"
@@ -151,8 +161,17 @@ def render_text(verdict: Verdict, out: TextIO, warning_counts: Mapping[str, int]
     rows = [("COMMUNICATOR", "RANKS", "NODES", "NETWORK", "GDR", "INTER-NODE TCP", "CONNECTIONS")]
     for c in verdict.communicators:
         transports = " ".join(f"{transport_key(k)}={v}" for k, v in sorted(c.transports.items())) or "-"
-        rows.append((c.comm_id, str(c.nranks or "?"), str(c.nnodes or "?"), c.network or "?", _yes_no(c.gdr),
-                     _yes_no(c.inter_node_tcp), transports))
+        rows.append(
+            (
+                c.comm_id,
+                str(c.nranks or "?"),
+                str(c.nnodes or "?"),
+                c.network or "?",
+                _yes_no(c.gdr),
+                _yes_no(c.inter_node_tcp),
+                transports,
+            )
+        )
     if len(rows) > 1:
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
         for r in rows:

@@ -34,23 +34,54 @@ if TYPE_CHECKING:  # the server (aiohttp) is loaded by ``serve`` only
 log = logging.getLogger("exporter")
 
 WEB_FLAGS = (
-    Flag("--web.listen-address", None,
-         f"address to listen on (default 0.0.0.0:{DEFAULT_PORT}; 127.0.0.1:{DEFAULT_PORT} with --simulate)",
-         dest="listen_address"),
-    Flag("--web.max-requests", 4, "/metrics requests handled at once (more wait); the pages themselves are "
-         "collected and built one at a time", dest="max_requests", type=int),
-    Flag("--web.max-connections", 64,
-         "open connections allowed; a new one closes the least recently active idle one, or is refused",
-         dest="max_connections", type=int),
-    Flag("--web.read-header-timeout", 10.0, "seconds a connection may take to send its request headers",
-         dest="read_header_timeout", type=float),
-    Flag("--web.keepalive-timeout", 45.0, "seconds an idle keep-alive connection stays open",
-         dest="keepalive_timeout", type=float),
-    Flag("--web.max-page-bytes", DEFAULT_MAX_PAGE_BYTES,
-         "largest /metrics page (uncompressed); beyond it the largest families are left out",
-         dest="max_page_bytes", type=int),
-    Flag("--scrape.timeout", 10.0, "seconds a collector may take before it is reported failed", dest="scrape_timeout",
-         type=float),
+    Flag(
+        "--web.listen-address",
+        None,
+        f"address to listen on (default 0.0.0.0:{DEFAULT_PORT}; 127.0.0.1:{DEFAULT_PORT} with --simulate)",
+        dest="listen_address",
+    ),
+    Flag(
+        "--web.max-requests",
+        4,
+        "/metrics requests handled at once (more wait); the pages themselves are collected and built one at a time",
+        dest="max_requests",
+        type=int,
+    ),
+    Flag(
+        "--web.max-connections",
+        64,
+        "open connections allowed; a new one closes the least recently active idle one, or is refused",
+        dest="max_connections",
+        type=int,
+    ),
+    Flag(
+        "--web.read-header-timeout",
+        10.0,
+        "seconds a connection may take to send its request headers",
+        dest="read_header_timeout",
+        type=float,
+    ),
+    Flag(
+        "--web.keepalive-timeout",
+        45.0,
+        "seconds an idle keep-alive connection stays open",
+        dest="keepalive_timeout",
+        type=float,
+    ),
+    Flag(
+        "--web.max-page-bytes",
+        DEFAULT_MAX_PAGE_BYTES,
+        "largest /metrics page (uncompressed); beyond it the largest families are left out",
+        dest="max_page_bytes",
+        type=int,
+    ),
+    Flag(
+        "--scrape.timeout",
+        10.0,
+        "seconds a collector may take before it is reported failed",
+        dest="scrape_timeout",
+        type=float,
+    ),
 )
 PATH_FLAGS = (
     SYSFS,
@@ -59,23 +90,47 @@ PATH_FLAGS = (
     Flag("--path.state", "/var/lib/ccl-exporter", "writable folder for tail offsets", dest="state"),
     Flag("--path.pod-resources", str(DEFAULT_SOCKET), "kubelet pod-resources socket", dest="pod_resources"),
 )
-NODE_NAME = Flag("--kube.node-name", "", "this node's name (downward API; also read from NODE_NAME)",
-                 dest="node_name", also_env="NODE_NAME")
-DISABLE_DEFAULTS = Switch("--collector.disable-defaults",
-                          "disable every collector not enabled explicitly with --collector.<name>",
-                          dest="disable_defaults")
-SIMULATE = Switch("--simulate", "run on a built-in simulated node (no GPU or NIC needed) in a temporary folder; "
-                  "adds POST /-/sim/<action> (loopback clients only) to drive it, see exporter/sim/control.py",
-                  dest="simulate")
+NODE_NAME = Flag(
+    "--kube.node-name",
+    "",
+    "this node's name (downward API; also read from NODE_NAME)",
+    dest="node_name",
+    also_env="NODE_NAME",
+)
+DISABLE_DEFAULTS = Switch(
+    "--collector.disable-defaults",
+    "disable every collector not enabled explicitly with --collector.<name>",
+    dest="disable_defaults",
+)
+SIMULATE = Switch(
+    "--simulate",
+    "run on a built-in simulated node (no GPU or NIC needed) in a temporary folder; "
+    "adds POST /-/sim/<action> (loopback clients only) to drive it, see exporter/sim/control.py",
+    dest="simulate",
+)
 MISC_FLAGS = (
-    Flag("--simulate.seed", 7, "random seed of the simulated node (vary it across a simulated fleet)",
-         dest="simulate_seed", type=int),
+    Flag(
+        "--simulate.seed",
+        7,
+        "random seed of the simulated node (vary it across a simulated fleet)",
+        dest="simulate_seed",
+        type=int,
+    ),
     Flag("--simulate.tick", 1.0, "seconds between updates of the simulated node", dest="simulate_tick", type=float),
-    Flag("--simulate.job-ends-after", 0.0,
-         "with --simulate: seconds after which the simulated training pod ends and frees its GPUs (0 = never)",
-         dest="simulate_job_ends_after", type=float),
-    Flag("--log.level", "info", "debug, info, warning or error", dest="log_level",
-         choices=("debug", "info", "warning", "error")),
+    Flag(
+        "--simulate.job-ends-after",
+        0.0,
+        "with --simulate: seconds after which the simulated training pod ends and frees its GPUs (0 = never)",
+        dest="simulate_job_ends_after",
+        type=float,
+    ),
+    Flag(
+        "--log.level",
+        "info",
+        "debug, info, warning or error",
+        dest="log_level",
+        choices=("debug", "info", "warning", "error"),
+    ),
 )
 
 
@@ -95,9 +150,14 @@ def add_serve_arguments(
     collectors = parser.add_argument_group("collectors")
     DISABLE_DEFAULTS.add_to(collectors, environ)
     for spec in specs:
-        on_off_flag(collectors, environ, f"--collector.{spec.name}", dest=f"collector_{spec.name}",
-                    help=f"{spec.help} (enabled by default: {'yes' if spec.default_enabled else 'no'})",
-                    default=spec.default_enabled)
+        on_off_flag(
+            collectors,
+            environ,
+            f"--collector.{spec.name}",
+            dest=f"collector_{spec.name}",
+            help=f"{spec.help} (enabled by default: {'yes' if spec.default_enabled else 'no'})",
+            default=spec.default_enabled,
+        )
     for spec in specs:
         if spec.flags:
             group = parser.add_argument_group(spec.flag_group or f"collector {spec.name}")
@@ -190,8 +250,11 @@ def _web_settings(args: argparse.Namespace) -> tuple[ConnectionLimits, int]:
 
 def build_collectors(specs: Sequence[CollectorSpec], config: ServeConfig, resources: NodeResources) -> list[Collector]:
     """The enabled collectors, in exposition order, each from its settings and the node's resources."""
-    return [spec.factory(config.collector_settings[spec.name], resources)
-            for spec in specs if spec.name in config.enabled_collectors]
+    return [
+        spec.factory(config.collector_settings[spec.name], resources)
+        for spec in specs
+        if spec.name in config.enabled_collectors
+    ]
 
 
 def _watching(resources: NodeResources) -> StartupHook:
@@ -220,15 +283,17 @@ def run_serve(args: argparse.Namespace) -> int:
             from exporter.sim.control import SimControl, add_control_routes, ticker_hook
             from exporter.sim.resources import simulated_node_resources, temporary_simulated_node
 
-            node = stack.enter_context(temporary_simulated_node(config.simulate_seed,
-                                                                config.simulate_job_ends_after_seconds))
+            node = stack.enter_context(
+                temporary_simulated_node(config.simulate_seed, config.simulate_job_ends_after_seconds)
+            )
             resources = stack.enter_context(simulated_node_resources(node, nvml_collected=nvml_collected))
             control = SimControl(node)
             hooks.append(ticker_hook(control, max(0.1, config.simulate_tick_seconds)))
             log.info("simulated node in %s", node.root)
         else:
-            resources = stack.enter_context(real_node_resources(config.paths, config.node_name,
-                                                                nvml_collected=nvml_collected))
+            resources = stack.enter_context(
+                real_node_resources(config.paths, config.node_name, nvml_collected=nvml_collected)
+            )
         hooks.append(_watching(resources))
         host, port = parse_listen_address(config.listen_address)
         app = create_app(
@@ -240,8 +305,13 @@ def run_serve(args: argparse.Namespace) -> int:
         )
         if control is not None:
             add_control_routes(app, control)
-        log.info("ccl-exporter %s listening on http://%s:%d/metrics (collectors: %s)",
-                 __version__, host, port, ", ".join(config.enabled_collectors) or "none")
+        log.info(
+            "ccl-exporter %s listening on http://%s:%d/metrics (collectors: %s)",
+            __version__,
+            host,
+            port,
+            ", ".join(config.enabled_collectors) or "none",
+        )
         try:
             run_server(app, host, port, limits)
         except OSError as exc:  # the address is taken or not this host's

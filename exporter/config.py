@@ -60,5 +60,6 @@ class ServeConfig:
 
     @property
     def paths(self) -> HostPaths:
-        return HostPaths(self.sysfs, self.pod_logs, self.nccl_debug_files, self.state, self.pod_resources,
-                         self.probe_results)
+        return HostPaths(
+            self.sysfs, self.pod_logs, self.nccl_debug_files, self.state, self.pod_resources, self.probe_results
+        )

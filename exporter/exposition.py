@@ -170,11 +170,17 @@ class PageRenderer:
                 continue
             names.append(family.name)
             for index in page.add(chunk, evictable=not family.name.startswith(SELF_METRIC_PREFIX)):
-                self._report_once("page_size", names[index],
-                                  f"left out of /metrics: the page would exceed {self.max_page_bytes} bytes")
+                self._report_once(
+                    "page_size",
+                    names[index],
+                    f"left out of /metrics: the page would exceed {self.max_page_bytes} bytes",
+                )
         tail = encode(self._omitted_family(page))
-        return b"".join(chunk for chunk in page.chunks if chunk is not None) + tail + (
-            _OPENMETRICS_EOF if openmetrics else b"")
+        return (
+            b"".join(chunk for chunk in page.chunks if chunk is not None)
+            + tail
+            + (_OPENMETRICS_EOF if openmetrics else b"")
+        )
 
     def _families(self, families: Iterable[Metric], page: _Assembly) -> Iterator[Metric]:
         """``families``, stopping (counted as a render error) if the registry itself raises."""

@@ -65,8 +65,13 @@ class Flag:
             extra["type"] = self.type
         if self.choices is not None:
             extra["choices"] = list(self.choices)
-        group.add_argument(self.name, default=self.default_in(environ), help=self.help if help is None else help,
-                           dest=self.dest, **extra)
+        group.add_argument(
+            self.name,
+            default=self.default_in(environ),
+            help=self.help if help is None else help,
+            dest=self.dest,
+            **extra,
+        )
 
 
 @dataclass(frozen=True)
@@ -87,17 +92,23 @@ class Switch:
         return env_bool(environ, self.name, False)
 
     def add_to(self, group: ArgumentGroup, environ: Mapping[str, str]) -> None:
-        group.add_argument(self.name, action="store_true", default=self.default_in(environ), dest=self.dest,
-                           help=self.help)
+        group.add_argument(
+            self.name, action="store_true", default=self.default_in(environ), dest=self.dest, help=self.help
+        )
 
 
-def on_off_flag(group: ArgumentGroup, environ: Mapping[str, str], name: str, help: str, dest: str,
-                default: bool) -> None:
+def on_off_flag(
+    group: ArgumentGroup, environ: Mapping[str, str], name: str, help: str, dest: str, default: bool
+) -> None:
     """``--x`` / ``--no-x``. Parsed as None when neither the flag nor its variable was given (the
     caller decides then, e.g. from ``--collector.disable-defaults``)."""
-    group.add_argument(name, action=argparse.BooleanOptionalAction,
-                       default=None if env_name(name) not in environ else env_bool(environ, name, default),
-                       dest=dest, help=help)
+    group.add_argument(
+        name,
+        action=argparse.BooleanOptionalAction,
+        default=None if env_name(name) not in environ else env_bool(environ, name, default),
+        dest=dest,
+        help=help,
+    )
 
 
 class EnvHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -114,5 +125,9 @@ class EnvHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 # Flags of more than one command.
 SYSFS = Flag("--path.sysfs", "/sys", "sysfs mount point", dest="sysfs")
 DEFAULT_PROBE_RESULTS = "/var/lib/ccl-exporter/probe-results"
-PROBE_RESULTS = Flag("--path.probe-results", DEFAULT_PROBE_RESULTS,
-                     "folder the result file is written to (the exporter's hostPath)", dest="probe_results")
+PROBE_RESULTS = Flag(
+    "--path.probe-results",
+    DEFAULT_PROBE_RESULTS,
+    "folder the result file is written to (the exporter's hostPath)",
+    dest="probe_results",
+)

@@ -207,9 +207,7 @@ class UmbrellaCollector:
     def __init__(self, collectors: Sequence[Collector], timeout_seconds: float = 10.0) -> None:
         self._slots = [_Slot(c) for c in collectors]
         self._timeout = timeout_seconds
-        self._pool = ThreadPoolExecutor(
-            max_workers=max(2, len(collectors) + 2), thread_name_prefix="collector"
-        )
+        self._pool = ThreadPoolExecutor(max_workers=max(2, len(collectors) + 2), thread_name_prefix="collector")
         self._lock = threading.Lock()
 
     @property
@@ -269,9 +267,7 @@ class UmbrellaCollector:
                 log.warning("collector %s: %s", name, outcome.error)
             else:
                 try:
-                    result, failure, elapsed = future.result(
-                        timeout=max(0.0, deadline - time.perf_counter())
-                    )
+                    result, failure, elapsed = future.result(timeout=max(0.0, deadline - time.perf_counter()))
                 except FutureTimeout:
                     result, failure, elapsed = [], None, time.perf_counter() - t0
                     outcome.error = f"timed out after {self._timeout:g}s"
@@ -303,9 +299,14 @@ class UmbrellaCollector:
     def _note_rewrites(slot: _Slot, sanitized: Sanitized, outcome: CollectorOutcome) -> None:
         outcome.label_values_rewritten = sanitized.rewritten_values
         if sanitized.rewritten_values and not slot.rewrite_logged:  # once: a hostile pod repeats every scrape
-            log.warning("collector %s: %d label values were not valid UTF-8 or longer than %d characters "
-                        "and were rewritten, e.g. %s", slot.collector.name, sanitized.rewritten_values,
-                        MAX_LABEL_VALUE_CHARS, sanitized.first_rewrite)
+            log.warning(
+                "collector %s: %d label values were not valid UTF-8 or longer than %d characters "
+                "and were rewritten, e.g. %s",
+                slot.collector.name,
+                sanitized.rewritten_values,
+                MAX_LABEL_VALUE_CHARS,
+                sanitized.first_rewrite,
+            )
             slot.rewrite_logged = True
 
     @staticmethod

@@ -126,11 +126,7 @@ class ProbeResult:
 
     @property
     def success(self) -> bool:
-        return (
-            self.error is None
-            and all(c.success for c in self.collectives)
-            and all(c.ok for c in self.checks)
-        )
+        return self.error is None and all(c.success for c in self.collectives) and all(c.ok for c in self.checks)
 
     def to_json(self) -> str:
         document = {"schema": SCHEMA, **asdict(self)}

@@ -225,8 +225,11 @@ async def landing(request: web.Request) -> web.Response:
     rows = []
     for name, outcome in request.app[UMBRELLA].outcomes().items():
         status = "never scraped" if not outcome.finished_at else ("ok" if outcome.success else "failing")
-        rewritten = (f" ({outcome.label_values_rewritten} label values rewritten: not UTF-8 or too long)"
-                     if outcome.label_values_rewritten else "")
+        rewritten = (
+            f" ({outcome.label_values_rewritten} label values rewritten: not UTF-8 or too long)"
+            if outcome.label_values_rewritten
+            else ""
+        )
         seconds = outcome.duration_seconds
         duration = "" if seconds != seconds else f"{seconds * 1000:.1f} ms"
         rows.append(
@@ -295,8 +298,9 @@ async def _background_tasks(app: web.Application) -> AsyncIterator[None]:
     tasks = []
     for collector in app[UMBRELLA].collectors:
         if isinstance(collector, BackgroundCollector):
-            tasks.append(asyncio.create_task(_supervise(collector.name, collector.run),
-                                             name=f"collector-{collector.name}"))
+            tasks.append(
+                asyncio.create_task(_supervise(collector.name, collector.run), name=f"collector-{collector.name}")
+            )
     app[READY].set()
     yield
     for task in tasks:

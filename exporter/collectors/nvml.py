@@ -100,4 +100,3 @@ SPEC = CollectorSpec(
     default_enabled=True,
     factory=lambda settings, resources: NvmlCollector(resources.nvml),
 )
-

@@ -60,10 +60,10 @@ class PodResourcesCollector:
         info = GaugeMetricFamily(
             "ccl_gpu_pod_info",
             "A GPU assigned to a container by the kubelet (pod-resources API); always 1. uuid is "
-            "the device id (GPU or MIG UUID), gpu its NVML index (\"\" when unknown), resource "
+            'the device id (GPU or MIG UUID), gpu its NVML index ("" when unknown), resource '
             "the extended resource name (nvidia.com/gpu, nvidia.com/mig-...), job_name/job_kind "
-            "the training job from the pod's labels (\"\" without Kubernetes API access), host_network "
-            "the pod's spec.hostNetwork (true/false, \"\" unknown).",
+            'the training job from the pod\'s labels ("" without Kubernetes API access), host_network '
+            'the pod\'s spec.hostNetwork (true/false, "" unknown).',
             labels=["gpu", "uuid", "namespace", "pod", "container", "resource", "job_name", "job_kind", "host_network"],
         )
         source = metadata or NoPodMetadata()
@@ -71,8 +71,17 @@ class PodResourcesCollector:
             meta = source.lookup(a.namespace, a.pod)
             host_network = "" if meta is None or meta.host_network is None else str(meta.host_network).lower()
             info.add_metric(
-                [gpu_indexes.get(a.device_id, ""), a.device_id, a.namespace, a.pod, a.container, a.resource,
-                 meta.job_name if meta else "", meta.job_kind if meta else "", host_network],
+                [
+                    gpu_indexes.get(a.device_id, ""),
+                    a.device_id,
+                    a.namespace,
+                    a.pod,
+                    a.container,
+                    a.resource,
+                    meta.job_name if meta else "",
+                    meta.job_kind if meta else "",
+                    host_network,
+                ],
                 1.0,
             )
         return info

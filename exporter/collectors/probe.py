@@ -58,8 +58,9 @@ class ProbeCollector:
             await self._scheduler.run_forever()
 
     def collect(self) -> Iterable[Metric]:
-        reading = read_probe_results(self._folder, self._clock(), self._max_age, cache=self._cache,
-                                     pod_known=self._pod_known)
+        reading = read_probe_results(
+            self._folder, self._clock(), self._max_age, cache=self._cache, pod_known=self._pod_known
+        )
         yield from self.result_families(reading.results)
         files = GaugeMetricFamily(
             "ccl_probe_result_files",
@@ -69,9 +70,13 @@ class ProbeCollector:
             "does not hold).",
             labels=["status"],
         )
-        for status, count in (("valid", len(reading.results)), ("stale", len(reading.stale)),
-                              ("malformed", len(reading.malformed)), ("not_read", reading.not_read),
-                              ("not_on_node", len(reading.not_on_node))):
+        for status, count in (
+            ("valid", len(reading.results)),
+            ("stale", len(reading.stale)),
+            ("malformed", len(reading.malformed)),
+            ("not_read", reading.not_read),
+            ("not_on_node", len(reading.not_on_node)),
+        ):
             files.add_metric([status], float(count))
         yield files
         if self._scheduler is not None:
@@ -124,12 +129,14 @@ class ProbeCollector:
                 if collective.average_busbw is not None:
                     average.add_metric(labels, collective.average_busbw)
                 for row in collective.rows:
-                    busbw.add_metric([collective.collective, scope, str(row.size_bytes)] + who,
-                                     row.busbw_bytes_per_second)
+                    busbw.add_metric(
+                        [collective.collective, scope, str(row.size_bytes)] + who, row.busbw_bytes_per_second
+                    )
             if result.source == "preflight":
                 for check in result.checks:
-                    preflight.add_metric([result.namespace, result.pod, result.job_name, check.check],
-                                         1.0 if check.ok else 0.0)
+                    preflight.add_metric(
+                        [result.namespace, result.pod, result.job_name, check.check], 1.0 if check.ok else 0.0
+                    )
         return [busbw, average, success, last_run, transport, preflight]
 
     @staticmethod
@@ -157,17 +164,32 @@ class ProbeCollector:
 
 
 PROBE_FLAGS = (
-    Flag("--probe.interval", 0.0, "seconds between probes while the GPUs are idle; 0 = off", dest="probe_interval",
-         type=float),
+    Flag(
+        "--probe.interval",
+        0.0,
+        "seconds between probes while the GPUs are idle; 0 = off",
+        dest="probe_interval",
+        type=float,
+    ),
     Flag("--probe.timeout", 120.0, "seconds before a probe is killed", dest="probe_timeout", type=float),
-    Flag("--probe.backend", "auto", "auto, nccl or gloo (gloo with --simulate)", dest="probe_backend",
-         choices=("auto", "nccl", "gloo")),
+    Flag(
+        "--probe.backend",
+        "auto",
+        "auto, nccl or gloo (gloo with --simulate)",
+        dest="probe_backend",
+        choices=("auto", "nccl", "gloo"),
+    ),
     Flag("--probe.collectives", "all_reduce", "comma-separated collectives", dest="probe_collectives"),
     Flag("--probe.min-bytes", "", "smallest size (default 1M; 64K with --simulate)", dest="probe_min_bytes"),
     Flag("--probe.max-bytes", "", "largest size (default 64M; 1M with --simulate)", dest="probe_max_bytes"),
     Flag("--probe.iters", 20, "timed iterations per size", dest="probe_iters", type=int),
-    Flag("--probe.max-age", 86400.0, "seconds after which a result file is stale (ignored)", dest="probe_max_age",
-         type=float),
+    Flag(
+        "--probe.max-age",
+        86400.0,
+        "seconds after which a result file is stale (ignored)",
+        dest="probe_max_age",
+        type=float,
+    ),
 )
 
 
@@ -215,8 +237,9 @@ def build(settings: ProbeCollectorSettings, resources: NodeResources) -> ProbeCo
         occupancy: list[GpuOccupancy] = [PodResourcesOccupancy(resources.pod_resources), NvmlOccupancy(resources.nvml)]
         scheduler = ProbeScheduler(settings.schedule, resources.paths.probe_results, occupancy, clock=resources.clock)
     pod_known = pod_known_on_node(resources.pod_metadata) if settings.bind_results_to_node_pods else None
-    return ProbeCollector(resources.paths.probe_results, settings.max_age_seconds, scheduler, clock=resources.clock,
-                          pod_known=pod_known)
+    return ProbeCollector(
+        resources.paths.probe_results, settings.max_age_seconds, scheduler, clock=resources.clock, pod_known=pod_known
+    )
 
 
 SPEC = CollectorSpec(

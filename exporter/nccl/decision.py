@@ -53,8 +53,13 @@ def decide(state: StreamState) -> Verdict:
 # Does inter-node traffic run on TCP?
 
 
-def _judge(state: StreamState, facts: list[CommFacts], selected: list[Selection], processes: list[Process],
-           nodes_of: dict[int, NodeKey]) -> _Judgement:
+def _judge(
+    state: StreamState,
+    facts: list[CommFacts],
+    selected: list[Selection],
+    processes: list[Process],
+    nodes_of: dict[int, NodeKey],
+) -> _Judgement:
     """Whether inter-node traffic runs on TCP: a communicator (or an evicted one) that shows it
     decides; else the communicators that decide anything; else the processes' own lines."""
     if state.retired.inter_node_tcp or any(f.summary.inter_node_tcp is True for f in facts):
@@ -94,8 +99,13 @@ def _open_on_tcp(summary: CommunicatorSummary, rdma_only: bool) -> bool:
     return summary.network_class is None and (summary.network is not None or not rdma_only)
 
 
-def _judged_by_processes(state: StreamState, facts: list[CommFacts], selected: list[Selection],
-                         processes: list[Process], nodes_of: dict[int, NodeKey]) -> _Judgement:
+def _judged_by_processes(
+    state: StreamState,
+    facts: list[CommFacts],
+    selected: list[Selection],
+    processes: list[Process],
+    nodes_of: dict[int, NodeKey],
+) -> _Judgement:
     """No communicator decides: the processes' own lines may (one job on several nodes that selected
     a TCP-class network, loopback interfaces only, RDMA selected by every process)."""
     tcp_selected = [sel for sel in selected if sel.cls == TCP]
@@ -103,15 +113,30 @@ def _judged_by_processes(state: StreamState, facts: list[CommFacts], selected: l
     if len(nodes) > 1 and _one_job(state, facts):
         hosts = ", ".join(sorted({str(h) for h, _ in nodes})[:4])
         first = tcp_selected[0]
-        return _Judgement(True, [], [f"the job spans several nodes ({hosts}) and selected TCP-class network "
-                                     f"{shown_network(first.name, first.cls)}: \"{first.line}\""])
+        return _Judgement(
+            True,
+            [],
+            [
+                f"the job spans several nodes ({hosts}) and selected TCP-class network "
+                f'{shown_network(first.name, first.cls)}: "{first.line}"'
+            ],
+        )
     if only_loopback(processes):
-        return _Judgement(False, [], ["every process uses loopback interfaces only (" + loopback_hosts(processes)
-                                      + "): NCCL cannot reach another node"], single_node=True)
+        return _Judgement(
+            False,
+            [],
+            [
+                "every process uses loopback interfaces only ("
+                + loopback_hosts(processes)
+                + "): NCCL cannot reach another node"
+            ],
+            single_node=True,
+        )
     if selected and {sel.cls for sel in selected} == {RDMA}:
         first = selected[0]
-        return _Judgement(False, [], [f"every process uses RDMA network {shown_network(first.name, first.cls)}: "
-                                      f"\"{first.line}\""])
+        return _Judgement(
+            False, [], [f'every process uses RDMA network {shown_network(first.name, first.cls)}: "{first.line}"']
+        )
     return _Judgement(None, [], [r for f in facts for r in f.reasons[:1]])
 
 
@@ -137,7 +162,8 @@ def _one_job(state: StreamState, facts: list[CommFacts]) -> bool:
     if state.test_ranks and not state.test_runs_mixed:
         return True
     sizes = {f.summary.nranks for f in facts if f.summary.nranks} | (
-        {state.loose_nranks} if state.loose_nranks else set())
+        {state.loose_nranks} if state.loose_nranks else set()
+    )
     return len(sizes) == 1 and next(iter(sizes)) >= 2
 
 
@@ -175,17 +201,20 @@ def _log_gdr(facts: list[CommFacts]) -> bool | str | None:
     return "mixed" if ("mixed" in gdrs or len(gdrs) > 1) else next(iter(gdrs))
 
 
-def _reasons(state: StreamState, facts: list[CommFacts], judged: _Judgement, verdict: str,
-             processes: list[Process]) -> tuple[str, ...]:
+def _reasons(
+    state: StreamState, facts: list[CommFacts], judged: _Judgement, verdict: str, processes: list[Process]
+) -> tuple[str, ...]:
     """The judgement's reasons (on a single node without any, the communicators'), else why the log
     does not tell; then how many communicators were evicted."""
     reasons = list(judged.reasons)
     if not reasons and verdict == "single_node":
         reasons = [r for f in facts for r in f.reasons[:1]]
     if not reasons:
-        reasons.append("the log shows no NCCL network selection, communicator or connection line"
-                       if not facts and not processes else
-                       "the log does not show enough to tell which network carries inter-node traffic")
+        reasons.append(
+            "the log shows no NCCL network selection, communicator or connection line"
+            if not facts and not processes
+            else "the log does not show enough to tell which network carries inter-node traffic"
+        )
     if state.retired.count:
         reasons.append(f"{state.retired.count} older communicators were evicted by the communicator cap")
     return tuple(dict.fromkeys(reasons))
@@ -205,8 +234,9 @@ def with_node_context(verdict: Verdict, gpus_on_node: int | None, gpus_held_here
     """
     if verdict.verdict != "unknown":
         return verdict
-    bounds = [(n, what) for n, what in ((gpus_held_here, "the job's pods hold here"), (gpus_on_node, "this node has"))
-              if n]
+    bounds = [
+        (n, what) for n, what in ((gpus_held_here, "the job's pods hold here"), (gpus_on_node, "this node has")) if n
+    ]
     if not bounds:
         return verdict
     bound, what = min(bounds)
@@ -220,7 +250,14 @@ def with_node_context(verdict: Verdict, gpus_on_node: int | None, gpus_held_here
     if not decided:
         return verdict
     first = decided[0]
-    reason = (f"communicator {first.comm_id} has {first.nranks} ranks but {what} {bound} GPUs: it spans nodes, "
-              f"on TCP-class network {shown_network(first.network, first.network_class)}")
-    return replace(verdict, verdict="tcp_fallback", inter_node_tcp=True, communicators=tuple(communicators),
-                   reasons=(reason, *verdict.reasons))
+    reason = (
+        f"communicator {first.comm_id} has {first.nranks} ranks but {what} {bound} GPUs: it spans nodes, "
+        f"on TCP-class network {shown_network(first.network, first.network_class)}"
+    )
+    return replace(
+        verdict,
+        verdict="tcp_fallback",
+        inter_node_tcp=True,
+        communicators=tuple(communicators),
+        reasons=(reason, *verdict.reasons),
+    )

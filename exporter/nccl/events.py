@@ -179,8 +179,24 @@ class TestRankEvent(NamedTuple):
 
 
 Event = (
-    VersionEvent | NetworkEvent | IbDevicesEvent | IbUnavailableEvent | SocketDevicesEvent | BootstrapEvent
-    | ConnectionEvent | CommInitEvent | CommNodesEvent | ChannelSummaryEvent | GdrEvent | EnvEvent | TestRankEvent
-    | PluginEvent | OfiProviderEvent | InterfaceEvent | RankEvent | RingOrderEvent | AllRanksEvent
+    VersionEvent
+    | NetworkEvent
+    | IbDevicesEvent
+    | IbUnavailableEvent
+    | SocketDevicesEvent
+    | BootstrapEvent
+    | ConnectionEvent
+    | CommInitEvent
+    | CommNodesEvent
+    | ChannelSummaryEvent
+    | GdrEvent
+    | EnvEvent
+    | TestRankEvent
+    | PluginEvent
+    | OfiProviderEvent
+    | InterfaceEvent
+    | RankEvent
+    | RingOrderEvent
+    | AllRanksEvent
 )
 MAX_NAME_CHARS = 64  # a network, plugin or provider name longer than this is not NCCL's (cut there)

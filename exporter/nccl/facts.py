@@ -30,10 +30,35 @@ def is_loopback(interface: str, address: str) -> bool:
 class Process:
     """One NCCL process, identified by ``(hostname, pid)`` from the line prefix."""
 
-    __slots__ = ("key", "host", "address", "oob_address", "network", "network_line", "ib_devices", "ib_line",
-                 "ib_failed", "socket_seen", "threads", "saw_start", "pointers", "env", "version", "gdr_hca",
-                 "ib_datapath_line", "named_comm", "plugin_loaded", "plugin_loaded_line", "plugin_in_use",
-                 "plugin_in_use_line", "ofi_in_use", "plugins_failed", "ofi_provider", "loopback", "loose_ranks")
+    __slots__ = (
+        "key",
+        "host",
+        "address",
+        "oob_address",
+        "network",
+        "network_line",
+        "ib_devices",
+        "ib_line",
+        "ib_failed",
+        "socket_seen",
+        "threads",
+        "saw_start",
+        "pointers",
+        "env",
+        "version",
+        "gdr_hca",
+        "ib_datapath_line",
+        "named_comm",
+        "plugin_loaded",
+        "plugin_loaded_line",
+        "plugin_in_use",
+        "plugin_in_use_line",
+        "ofi_in_use",
+        "plugins_failed",
+        "ofi_provider",
+        "loopback",
+        "loose_ranks",
+    )
 
     def __init__(self, key: tuple[str, int] | None) -> None:
         self.key = key
@@ -92,8 +117,12 @@ class Process:
             return Selection("Socket", self.socket_seen, network_class("Socket"))
         if self.ib_devices:
             loaded = self.plugin_loaded
-            if (loaded and loaded not in self.plugins_failed and network_class(loaded) == RDMA
-                    and not is_libfabric(loaded)):
+            if (
+                loaded
+                and loaded not in self.plugins_failed
+                and network_class(loaded) == RDMA
+                and not is_libfabric(loaded)
+            ):
                 return Selection(loaded, self.plugin_loaded_line, RDMA)  # an IBext plugin prints NET/IB lines too
             return Selection("IB", self.ib_line, RDMA)
         loaded = self.plugin_loaded
@@ -121,8 +150,23 @@ class Thread:
 class Communicator:
     """One communicator, by its key: NCCL's commId, or ``nranks:<N>`` before commIds (2.16.2)."""
 
-    __slots__ = ("key", "comm_id", "nranks", "nnodes", "nnodes_line", "mnnvl", "network", "network_line",
-                 "rank_process", "rank_gpu", "nvls_channels", "connections", "order", "mixed", "pointer_refs")
+    __slots__ = (
+        "key",
+        "comm_id",
+        "nranks",
+        "nnodes",
+        "nnodes_line",
+        "mnnvl",
+        "network",
+        "network_line",
+        "rank_process",
+        "rank_gpu",
+        "nvls_channels",
+        "connections",
+        "order",
+        "mixed",
+        "pointer_refs",
+    )
 
     def __init__(self, key: str, comm_id: str | None, order: int) -> None:
         self.key = key
@@ -159,8 +203,7 @@ class Connection:
 
     __slots__ = ("event", "process", "comm", "record", "cap")
 
-    def __init__(self, event: ConnectionEvent, process: Process, comm: str | None, record: Record,
-                 cap: int) -> None:
+    def __init__(self, event: ConnectionEvent, process: Process, comm: str | None, record: Record, cap: int) -> None:
         self.event = event
         self.process = process
         self.comm = comm

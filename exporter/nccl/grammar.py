@@ -63,17 +63,53 @@ from exporter.nccl.records import (
 
 __all__ = [
     # records
-    "TRAILER", "WARNING_CATEGORIES", "Prefix", "Record", "split_records", "strip_ansi", "strip_wrappers",
+    "TRAILER",
+    "WARNING_CATEGORIES",
+    "Prefix",
+    "Record",
+    "split_records",
+    "strip_ansi",
+    "strip_wrappers",
     "warning_category",
     # events
-    "IB_INIT_FAILED", "IB_NO_DEVICE", "IB_NO_DEVICE_LISTED", "IB_NO_INTERFACE", "IB_NO_VERBS", "IB_ZERO_DEVICES",
-    "MAX_NAME_CHARS", "OFI_FAMILY", "PLUGIN_DISABLED", "PLUGIN_FAILED", "PLUGIN_IN_USE", "PLUGIN_LOADED",
-    "AllRanksEvent", "BootstrapEvent", "ChannelSummaryEvent", "CommInitEvent", "CommNodesEvent", "ConnectionEvent",
-    "EnvEvent", "Event", "GdrEvent", "IbDevice", "IbDevicesEvent", "IbUnavailableEvent", "InterfaceEvent",
-    "NetworkEvent", "OfiProviderEvent", "PluginEvent", "RankEvent", "RingOrderEvent", "SocketDevicesEvent",
-    "TestRankEvent", "VersionEvent",
+    "IB_INIT_FAILED",
+    "IB_NO_DEVICE",
+    "IB_NO_DEVICE_LISTED",
+    "IB_NO_INTERFACE",
+    "IB_NO_VERBS",
+    "IB_ZERO_DEVICES",
+    "MAX_NAME_CHARS",
+    "OFI_FAMILY",
+    "PLUGIN_DISABLED",
+    "PLUGIN_FAILED",
+    "PLUGIN_IN_USE",
+    "PLUGIN_LOADED",
+    "AllRanksEvent",
+    "BootstrapEvent",
+    "ChannelSummaryEvent",
+    "CommInitEvent",
+    "CommNodesEvent",
+    "ConnectionEvent",
+    "EnvEvent",
+    "Event",
+    "GdrEvent",
+    "IbDevice",
+    "IbDevicesEvent",
+    "IbUnavailableEvent",
+    "InterfaceEvent",
+    "NetworkEvent",
+    "OfiProviderEvent",
+    "PluginEvent",
+    "RankEvent",
+    "RingOrderEvent",
+    "SocketDevicesEvent",
+    "TestRankEvent",
+    "VersionEvent",
     # messages
-    "PLUGIN_PREFIXES", "VERSION_RE", "info_matters", "parse_message",
+    "PLUGIN_PREFIXES",
+    "VERSION_RE",
+    "info_matters",
+    "parse_message",
 ]
 
 # Plugins whose own log lines name them (the prefix of their lines): the net name they register.
@@ -104,9 +140,7 @@ _COLLNET_RE = re.compile(
     r"Coll(?:Net)? (?P<ch>\d{1,4})(?:/(?P<conn>\d{1,4}))? : (?P<rank>\d{1,7}) \[(?P<dir>send|receive)\]"
     r" via COLLNET/(?P<net>[^/]{1,64})/(?P<dev>\d{1,4})(?P<gdr>/GDRDMA)?"
 )
-_COMM_RE = re.compile(
-    r"comm (?P<ptr>\S{1,64}) rank (?P<rank>\d{1,7}) nranks (?P<nranks>\d{1,7})(?P<rest>.*)$"
-)
+_COMM_RE = re.compile(r"comm (?P<ptr>\S{1,64}) rank (?P<rank>\d{1,7}) nranks (?P<nranks>\d{1,7})(?P<rest>.*)$")
 _COMM_ID_RE = re.compile(r"commId (?P<id>0x[0-9a-fA-F]{1,16})")
 _NVML_RE = re.compile(r"nvmlDev (\d{1,4})")
 _BUSID_RE = re.compile(r"busId ([0-9a-fA-F]{1,16})")
@@ -134,8 +168,14 @@ _PLUGIN_NAME_RE = re.compile(
 _OFI_PROVIDER_RE = re.compile(
     r"Selected [Pp]rovider is (?P<provider>[^\s,()]{1,64})(?:, fabric is (?P<fabric>[^\s()]{1,64}))?"
 )
-_OFI_FAILED = ("No eligible providers", "Only EFA provider is supported", "initialization failed",
-               "Couldn't find any optimal provider", "No viable endpoint found", "Unable to find a protocol")
+_OFI_FAILED = (
+    "No eligible providers",
+    "Only EFA provider is supported",
+    "initialization failed",
+    "Couldn't find any optimal provider",
+    "No viable endpoint found",
+    "Unable to find a protocol",
+)
 _INTERFACE_RE = re.compile(r"NET : Using interface (?P<if>[^\s:]{1,64}):(?P<addr>[^\s<]{1,64})")
 _RANK_NRANKS_RE = re.compile(r"rank (?P<rank>\d{1,7}) nranks (?P<nranks>\d{1,7})$")
 _ALL_RANKS_RE = re.compile(r"nranks (?P<nranks>\d{1,7})$")
@@ -196,7 +236,7 @@ def _net_line(message: str) -> Event | None:
         return None
     for prefix, family in PLUGIN_PREFIXES:
         if message.startswith(prefix):
-            rest = message[len(prefix):]
+            rest = message[len(prefix) :]
             if rest.startswith(("/", "_")):  # NET/GPUDirectTCPX/CUDA, a longer name: the same plugin
                 rest = rest.lstrip("/_")
             words = rest.lstrip(" :").lower()
@@ -218,9 +258,19 @@ def parse_message(message: str) -> Event | None:
         if c is not None:
             rank = int(c.group("rank"))
             return ConnectionEvent(
-                kind="collnet", channel=int(c.group("ch")), conn_index=int(c.group("conn") or 0), src=rank,
-                dst=rank, src_id=None, dst_id=None, direction=c.group("dir"), network=c.group("net"),
-                gdr=c.group("gdr") is not None, mnnvl=False, ids_are_devices=False, via=message[c.start("net") - 8:],
+                kind="collnet",
+                channel=int(c.group("ch")),
+                conn_index=int(c.group("conn") or 0),
+                src=rank,
+                dst=rank,
+                src_id=None,
+                dst_id=None,
+                direction=c.group("dir"),
+                network=c.group("net"),
+                gdr=c.group("gdr") is not None,
+                mnnvl=False,
+                ids_are_devices=False,
+                via=message[c.start("net") - 8 :],
             )
     if "comm " in message:
         m = _COMM_RE.search(message)
@@ -234,7 +284,9 @@ def parse_message(message: str) -> Event | None:
             # busId) and by busId in 2.5-2.18.1 (busId only); 2.4 (nvmlDev only) names none.
             gpu_id = nvml.group(1) if (nvml and bus) else (bus.group(1).lower() if bus else None)
             return CommInitEvent(
-                pointer=m.group("ptr"), rank=int(m.group("rank")), nranks=int(m.group("nranks")),
+                pointer=m.group("ptr"),
+                rank=int(m.group("rank")),
+                nranks=int(m.group("nranks")),
                 comm_id=cid.group("id").lower() if cid else None,
                 phase="END" if ended else (phase.group("phase") if phase else None),
                 gpu_id=gpu_id,
@@ -242,8 +294,12 @@ def parse_message(message: str) -> Event | None:
         n = _NNODES_RE.search(message)
         if n is not None:
             return CommNodesEvent(
-                pointer=n.group("ptr"), rank=int(n.group("rank")), nranks=int(n.group("nranks")),
-                nnodes=int(n.group("nnodes")), local_ranks=int(n.group("lranks")), local_rank=int(n.group("lrank")),
+                pointer=n.group("ptr"),
+                rank=int(n.group("rank")),
+                nranks=int(n.group("nranks")),
+                nnodes=int(n.group("nnodes")),
+                local_ranks=int(n.group("lranks")),
+                local_rank=int(n.group("lrank")),
                 mnnvl=n.group("mnnvl") == "1",
             )
     if "Using" in message or "Assigned NET plugin" in message:
@@ -287,7 +343,8 @@ def parse_message(message: str) -> Event | None:
         m = _PLUGIN_NAME_RE.search(message)
         if m is not None:
             state = {"Loaded net plugin": PLUGIN_LOADED, "Initialized NET plugin": PLUGIN_IN_USE}.get(
-                m.group("what"), PLUGIN_FAILED)
+                m.group("what"), PLUGIN_FAILED
+            )
             name = m.group("name").strip()
             if state == PLUGIN_FAILED and name == "IB":
                 return IbUnavailableEvent(IB_INIT_FAILED)
@@ -328,8 +385,18 @@ def parse_message(message: str) -> Event | None:
 def info_matters(message: str) -> bool:
     """False for an INFO message that neither :func:`parse_message` nor :func:`warning_category`
     uses (most INFO lines: tuning, allocations, topology); one substring test per event kind."""
-    return (" via " in message or "comm " in message or "Using" in message or "set by environment to" in message
-            or "NCCL version" in message or "GPU Direct RDMA" in message or " coll channels, " in message
-            or message.startswith(("NET/", "NET : ", "Trees ", "Channel ", "Ring ", "Failed to open libibverbs",
-                                   "nranks ", "rank ", "Net/IB"))
-            or " plugin " in message or " NET plugin " in message or " Pid " in message)
+    return (
+        " via " in message
+        or "comm " in message
+        or "Using" in message
+        or "set by environment to" in message
+        or "NCCL version" in message
+        or "GPU Direct RDMA" in message
+        or " coll channels, " in message
+        or message.startswith(
+            ("NET/", "NET : ", "Trees ", "Channel ", "Ring ", "Failed to open libibverbs", "nranks ", "rank ", "Net/IB")
+        )
+        or " plugin " in message
+        or " NET plugin " in message
+        or " Pid " in message
+    )

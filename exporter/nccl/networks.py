@@ -29,16 +29,16 @@ NO_SELECTION = Selection(None, None, None)
 
 # (how the name is matched, the lower-cased pattern, class). First match wins.
 _TABLE: tuple[tuple[str, str, str], ...] = (
-    ("exact", "ib", RDMA),                 # NCCL's verbs transport: InfiniBand and RoCE
-    ("prefix", "ibext", RDMA),             # nccl-rdma-sharp-plugins (HPC-X): IBext, IBext_v8 ...
-    ("prefix", "ucx", RDMA),               # the same plugin's UCX / UCX-RMA transports
-    ("exact", "sharp", RDMA),              # its CollNet side
-    ("contains", "libfabric", RDMA),       # aws-ofi-nccl: "AWS Libfabric", "Libfabric" (EFA, cxi)
-    ("exact", "ofi", RDMA),                # aws-ofi-nccl when NCCL_NET=OFI
-    ("exact", "socket", TCP),              # NCCL's internal TCP transport (also over IPoIB)
-    ("prefix", "gpudirecttcpx", TCP),      # GCP A3 High TCPX plugin
-    ("prefix", "fastrak", TCP),            # GCP A3 Mega TCPXO plugin (TCP-like datapath)
-    ("prefix", "fastsocket", TCP),         # GCP NCCL Fast Socket plugin
+    ("exact", "ib", RDMA),  # NCCL's verbs transport: InfiniBand and RoCE
+    ("prefix", "ibext", RDMA),  # nccl-rdma-sharp-plugins (HPC-X): IBext, IBext_v8 ...
+    ("prefix", "ucx", RDMA),  # the same plugin's UCX / UCX-RMA transports
+    ("exact", "sharp", RDMA),  # its CollNet side
+    ("contains", "libfabric", RDMA),  # aws-ofi-nccl: "AWS Libfabric", "Libfabric" (EFA, cxi)
+    ("exact", "ofi", RDMA),  # aws-ofi-nccl when NCCL_NET=OFI
+    ("exact", "socket", TCP),  # NCCL's internal TCP transport (also over IPoIB)
+    ("prefix", "gpudirecttcpx", TCP),  # GCP A3 High TCPX plugin
+    ("prefix", "fastrak", TCP),  # GCP A3 Mega TCPXO plugin (TCP-like datapath)
+    ("prefix", "fastsocket", TCP),  # GCP NCCL Fast Socket plugin
 )
 
 
@@ -87,16 +87,26 @@ def network_class(name: str | None, provider: str | None = None) -> str | None:
         return None
     key = name.strip().lower()
     for how, pattern, cls in _TABLE:
-        if (how == "exact" and key == pattern) or (how == "prefix" and key.startswith(pattern)) or (
-            how == "contains" and pattern in key
+        if (
+            (how == "exact" and key == pattern)
+            or (how == "prefix" and key.startswith(pattern))
+            or (how == "contains" and pattern in key)
         ):
             return cls
     return None
 
 
 # What people write in the ccl-health.io/expected-network label besides NCCL's own names.
-_EXPECTED_ALIASES = {"tcp": TCP, "socket": TCP, "sockets": TCP, "ethernet": TCP,
-                     "rdma": RDMA, "infiniband": RDMA, "roce": RDMA, "efa": RDMA}
+_EXPECTED_ALIASES = {
+    "tcp": TCP,
+    "socket": TCP,
+    "sockets": TCP,
+    "ethernet": TCP,
+    "rdma": RDMA,
+    "infiniband": RDMA,
+    "roce": RDMA,
+    "efa": RDMA,
+}
 
 
 def expected_network_class(value: str | None) -> str | None:

@@ -48,8 +48,9 @@ class Span:
     single_why: str | None  # what shows one node, for a reason
 
 
-def place(state: StreamState, key: str, comm: Communicator | None, conns: list[Connection],
-          nodes_of: dict[int, NodeKey]) -> Span:
+def place(
+    state: StreamState, key: str, comm: Communicator | None, conns: list[Connection], nodes_of: dict[int, NodeKey]
+) -> Span:
     """Where communicator ``key``'s ranks run, from the processes logging them, its connection lines
     and its GPUs (``nodes_of``: id(process) -> node key)."""
     rank_process, mixed = _rank_processes(comm, conns)
@@ -91,8 +92,14 @@ def _rank_processes(comm: Communicator | None, conns: list[Connection]) -> tuple
     return rank_process, mixed
 
 
-def _add_test_table(state: StreamState, key: str, comm: Communicator | None, nranks: int | None,
-                    rank_process: dict[int, Process], host_links: list[tuple[int, NodeKey]]) -> int | None:
+def _add_test_table(
+    state: StreamState,
+    key: str,
+    comm: Communicator | None,
+    nranks: int | None,
+    rank_process: dict[int, Process],
+    host_links: list[tuple[int, NodeKey]],
+) -> int | None:
     """Adds the ranks nccl-tests' device table places, when the table is this communicator's; returns
     the communicator's size, which the table gives when it lists every rank."""
     table = state.test_ranks if not state.test_runs_mixed else {}
@@ -113,8 +120,11 @@ def _add_test_table(state: StreamState, key: str, comm: Communicator | None, nra
 
 def _same_node_links(conns: list[Connection]) -> list[tuple[int, int]]:
     """Pairs of ranks a P2P (not MNNVL) or SHM connection joins: always inside one node."""
-    return [(c.event.src, c.event.dst) for c in conns
-            if (c.event.kind == "shm" or (c.event.kind == "p2p" and not c.event.mnnvl))]
+    return [
+        (c.event.src, c.event.dst)
+        for c in conns
+        if (c.event.kind == "shm" or (c.event.kind == "p2p" and not c.event.mnnvl))
+    ]
 
 
 def _gpu_ids(comm: Communicator | None, conns: list[Connection]) -> tuple[dict[int, str], bool]:
@@ -194,8 +204,13 @@ class _RankGroups:
         )
 
 
-def _group(host_links: list[tuple[int, NodeKey]], same_links: list[tuple[int, int]],
-           rank_ids: dict[int, str], use_hosts: bool, use_ids: bool) -> tuple[_RankGroups, bool]:
+def _group(
+    host_links: list[tuple[int, NodeKey]],
+    same_links: list[tuple[int, int]],
+    rank_ids: dict[int, str],
+    use_hosts: bool,
+    use_ids: bool,
+) -> tuple[_RankGroups, bool]:
     """The groups the chosen evidence makes, and whether it contradicts itself (two ranks of one
     group on one GPU)."""
     uf = _UnionFind()
@@ -223,8 +238,12 @@ def _group(host_links: list[tuple[int, NodeKey]], same_links: list[tuple[int, in
     return _RankGroups(uf, comp_nodes, comp_ids, id_comps), contradiction
 
 
-def _group_ranks(host_links: list[tuple[int, NodeKey]], same_links: list[tuple[int, int]], comm: Communicator | None,
-                 conns: list[Connection]) -> tuple[_RankGroups, bool]:
+def _group_ranks(
+    host_links: list[tuple[int, NodeKey]],
+    same_links: list[tuple[int, int]],
+    comm: Communicator | None,
+    conns: list[Connection],
+) -> tuple[_RankGroups, bool]:
     """The groups all evidence makes, and whether hostnames count: they are dropped when they
     contradict the GPU ids; GPU ids are dropped instead when they contradict each other anyway."""
     rank_ids, ids_usable = _gpu_ids(comm, conns)
@@ -242,8 +261,14 @@ def _group_ranks(host_links: list[tuple[int, NodeKey]], same_links: list[tuple[i
 # Nodes
 
 
-def _span(comm: Communicator | None, nranks: int | None, groups: _RankGroups, hosts_trusted: bool,
-          processes: list[Process], max_ranks: int) -> Span:
+def _span(
+    comm: Communicator | None,
+    nranks: int | None,
+    groups: _RankGroups,
+    hosts_trusted: bool,
+    processes: list[Process],
+    max_ranks: int,
+) -> Span:
     """How many nodes the groups make, whether one or several, and each connection's scope."""
     nodes, single_why = _node_count(comm, nranks, groups, hosts_trusted, max_ranks)
     single = nodes == 1 or nranks == 1
@@ -254,12 +279,21 @@ def _span(comm: Communicator | None, nranks: int | None, groups: _RankGroups, ho
         # NCCL's sockets (bootstrap, NET/Socket) can reach no other node: one node, whatever else.
         single, multi, nodes = True, False, 1
         single_why = "its processes use loopback interfaces only (" + loopback_hosts(processes) + ")"
-    return Span(processes, lambda e: groups.scope(e.src, e.dst, single), nranks, nodes, single, multi,
-                "ranks placed on different nodes", single_why)
+    return Span(
+        processes,
+        lambda e: groups.scope(e.src, e.dst, single),
+        nranks,
+        nodes,
+        single,
+        multi,
+        "ranks placed on different nodes",
+        single_why,
+    )
 
 
-def _node_count(comm: Communicator | None, nranks: int | None, groups: _RankGroups, hosts_trusted: bool,
-                max_ranks: int) -> tuple[int | None, str | None]:
+def _node_count(
+    comm: Communicator | None, nranks: int | None, groups: _RankGroups, hosts_trusted: bool, max_ranks: int
+) -> tuple[int | None, str | None]:
     """The number of nodes (and what shows it): the ``nNodes`` line, else the groups of all ranks
     when each is a known node (hostnames trusted)."""
     if comm is not None and comm.nnodes is not None:
@@ -281,8 +315,9 @@ def _several_nodes(nodes: int | None, single: bool, groups: _RankGroups) -> bool
     return True if groups.shows_several_nodes() else None
 
 
-def _place_mixed(comm: Communicator | None, conns: list[Connection], rank_process: dict[int, Process],
-                 nodes_of: dict[int, NodeKey]) -> Span:
+def _place_mixed(
+    comm: Communicator | None, conns: list[Connection], rank_process: dict[int, Process], nodes_of: dict[int, NodeKey]
+) -> Span:
     """Connection lines of several communicators under one key: rank numbers do not name one GPU,
     so only evidence inside each line counts (two ranks on the same GPU id are on two nodes; P2P and
     SHM stay in one node), plus whether the processes logging them sit on several nodes."""
@@ -298,8 +333,16 @@ def _place_mixed(comm: Communicator | None, conns: list[Connection], rank_proces
     hosts = {nodes_of[id(p)] for p in processes if id(p) in nodes_of}
     has_net = any(c.event.kind == "net" for c in conns)
     multi: bool | None = True if ((nnodes or 0) > 1 or (len(hosts) > 1 and has_net)) else (False if single else None)
-    return Span(processes, scope, comm.nranks if comm is not None else None, nnodes, single, multi,
-                "ranks logged from several nodes" if len(hosts) > 1 else None, None)
+    return Span(
+        processes,
+        scope,
+        comm.nranks if comm is not None else None,
+        nnodes,
+        single,
+        multi,
+        "ranks logged from several nodes" if len(hosts) > 1 else None,
+        None,
+    )
 
 
 def _distinct(processes: Iterable[Process]) -> list[Process]:

@@ -40,13 +40,23 @@ class StreamReader(StreamState):
         self._memo_chars = 0  # characters of the messages in _events
         # Event type -> its handler; each handler takes its own event type.
         self._handlers: dict[type, Callable[[Process, Thread, Any, g.Record], None]] = {
-            g.VersionEvent: self._on_version, g.NetworkEvent: self._on_network, g.IbDevicesEvent: self._on_ib_devices,
-            g.IbUnavailableEvent: self._on_ib_unavailable, g.SocketDevicesEvent: self._on_socket_devices,
-            g.BootstrapEvent: self._on_bootstrap, g.EnvEvent: self._on_env, g.GdrEvent: self._on_gdr,
-            g.CommInitEvent: self._on_comm_init, g.CommNodesEvent: self._on_comm_nodes,
-            g.ChannelSummaryEvent: self._on_channel_summary, g.ConnectionEvent: self._on_connection,
-            g.PluginEvent: self._on_plugin, g.OfiProviderEvent: self._on_ofi_provider,
-            g.InterfaceEvent: self._on_interface, g.RankEvent: self._on_rank, g.RingOrderEvent: self._on_ring_order,
+            g.VersionEvent: self._on_version,
+            g.NetworkEvent: self._on_network,
+            g.IbDevicesEvent: self._on_ib_devices,
+            g.IbUnavailableEvent: self._on_ib_unavailable,
+            g.SocketDevicesEvent: self._on_socket_devices,
+            g.BootstrapEvent: self._on_bootstrap,
+            g.EnvEvent: self._on_env,
+            g.GdrEvent: self._on_gdr,
+            g.CommInitEvent: self._on_comm_init,
+            g.CommNodesEvent: self._on_comm_nodes,
+            g.ChannelSummaryEvent: self._on_channel_summary,
+            g.ConnectionEvent: self._on_connection,
+            g.PluginEvent: self._on_plugin,
+            g.OfiProviderEvent: self._on_ofi_provider,
+            g.InterfaceEvent: self._on_interface,
+            g.RankEvent: self._on_rank,
+            g.RingOrderEvent: self._on_ring_order,
             g.AllRanksEvent: self._on_all_ranks,
         }
 
@@ -71,10 +81,14 @@ class StreamReader(StreamState):
         if marker < 0:
             if " via " not in line and "Using" not in line and "comm " not in line and " Pid " not in line:
                 return
-        elif (line.startswith("INFO ", marker + 5) and line.find("NCCL ", marker + 10) < 0 and "\x1b" not in line
-              and "across cluster]" not in line):
+        elif (
+            line.startswith("INFO ", marker + 5)
+            and line.find("NCCL ", marker + 10) < 0
+            and "\x1b" not in line
+            and "across cluster]" not in line
+        ):
             # The common line: one INFO record, no escape codes (what split_records would find).
-            message = line[marker + 10:].rstrip(g.TRAILER)
+            message = line[marker + 10 :].rstrip(g.TRAILER)
             if not g.info_matters(message):
                 return
             head = line[:marker]
@@ -182,16 +196,18 @@ class StreamReader(StreamState):
             process.oob_address = event.oob_address
             self._nodes = None
 
-    def _on_ib_unavailable(self, process: Process, thread: Thread, event: g.IbUnavailableEvent,
-                           record: g.Record) -> None:
+    def _on_ib_unavailable(
+        self, process: Process, thread: Thread, event: g.IbUnavailableEvent, record: g.Record
+    ) -> None:
         process.ib_failed = process.ib_failed or self._cite(record)
 
     def _note_interface(self, process: Process, interface: str, address: str) -> None:
         local = is_loopback(interface, address)
         process.loopback = local if process.loopback is None else (process.loopback and local)
 
-    def _on_socket_devices(self, process: Process, thread: Thread, event: g.SocketDevicesEvent,
-                               record: g.Record) -> None:
+    def _on_socket_devices(
+        self, process: Process, thread: Thread, event: g.SocketDevicesEvent, record: g.Record
+    ) -> None:
         process.socket_seen = process.socket_seen or self._cite(record)
         for interface, address in event.interfaces:
             self._note_interface(process, interface, address)
@@ -208,7 +224,7 @@ class StreamReader(StreamState):
         self._note_interface(process, event.interface, event.address)
 
     def _on_plugin(self, process: Process, thread: Thread, event: g.PluginEvent, record: g.Record) -> None:
-        name = event.name[:g.MAX_NAME_CHARS] if event.name else None
+        name = event.name[: g.MAX_NAME_CHARS] if event.name else None
         loaded = process.plugin_loaded
         family_loaded = bool(event.family and loaded and loaded.lower().startswith(event.family.lower()))
         if event.state == g.PLUGIN_LOADED:
@@ -219,8 +235,15 @@ class StreamReader(StreamState):
                 process.plugin_in_use = name or (loaded if family_loaded else event.family)
                 process.plugin_in_use_line = self._cite(record)
         elif len(process.plugins_failed) < self.limits.max_env:  # failed or disabled
-            failed = {n for n in (name, event.family, loaded if (family_loaded or (
-                event.family == g.OFI_FAMILY and is_libfabric(loaded))) else None) if n}
+            failed = {
+                n
+                for n in (
+                    name,
+                    event.family,
+                    loaded if (family_loaded or (event.family == g.OFI_FAMILY and is_libfabric(loaded))) else None,
+                )
+                if n
+            }
             process.plugins_failed |= failed
             if process.plugin_in_use in failed:
                 process.plugin_in_use = process.plugin_in_use_line = None
@@ -228,7 +251,7 @@ class StreamReader(StreamState):
                 process.ofi_in_use = False
 
     def _on_ofi_provider(self, process: Process, thread: Thread, event: g.OfiProviderEvent, record: g.Record) -> None:
-        process.ofi_provider = event.provider[:g.MAX_NAME_CHARS]
+        process.ofi_provider = event.provider[: g.MAX_NAME_CHARS]
         process.ofi_in_use = True
         if process.plugin_in_use is None:
             loaded = process.plugin_loaded
@@ -259,8 +282,13 @@ class StreamReader(StreamState):
         key = event.comm_id or f"nranks:{event.nranks}"
         comm = self._communicator(key, event.comm_id)
         placeholder = process.pointers.get(event.pointer)
-        if (event.comm_id and placeholder and placeholder != key and placeholder.startswith("nranks:")
-                and placeholder in self.communicators):
+        if (
+            event.comm_id
+            and placeholder
+            and placeholder != key
+            and placeholder.startswith("nranks:")
+            and placeholder in self.communicators
+        ):
             self._merge(self.communicators[placeholder], comm)
         comm.nranks = event.nranks
         if record.prefix is not None:
@@ -337,8 +365,9 @@ class StreamReader(StreamState):
         if record.prefix is not None:
             self._add_rank(comm, event.rank, process)
 
-    def _on_channel_summary(self, process: Process, thread: Thread, event: g.ChannelSummaryEvent,
-                                record: g.Record) -> None:
+    def _on_channel_summary(
+        self, process: Process, thread: Thread, event: g.ChannelSummaryEvent, record: g.Record
+    ) -> None:
         comm = self.communicators.get(thread.context) if thread.context else None
         if comm is None or event.nvls_channels <= 0:
             return
@@ -347,8 +376,7 @@ class StreamReader(StreamState):
         if rank in comm.nvls_channels or len(comm.nvls_channels) < self.limits.max_ranks:
             comm.nvls_channels[rank] = event.nvls_channels
 
-    def _on_connection(self, process: Process, thread: Thread, event: g.ConnectionEvent,
-                            record: g.Record) -> None:
+    def _on_connection(self, process: Process, thread: Thread, event: g.ConnectionEvent, record: g.Record) -> None:
         key = self._connection_key(process, thread, record.message)
         context = key[1] if isinstance(key[1], str) else None
         if key in self.connections:
@@ -366,14 +394,22 @@ class StreamReader(StreamState):
 
     def approx_bytes(self) -> int:
         """What this analyzer holds, estimated from the counts of what it remembers (see _BYTES_*)."""
-        rank_facts = sum(len(c.rank_process) + len(c.rank_gpu) + len(c.nvls_channels) + len(c.pointer_refs)
-                         for c in self.communicators.values())
+        rank_facts = sum(
+            len(c.rank_process) + len(c.rank_gpu) + len(c.nvls_channels) + len(c.pointer_refs)
+            for c in self.communicators.values()
+        )
         rank_facts += len(self.loose_ranks) + len(self.test_ranks)
         entries = sum(len(p.pointers) + len(p.threads) + len(p.env) for p in self.processes.values())
-        return (_BYTES_BASE + _BYTES_PER_RANK_FACT * rank_facts + _BYTES_PER_CONNECTION * len(self.connections)
-                + _BYTES_PER_PROCESS * len(self.processes) + _BYTES_PER_PROCESS_ENTRY * entries
-                + _BYTES_PER_MEMO_ENTRY * len(self._events) + self._memo_chars
-                + _BYTES_PER_PREFIX_ENTRY * len(self._prefixes))
+        return (
+            _BYTES_BASE
+            + _BYTES_PER_RANK_FACT * rank_facts
+            + _BYTES_PER_CONNECTION * len(self.connections)
+            + _BYTES_PER_PROCESS * len(self.processes)
+            + _BYTES_PER_PROCESS_ENTRY * entries
+            + _BYTES_PER_MEMO_ENTRY * len(self._events)
+            + self._memo_chars
+            + _BYTES_PER_PREFIX_ENTRY * len(self._prefixes)
+        )
 
     def shrink(self, target_bytes: int) -> int:
         """Give memory back until at most ``target_bytes`` are held (a node-wide budget asks): first

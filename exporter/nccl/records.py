@@ -37,9 +37,7 @@ _PREFIX_RE = re.compile(
     r"(?<![^\s:|/\[\]])(?P<host>[^\s:|/\[\]]{1,253}):(?P<pid>\d{1,10}):(?P<tid>\d{1,10}) \[(?P<dev>-?\d{1,6})\] "
     r"(?:\[Rank \d{1,7}\] )?(?:\d{1,12}\.\d{1,9} )?(?:(?P<loc>\S{1,300}:\d{1,7})(?: \([^)]{0,200}\))? )?$"
 )
-_ISO_TIME_RE = re.compile(
-    r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?"
-)
+_ISO_TIME_RE = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?")
 # One wrapper at the start of a bare line; stripped repeatedly.
 _WRAPPER_RE = re.compile(
     r"\s+"
@@ -70,7 +68,7 @@ def strip_wrappers(text: str) -> str:
         m = _WRAPPER_RE.match(text)
         if m is None or m.end() == 0:
             break
-        text = text[m.end():]
+        text = text[m.end() :]
     return text
 
 
@@ -93,7 +91,7 @@ def _prefix_before(line: str, start: int, floor: int) -> tuple[Prefix | None, in
         return None, start
     host, pid, tid, dev, loc = m.group("host", "pid", "tid", "dev", "loc")
     begin = window_start + m.start()
-    if host[0] == "N" and line[max(0, begin - 2):begin] == "] ":
+    if host[0] == "N" and line[max(0, begin - 2) : begin] == "] ":
         # Two writers interleaved inside "NCCL INFO": "…[1] NCCg183:161260:…" is host g183.
         cut = next((n for n in (4, 3, 2, 1) if host.startswith("NCCL"[:n])), 0)
         if 0 < cut < len(host):
@@ -136,7 +134,7 @@ def split_records(line: str, prefixes: dict[str, Prefix | None] | None = None) -
         if old is not None:  # NCCL 2.2 and older: "host:pid:tid [dev] INFO message", no "NCCL" word
             prefix, _ = _prefix_before(line, old.start() + 2, 0)
             if prefix is not None:
-                return [Record(prefix, old.group(1), line[old.end():].rstrip(TRAILER))]
+                return [Record(prefix, old.group(1), line[old.end() :].rstrip(TRAILER))]
         body = strip_wrappers(line).rstrip(TRAILER)
         return [Record(None, None, body)] if body else []
     start, end = first.span()
@@ -167,8 +165,19 @@ def split_records(line: str, prefixes: dict[str, Prefix | None] | None = None) -
 _WARNING_CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ib_library_missing", ("Failed to open libibverbs",)),
     ("ib_no_device", ("NET/IB : No device found",)),
-    ("net_plugin_failure", ("Failed to initialize any NET plugin", "NET/OFI", "NET/Plugin", "not found.",
-                            "ncclNetPlugin", "nccl_net_ofi", "ib_plugin.c", "p2p_plugin.c")),
+    (
+        "net_plugin_failure",
+        (
+            "Failed to initialize any NET plugin",
+            "NET/OFI",
+            "NET/Plugin",
+            "not found.",
+            "ncclNetPlugin",
+            "nccl_net_ofi",
+            "ib_plugin.c",
+            "p2p_plugin.c",
+        ),
+    ),
     ("ib_completion_error", ("Got completion",)),
     ("ib_async_event", ("async event", "async fatal event", "async non-fatal")),
     ("ib_verbs_error", ("ibv_", "NET/IB")),
@@ -179,6 +188,7 @@ _WARNING_CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("timeout", ("timeout", "Timeout", "timed out")),
 )
 WARNING_CATEGORIES: tuple[str, ...] = tuple(c for c, _ in _WARNING_CATEGORIES) + ("other",)
+
 
 def warning_category(record: Record) -> str | None:
     """The category of a record worth counting as a warning, or None.

@@ -126,7 +126,9 @@ def _adopt_strays(state: StreamState, buckets: dict[str, list[Connection]], node
 def _fits(nranks: int, rank_process: dict[int, Process], process: Process, conns: list[Connection]) -> bool:
     """``process``'s lines can only be the communicator's: ranks inside its size, none another process holds."""
     return all(
-        c.event.kind != "collnet" and c.event.src < nranks and c.event.dst < nranks
+        c.event.kind != "collnet"
+        and c.event.src < nranks
+        and c.event.dst < nranks
         and rank_process.get(c.event.logging_rank, process) is process
         for c in conns
     )
@@ -136,15 +138,17 @@ def _fits(nranks: int, rank_process: dict[int, Process], process: Process, conns
 # One communicator
 
 
-def _summarize(state: StreamState, key: str, conns: list[Connection], nodes_of: dict[int, NodeKey],
-               version: str | None) -> CommFacts:
+def _summarize(
+    state: StreamState, key: str, conns: list[Connection], nodes_of: dict[int, NodeKey], version: str | None
+) -> CommFacts:
     """One communicator: where its ranks run (placement), then what its connection lines show."""
     comm = state.communicators.get(key)
     return _conclude(key, comm, conns, place(state, key, comm, conns, nodes_of), version)
 
 
-def _conclude(key: str, comm: Communicator | None, conns: list[Connection], span: Span,
-              version: str | None) -> CommFacts:
+def _conclude(
+    key: str, comm: Communicator | None, conns: list[Connection], span: Span, version: str | None
+) -> CommFacts:
     """Count the connection lines, name the network, then judge the inter-node traffic."""
     tally = _tally(comm, conns, span)
     multi = True if tally.tcp_inter is not None else span.multi
@@ -239,22 +243,31 @@ def _comm_network(comm: Communicator | None, conns: list[Connection], processes:
     return tcp_selected[0] if tcp_selected else selected[0]
 
 
-def _judge(key: str, comm: Communicator | None, span: Span, multi: bool | None, tcp_inter: Connection | None,
-           network: Selection) -> tuple[bool | None, str | None]:
+def _judge(
+    key: str,
+    comm: Communicator | None,
+    span: Span,
+    multi: bool | None,
+    tcp_inter: Connection | None,
+    network: Selection,
+) -> tuple[bool | None, str | None]:
     """Whether the communicator's inter-node traffic runs on TCP (None: the log does not show), and why."""
     label = key if key != UNATTRIBUTED else "(communicator not named in the log)"
     shown = shown_network(network.name, network.cls)
     if tcp_inter is not None:
-        return True, (f"communicator {label}: inter-node connection over TCP-class network {shown}: "
-                      f"\"{tcp_inter.cited}\"")
+        return True, (
+            f'communicator {label}: inter-node connection over TCP-class network {shown}: "{tcp_inter.cited}"'
+        )
     if multi and network.cls == TCP and not (comm is not None and comm.mnnvl):
         nnodes_line = comm.nnodes_line if comm is not None else None
-        why = f"\"{nnodes_line}\"" if nnodes_line else (span.multi_why or "several nodes")
-        return True, (f"communicator {label} spans {span.nodes or 'several'} nodes ({why}) and uses "
-                      f"TCP-class network {shown}" + _quoted(network.line))
+        why = f'"{nnodes_line}"' if nnodes_line else (span.multi_why or "several nodes")
+        return True, (
+            f"communicator {label} spans {span.nodes or 'several'} nodes ({why}) and uses "
+            f"TCP-class network {shown}" + _quoted(network.line)
+        )
     if span.single:
         if comm is not None and comm.nnodes_line and span.nodes == 1:
-            return False, f"communicator {label} is on a single node: \"{comm.nnodes_line}\""
+            return False, f'communicator {label} is on a single node: "{comm.nnodes_line}"'
         why = span.single_why or "every rank logged from one node"
         return False, f"communicator {label} is on a single node ({why})"
     if network.cls == RDMA:
@@ -262,14 +275,16 @@ def _judge(key: str, comm: Communicator | None, span: Span, multi: bool | None, 
     if network.name is not None and network.cls is None:
         return None, f"communicator {label}: network {network.name} is not in the RDMA/TCP table"
     if network.cls == TCP:
-        return None, (f"communicator {label} uses TCP-class network {shown} but the log does not show "
-                      "whether its traffic crosses nodes")
+        return None, (
+            f"communicator {label} uses TCP-class network {shown} but the log does not show "
+            "whether its traffic crosses nodes"
+        )
     return None, None
 
 
 def _quoted(line: str | None) -> str:
     """``: "<line>"`` after a reason, when there is a line to quote."""
-    return f": \"{line}\"" if line else ""
+    return f': "{line}"' if line else ""
 
 
 def _gdr(rdma_gdr: set[bool], cls: str | None, processes: list[Process]) -> bool | str | None:
@@ -285,7 +300,8 @@ def _gdr_disabled(transports: Counter[tuple[str, str, str]], cls: str | None) ->
     """An inter-node connection runs on an RDMA-class network without GPUDirect RDMA: a NET/IB line,
     or a net plugin or CollNet line when the communicator's network is RDMA-class."""
     return any(
-        scope == INTER and gdr == "0"
+        scope == INTER
+        and gdr == "0"
         and (transport == "net_ib" or (cls == RDMA and transport in ("net_plugin", "collnet")))
         for transport, scope, gdr in transports
     )

@@ -27,12 +27,16 @@ def add_probe_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, s
     """Flags shared by ``probe`` and ``preflight --probe`` (sizes, iterations, rendezvous)."""
     rdzv = Rendezvous.from_env(environ)
     g = parser.add_argument_group("probe (nccl-tests flags)")
-    g.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
-                   help="nccl on GPUs, gloo on CPU; auto picks nccl when the node has GPUs")
-    g.add_argument("--nprocs", type=int, default=0,
-                   help="ranks on this node (default: one per visible GPU with nccl, 2 with gloo)")
-    g.add_argument("--collective", default="all_reduce",
-                   help=f"comma-separated, or 'all': {', '.join(COLLECTIVES)}")
+    g.add_argument(
+        "--backend",
+        choices=["auto", "nccl", "gloo"],
+        default="auto",
+        help="nccl on GPUs, gloo on CPU; auto picks nccl when the node has GPUs",
+    )
+    g.add_argument(
+        "--nprocs", type=int, default=0, help="ranks on this node (default: one per visible GPU with nccl, 2 with gloo)"
+    )
+    g.add_argument("--collective", default="all_reduce", help=f"comma-separated, or 'all': {', '.join(COLLECTIVES)}")
     g.add_argument("-b", "--minbytes", default="32M", help="smallest size (K/M/G suffixes, powers of 1024)")
     g.add_argument("-e", "--maxbytes", default="32M", help="largest size")
     g.add_argument("-f", "--stepfactor", type=float, default=2.0, help="multiply the size by this each step")
@@ -42,11 +46,19 @@ def add_probe_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, s
     g.add_argument("--timeout", type=float, default=300.0, help="seconds before the whole probe is killed")
     r = parser.add_argument_group("multi-node rendezvous (torchrun's static rendezvous; defaults from env)")
     r.add_argument("--master-addr", default=rdzv.master_addr, help="rank 0's address [env MASTER_ADDR]")
-    r.add_argument("--master-port", type=int, default=rdzv.master_port,
-                   help="rank 0's port; 0 picks a free loopback port on one node [env MASTER_PORT]")
+    r.add_argument(
+        "--master-port",
+        type=int,
+        default=rdzv.master_port,
+        help="rank 0's port; 0 picks a free loopback port on one node [env MASTER_PORT]",
+    )
     r.add_argument("--nnodes", type=int, default=rdzv.nnodes, help="nodes (pods) in the probe [env NNODES, PET_NNODES]")
-    r.add_argument("--node-rank", type=int, default=rdzv.node_rank,
-                   help="this node's index [env NODE_RANK, PET_NODE_RANK, JOB_COMPLETION_INDEX]")
+    r.add_argument(
+        "--node-rank",
+        type=int,
+        default=rdzv.node_rank,
+        help="this node's index [env NODE_RANK, PET_NODE_RANK, JOB_COMPLETION_INDEX]",
+    )
     PROCFS.add_to(parser, environ)
 
 
@@ -72,8 +84,9 @@ def request_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> P
         raise ValueError("a multi-node probe needs --master-port (or MASTER_PORT)")
     if args.timeout <= 0:
         raise ValueError("--timeout must be positive")
-    sizes = size_sweep(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor,
-                       parse_size(args.stepbytes))
+    sizes = size_sweep(
+        parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor, parse_size(args.stepbytes)
+    )
     return ProbeRequest(
         backend=backend,
         nprocs=nprocs,
@@ -99,8 +112,10 @@ def print_table(result: ProbeResult, request: ProbeRequest, out: TextIO) -> None
     def p(text: str = "") -> None:
         print(text, file=out)
 
-    p(f"# ccl-exporter probe: backend {result.backend}, {result.world_size} ranks on {result.nnodes} node(s), "
-      f"{request.warmup_iters} warm-up + {request.iters} timed iterations, time = slowest rank")
+    p(
+        f"# ccl-exporter probe: backend {result.backend}, {result.world_size} ranks on {result.nnodes} node(s), "
+        f"{request.warmup_iters} warm-up + {request.iters} timed iterations, time = slowest rank"
+    )
     p(f"# transport: {describe_transport(result)}")
     for reason in result.transport.reasons[:3]:
         p(f"#   {reason}")
@@ -109,14 +124,18 @@ def print_table(result: ProbeResult, request: ProbeRequest, out: TextIO) -> None
         p("#")
         factor = busbw_factor(collective.collective, max(1, result.world_size))
         p(f"# {collective.collective}: busbw = algbw x {factor:.4g}")
-        p(f"# {'size':>12} {'count':>12} {'type':>6} {'redop':>6} {'root':>5} {'time':>10} {'algbw':>8} "
-          f"{'busbw':>8} {'#wrong':>7}")
+        p(
+            f"# {'size':>12} {'count':>12} {'type':>6} {'redop':>6} {'root':>5} {'time':>10} {'algbw':>8} "
+            f"{'busbw':>8} {'#wrong':>7}"
+        )
         p(f"# {'(B)':>12} {'(elements)':>12} {'':>6} {'':>6} {'':>5} {'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8} {'':>7}")
         for row in collective.rows:
             root = 0 if collective.collective == "broadcast" else -1
-            p(f"  {row.size_bytes:>12} {row.count:>12} {row.type:>6} {'sum' if reduces else 'none':>6} {root:>5} "
-              f"{row.time_seconds * 1e6:>10.1f} {row.algbw_bytes_per_second / GB:>8.2f} "
-              f"{row.busbw_bytes_per_second / GB:>8.2f} {row.wrong:>7}")
+            p(
+                f"  {row.size_bytes:>12} {row.count:>12} {row.type:>6} {'sum' if reduces else 'none':>6} {root:>5} "
+                f"{row.time_seconds * 1e6:>10.1f} {row.algbw_bytes_per_second / GB:>8.2f} "
+                f"{row.busbw_bytes_per_second / GB:>8.2f} {row.wrong:>7}"
+            )
         if collective.error:
             p(f"# {collective.collective} FAILED: {collective.error}")
         wrong = sum(r.wrong for r in collective.rows)
@@ -163,10 +182,8 @@ def add_parser(
     add_probe_arguments(parser, environ)
     out = parser.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the result document instead of the table")
-    out.add_argument("--source", choices=SOURCES, default="job",
-                     help="who ran it, for the exporter's source label")
+    out.add_argument("--source", choices=SOURCES, default="job", help="who ran it, for the exporter's source label")
     PROBE_RESULTS.add_to(out, environ)
-    out.add_argument("--no-write", dest="write_results", action="store_false",
-                     help="do not write a result file")
+    out.add_argument("--no-write", dest="write_results", action="store_false", help="do not write a result file")
     parser.set_defaults(handler=lambda args: run_probe_command(args))
     return parser

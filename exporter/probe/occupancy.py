@@ -45,6 +45,8 @@ class NvmlOccupancy:
         busy = busy_gpus(self._backend)
         if not busy:
             return None
-        named = [f"{uuid} (pids {', '.join(str(p.pid) for p in procs[:MAX_NAMED])})"
-                 for uuid, procs in sorted(busy.items())[:MAX_NAMED]]
+        named = [
+            f"{uuid} (pids {', '.join(str(p.pid) for p in procs[:MAX_NAMED])})"
+            for uuid, procs in sorted(busy.items())[:MAX_NAMED]
+        ]
         return f"{len(busy)} GPU(s) run compute processes: {'; '.join(named)}"

@@ -40,8 +40,15 @@ from exporter.results import Check, ProbeResult, Transport, write_result
 from exporter.sources.rdma import RdmaPort, RdmaReading, read_rdma
 
 ACTIVE, LINK_UP = 4, 5
-HOST_CHECKS = ("rdma_devices", "uverbs_devices", "port_state", "port_rate", "port_link_layer",
-               "gpudirect_rdma", "nccl_env")
+HOST_CHECKS = (
+    "rdma_devices",
+    "uverbs_devices",
+    "port_state",
+    "port_rate",
+    "port_link_layer",
+    "gpudirect_rdma",
+    "nccl_env",
+)
 PROBE_CHECKS = ("probe", "probe_transport", "probe_bandwidth")
 PEERMEM_MODULES = ("nvidia_peermem", "nv_peer_mem")
 # Interfaces other nodes cannot reach: NCCL bootstrap (and socket traffic) on them breaks multi-node.
@@ -51,16 +58,24 @@ GB = 1e9
 
 DEV = Flag("--path.dev", "/dev", "devtmpfs mount point", dest="dev")
 FABRIC_FLAGS = (
-    Flag("--expect-ports", "", "comma-separated DEVICE or DEVICE:PORT (default: every port present)",
-         dest="expect_ports"),
+    Flag(
+        "--expect-ports", "", "comma-separated DEVICE or DEVICE:PORT (default: every port present)", dest="expect_ports"
+    ),
     Flag("--expect-rate", "", "minimum port rate in Gb/s, e.g. 400", dest="expect_rate"),
-    Flag("--expect-link-layer", "", "InfiniBand or Ethernet (RoCE)", dest="expect_link_layer",
-         choices=("", "InfiniBand", "Ethernet")),
+    Flag(
+        "--expect-link-layer",
+        "",
+        "InfiniBand or Ethernet (RoCE)",
+        dest="expect_link_layer",
+        choices=("", "InfiniBand", "Ethernet"),
+    ),
 )
-ALLOW_UNKNOWN_TRANSPORT = Switch("--allow-unknown-transport",
-                                 "pass --require-transport when NCCL's log cannot tell the transport "
-                                 "(by default preflight fails closed)", dest="allow_unknown_transport",
-                                 lenient_env=True)
+ALLOW_UNKNOWN_TRANSPORT = Switch(
+    "--allow-unknown-transport",
+    "pass --require-transport when NCCL's log cannot tell the transport (by default preflight fails closed)",
+    dest="allow_unknown_transport",
+    lenient_env=True,
+)
 
 
 @dataclass(frozen=True)
@@ -102,8 +117,11 @@ def _fail(name: str, message: str) -> Check:
 def check_rdma_devices(reading: RdmaReading, sysfs: Path, expected: Sequence[PortSpec]) -> Check:
     names = [d.name for d in reading.devices]
     if not reading.class_present or not names:
-        return _fail("rdma_devices", f"no RDMA devices in {sysfs}/class/infiniband: the container sees no "
-                     "InfiniBand/RoCE/EFA device (host driver, device plugin or network attachment missing)")
+        return _fail(
+            "rdma_devices",
+            f"no RDMA devices in {sysfs}/class/infiniband: the container sees no "
+            "InfiniBand/RoCE/EFA device (host driver, device plugin or network attachment missing)",
+        )
     missing = sorted({p.device for p in expected} - set(names))
     if missing:
         return _fail("rdma_devices", f"expected device(s) {', '.join(missing)} not present; have {', '.join(names)}")
@@ -116,11 +134,15 @@ def check_uverbs(dev: Path, needed: int) -> Check:
     except OSError:
         found = []
     if not found:
-        return _fail("uverbs_devices", f"no {dev}/infiniband/uverbs* in the container: verbs cannot open the "
-                     "RDMA devices, NCCL will fall back to sockets (request the RDMA device-plugin resource)")
+        return _fail(
+            "uverbs_devices",
+            f"no {dev}/infiniband/uverbs* in the container: verbs cannot open the "
+            "RDMA devices, NCCL will fall back to sockets (request the RDMA device-plugin resource)",
+        )
     if len(found) < needed:
-        return _fail("uverbs_devices", f"{len(found)} uverbs device(s) for {needed} expected RDMA devices: "
-                     f"{', '.join(found)}")
+        return _fail(
+            "uverbs_devices", f"{len(found)} uverbs device(s) for {needed} expected RDMA devices: {', '.join(found)}"
+        )
     return _ok("uverbs_devices", f"{len(found)} uverbs device(s): {', '.join(found)}")
 
 
@@ -150,8 +172,11 @@ def check_ports(
 ) -> list[Check]:
     ports, missing = select_ports(reading, expected)
     checks: list[Check] = []
-    down = [f"{p.device} port {p.port} is {_state_text(p)}" for p in ports
-            if p.state_id != ACTIVE or p.physical_state_id != LINK_UP]
+    down = [
+        f"{p.device} port {p.port} is {_state_text(p)}"
+        for p in ports
+        if p.state_id != ACTIVE or p.physical_state_id != LINK_UP
+    ]
     if missing:
         down = [f"port {m} not found" for m in missing] + down
     if not ports and not missing:
@@ -161,16 +186,22 @@ def check_ports(
     else:
         checks.append(_ok("port_state", f"{len(ports)} port(s) ACTIVE/LinkUp"))
     if rate_gbps is not None:
-        slow = [f"{p.device} port {p.port} runs at {p.rate_text or 'an unreadable rate'}" for p in ports
-                if p.rate_bytes_per_second is None or p.rate_bytes_per_second < rate_gbps * GBIT]
+        slow = [
+            f"{p.device} port {p.port} runs at {p.rate_text or 'an unreadable rate'}"
+            for p in ports
+            if p.rate_bytes_per_second is None or p.rate_bytes_per_second < rate_gbps * GBIT
+        ]
         if slow or not ports:
             detail = "; ".join(slow) or "no ports to check"
             checks.append(_fail("port_rate", f"{detail} (expected at least {rate_gbps:g} Gb/s)"))
         else:
             checks.append(_ok("port_rate", f"{len(ports)} port(s) at >= {rate_gbps:g} Gb/s"))
     if link_layer is not None:
-        wrong = [f"{p.device} port {p.port} is {p.link_layer or 'unknown'}" for p in ports
-                 if (p.link_layer or "").lower() != link_layer.lower()]
+        wrong = [
+            f"{p.device} port {p.port} is {p.link_layer or 'unknown'}"
+            for p in ports
+            if (p.link_layer or "").lower() != link_layer.lower()
+        ]
         if wrong or not ports:
             detail = "; ".join(wrong) or "no ports to check"
             checks.append(_fail("port_link_layer", f"{detail} (expected {link_layer})"))
@@ -191,9 +222,12 @@ def check_gpudirect(sysfs: Path, procfs: Path) -> Check:
     for module in PEERMEM_MODULES:
         if module in loaded:
             return _ok("gpudirect_rdma", f"{module} loaded ({procfs}/modules)")
-    return _fail("gpudirect_rdma", "nvidia_peermem is not loaded (no /sys/module/nvidia_peermem, not in "
-                 "/proc/modules): NCCL cannot use GPUDirect RDMA and stages through host memory "
-                 "(load it on the host, or --skip gpudirect_rdma for DMA-BUF setups)")
+    return _fail(
+        "gpudirect_rdma",
+        "nvidia_peermem is not loaded (no /sys/module/nvidia_peermem, not in "
+        "/proc/modules): NCCL cannot use GPUDirect RDMA and stages through host memory "
+        "(load it on the host, or --skip gpudirect_rdma for DMA-BUF setups)",
+    )
 
 
 def _name_list(value: str) -> tuple[bool, list[str]]:
@@ -215,15 +249,19 @@ def check_nccl_env(environ: Mapping[str, str], device_names: Sequence[str], requ
     if hca and device_names:
         exclude, names = _name_list(hca)
         if not exclude and not any(d.startswith(n) for n in names for d in device_names):
-            problems.append(f"NCCL_IB_HCA={hca} matches no RDMA device here ({', '.join(device_names)}): "
-                            "NCCL will fall back to sockets")
+            problems.append(
+                f"NCCL_IB_HCA={hca} matches no RDMA device here ({', '.join(device_names)}): "
+                "NCCL will fall back to sockets"
+            )
     ifname = environ.get("NCCL_SOCKET_IFNAME", "").strip()
     if ifname:
         exclude, names = _name_list(ifname)
         local = [n for n in names if not exclude and any(n.startswith(p) for p in LOCAL_ONLY_IFACES)]
         if local:
-            problems.append(f"NCCL_SOCKET_IFNAME={ifname} selects {', '.join(local)}, which other nodes cannot "
-                            "reach: NCCL bootstrap across nodes fails or hangs")
+            problems.append(
+                f"NCCL_SOCKET_IFNAME={ifname} selects {', '.join(local)}, which other nodes cannot "
+                "reach: NCCL bootstrap across nodes fails or hangs"
+            )
     gdr_level = environ.get("NCCL_NET_GDR_LEVEL", "").strip().upper()
     if require_gdr and gdr_level in ("0", "LOC"):
         problems.append(f"NCCL_NET_GDR_LEVEL={gdr_level} disables GPUDirect RDMA")
@@ -233,12 +271,17 @@ def check_nccl_env(environ: Mapping[str, str], device_names: Sequence[str], requ
 
 
 def host_checks(
-    sysfs: Path, dev: Path, procfs: Path, environ: Mapping[str, str], expected: Sequence[PortSpec],
-    rate_gbps: float | None, link_layer: str | None, require_gdr: bool,
+    sysfs: Path,
+    dev: Path,
+    procfs: Path,
+    environ: Mapping[str, str],
+    expected: Sequence[PortSpec],
+    rate_gbps: float | None,
+    link_layer: str | None,
+    require_gdr: bool,
 ) -> list[Check]:
     reading = read_rdma(sysfs)
-    checks = [check_rdma_devices(reading, sysfs, expected),
-              check_uverbs(dev, len({p.device for p in expected}) or 1)]
+    checks = [check_rdma_devices(reading, sysfs, expected), check_uverbs(dev, len({p.device for p in expected}) or 1)]
     checks += check_ports(reading, expected, rate_gbps, link_layer)
     if require_gdr:
         checks.append(check_gpudirect(sysfs, procfs))
@@ -246,12 +289,21 @@ def host_checks(
     return checks
 
 
-def probe_checks(result: ProbeResult, require_transport: str, min_busbw_gbs: float | None,
-                 allow_unknown_transport: bool = False) -> list[Check]:
-    checks = [_ok("probe", f"{len(result.collectives)} collective(s) correct on {result.world_size} ranks, "
-                  f"{result.nnodes} node(s)") if result.success
-              else _fail("probe", result.error or "; ".join(
-                  f"{c.collective}: {c.error or 'wrong data'}" for c in result.collectives if not c.success))]
+def probe_checks(
+    result: ProbeResult, require_transport: str, min_busbw_gbs: float | None, allow_unknown_transport: bool = False
+) -> list[Check]:
+    checks = [
+        _ok(
+            "probe",
+            f"{len(result.collectives)} collective(s) correct on {result.world_size} ranks, {result.nnodes} node(s)",
+        )
+        if result.success
+        else _fail(
+            "probe",
+            result.error
+            or "; ".join(f"{c.collective}: {c.error or 'wrong data'}" for c in result.collectives if not c.success),
+        )
+    ]
     if require_transport != "any":
         t: Transport = result.transport
         if t.kind == require_transport:
@@ -260,15 +312,27 @@ def probe_checks(result: ProbeResult, require_transport: str, min_busbw_gbs: flo
             # "Cannot tell" fails closed: a job must not start on a fabric nobody could check.
             why = f" ({t.reasons[0]})" if t.reasons else ""
             if allow_unknown_transport:
-                checks.append(_ok("probe_transport", f"cannot tell which transport the traffic used{why}; "
-                                  "allowed by --allow-unknown-transport"))
+                checks.append(
+                    _ok(
+                        "probe_transport",
+                        f"cannot tell which transport the traffic used{why}; allowed by --allow-unknown-transport",
+                    )
+                )
             else:
-                checks.append(_fail("probe_transport", f"cannot tell which transport the traffic used{why}; "
-                                    f"expected {require_transport} (pass --allow-unknown-transport to accept)"))
+                checks.append(
+                    _fail(
+                        "probe_transport",
+                        f"cannot tell which transport the traffic used{why}; "
+                        f"expected {require_transport} (pass --allow-unknown-transport to accept)",
+                    )
+                )
         else:
             why = f" — {t.reasons[0]}" if t.reasons else ""
-            checks.append(_fail("probe_transport", f"traffic ran on {describe_transport(result)}, "
-                                f"expected {require_transport}{why}"))
+            checks.append(
+                _fail(
+                    "probe_transport", f"traffic ran on {describe_transport(result)}, expected {require_transport}{why}"
+                )
+            )
     if min_busbw_gbs is not None:
         low = []
         for c in result.collectives:
@@ -277,8 +341,12 @@ def probe_checks(result: ProbeResult, require_transport: str, min_busbw_gbs: flo
                 shown = "no result" if average is None else f"{average / GB:.2f} GB/s"
                 low.append(f"{c.collective} average busbw {shown}")
         if low or not result.collectives:
-            checks.append(_fail("probe_bandwidth", f"{'; '.join(low) or 'no collectives'} "
-                                f"(expected at least {min_busbw_gbs:g} GB/s)"))
+            checks.append(
+                _fail(
+                    "probe_bandwidth",
+                    f"{'; '.join(low) or 'no collectives'} (expected at least {min_busbw_gbs:g} GB/s)",
+                )
+            )
         else:
             checks.append(_ok("probe_bandwidth", f"average busbw >= {min_busbw_gbs:g} GB/s"))
     return checks
@@ -293,15 +361,24 @@ def run_preflight(args: argparse.Namespace, environ: Mapping[str, str] | None = 
         skip = {s.strip() for item in args.skip for s in item.split(",") if s.strip()}
         unknown = skip - set(HOST_CHECKS) - set(PROBE_CHECKS)
         if unknown:
-            raise ValueError(f"--skip {', '.join(sorted(unknown))}: known checks are "
-                             f"{', '.join(HOST_CHECKS + PROBE_CHECKS)}")
+            raise ValueError(
+                f"--skip {', '.join(sorted(unknown))}: known checks are {', '.join(HOST_CHECKS + PROBE_CHECKS)}"
+            )
         request = request_from_args(args, environ) if args.probe else None
     except ValueError as exc:
         print(f"ccl-exporter preflight: {exc}", file=sys.stderr)
         return 2
     started = time.time()
-    checks = host_checks(Path(args.sysfs), Path(args.dev), Path(args.procfs), environ, expected, rate,
-                         args.expect_link_layer or None, args.require_gdr)
+    checks = host_checks(
+        Path(args.sysfs),
+        Path(args.dev),
+        Path(args.procfs),
+        environ,
+        expected,
+        rate,
+        args.expect_link_layer or None,
+        args.require_gdr,
+    )
     identity = Identity.from_env("preflight", environ)
     probe_result = None
     if request is not None:
@@ -312,9 +389,15 @@ def run_preflight(args: argparse.Namespace, environ: Mapping[str, str] | None = 
         print(f"{'ok  ' if check.ok else 'FAIL'} {check.check}: {check.message}", file=out)
     failed = [c for c in checks if not c.ok]
     print(f"preflight: {'FAILED' if failed else 'passed'} ({len(failed)} of {len(checks)} checks failed)", file=out)
-    base = probe_result or ProbeResult(source="preflight", started_at=started, finished_at=time.time(),
-                                       hostname=socket.gethostname(), namespace=identity.namespace,
-                                       pod=identity.pod, job_name=identity.job_name)
+    base = probe_result or ProbeResult(
+        source="preflight",
+        started_at=started,
+        finished_at=time.time(),
+        hostname=socket.gethostname(),
+        namespace=identity.namespace,
+        pod=identity.pod,
+        job_name=identity.job_name,
+    )
     result = dataclasses.replace(base, checks=tuple(checks), finished_at=time.time())
     if args.write_results:
         try:
@@ -341,14 +424,27 @@ def add_parser(
     fabric = parser.add_argument_group("expected fabric")
     for flag in FABRIC_FLAGS:
         flag.add_to(fabric, environ)
-    fabric.add_argument("--no-require-gdr", dest="require_gdr", action="store_false",
-                        help="do not require nvidia_peermem (GPUDirect RDMA)")
-    fabric.add_argument("--skip", action="append", default=[], metavar="CHECK",
-                        help=f"drop a check (repeatable or comma-separated): {', '.join(HOST_CHECKS + PROBE_CHECKS)}")
+    fabric.add_argument(
+        "--no-require-gdr",
+        dest="require_gdr",
+        action="store_false",
+        help="do not require nvidia_peermem (GPUDirect RDMA)",
+    )
+    fabric.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        metavar="CHECK",
+        help=f"drop a check (repeatable or comma-separated): {', '.join(HOST_CHECKS + PROBE_CHECKS)}",
+    )
     probe = parser.add_argument_group("gang-wide probe (optional)")
     probe.add_argument("--probe", action="store_true", help="also run a short probe across the job's pods")
-    probe.add_argument("--require-transport", choices=["any", "rdma", "tcp", "intra_node"], default="any",
-                       help="transport the probe's traffic must have used (from NCCL's own log)")
+    probe.add_argument(
+        "--require-transport",
+        choices=["any", "rdma", "tcp", "intra_node"],
+        default="any",
+        help="transport the probe's traffic must have used (from NCCL's own log)",
+    )
     ALLOW_UNKNOWN_TRANSPORT.add_to(probe, environ)
     probe.add_argument("--min-busbw", type=float, default=None, help="minimum average busbw, GB/s (1e9 bytes/s)")
     add_probe_arguments(parser, environ)

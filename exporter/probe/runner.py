@@ -162,7 +162,7 @@ def _read_output(stream: Any, capture: _Capture, budget: list[int], lock: thread
         line = raw.rstrip("\n")[:MAX_LINE_CHARS]
         if line.startswith(RESULT_PREFIX):
             try:
-                message = json.loads(line[len(RESULT_PREFIX):])
+                message = json.loads(line[len(RESULT_PREFIX) :])
             except ValueError:
                 message = None
             if isinstance(message, dict) and len(capture.messages) < 10_000:
@@ -199,13 +199,21 @@ def worker_env(request: ProbeRequest, local_rank: int, master_port: int, environ
 
 def worker_command(request: ProbeRequest) -> list[str]:
     return [
-        request.python, "-m", "exporter.probe.worker",
-        "--backend", request.backend,
-        "--collectives", ",".join(request.collectives),
-        "--sizes", ",".join(str(s) for s in request.sizes),
-        "--iters", str(request.iters),
-        "--warmup-iters", str(request.warmup_iters),
-        "--timeout", str(max(1.0, request.timeout_seconds)),
+        request.python,
+        "-m",
+        "exporter.probe.worker",
+        "--backend",
+        request.backend,
+        "--collectives",
+        ",".join(request.collectives),
+        "--sizes",
+        ",".join(str(s) for s in request.sizes),
+        "--iters",
+        str(request.iters),
+        "--warmup-iters",
+        str(request.warmup_iters),
+        "--timeout",
+        str(max(1.0, request.timeout_seconds)),
     ]
 
 

@@ -79,11 +79,37 @@ class ProbeSettings:
         # The probe's own timeout fires first and leaves a result file; ours is the backstop.
         inner_timeout = max(1.0, self.timeout_seconds - min(TERMINATE_GRACE_SECONDS, self.timeout_seconds / 2))
         return [
-            python, "-m", "exporter", "probe", "--source", "scheduled", "--json",
-            "--path.probe-results", str(results_folder),
-            "--backend", self.backend, "--nprocs", str(self.nprocs), "--collective", self.collectives,
-            "-b", self.min_bytes, "-e", self.max_bytes, "-n", str(self.iters), "-w", str(self.warmup_iters),
-            "--timeout", f"{inner_timeout:g}", "--master-port", "0", "--nnodes", "1", "--node-rank", "0",
+            python,
+            "-m",
+            "exporter",
+            "probe",
+            "--source",
+            "scheduled",
+            "--json",
+            "--path.probe-results",
+            str(results_folder),
+            "--backend",
+            self.backend,
+            "--nprocs",
+            str(self.nprocs),
+            "--collective",
+            self.collectives,
+            "-b",
+            self.min_bytes,
+            "-e",
+            self.max_bytes,
+            "-n",
+            str(self.iters),
+            "-w",
+            str(self.warmup_iters),
+            "--timeout",
+            f"{inner_timeout:g}",
+            "--master-port",
+            "0",
+            "--nnodes",
+            "1",
+            "--node-rank",
+            "0",
         ]
 
 
@@ -191,8 +217,11 @@ class ProbeScheduler:
             return outcome
         fresh = self._fresh_result(started)
         if outcome == "timeout" or fresh is None:
-            why = (f"probe killed after {self.settings.timeout_seconds:g}s" if outcome == "timeout"
-                   else f"probe exited with {proc.returncode} without a result: {stderr.strip()[-300:]}")
+            why = (
+                f"probe killed after {self.settings.timeout_seconds:g}s"
+                if outcome == "timeout"
+                else f"probe exited with {proc.returncode} without a result: {stderr.strip()[-300:]}"
+            )
             log.warning("scheduled probe failed: %s", why)
             self._write_failure(started, why)
             return outcome or "failure"
@@ -211,12 +240,18 @@ class ProbeScheduler:
     def _write_failure(self, started: float, error: str) -> None:
         collectives = tuple(
             CollectiveResult(collective=c.strip(), error=error)
-            for c in self.settings.collectives.split(",") if c.strip()
+            for c in self.settings.collectives.split(",")
+            if c.strip()
         )
         result = ProbeResult(
-            source="scheduled", started_at=started, finished_at=self.clock(), hostname=os.uname().nodename,
-            backend=self.settings.backend, transport=Transport("unknown", "unknown"),
-            collectives=collectives, error=error,
+            source="scheduled",
+            started_at=started,
+            finished_at=self.clock(),
+            hostname=os.uname().nodename,
+            backend=self.settings.backend,
+            transport=Transport("unknown", "unknown"),
+            collectives=collectives,
+            error=error,
         )
         try:
             write_result(self.results_folder, result)

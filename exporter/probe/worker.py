@@ -147,8 +147,11 @@ def main(argv: list[str] | None = None) -> int:
         import torch
         import torch.distributed as dist
     except ImportError as exc:
-        emit("error", rank=rank, error=f"{exc}: the probe's workers need torch "
-             "(install the package with its 'probe' extra)")
+        emit(
+            "error",
+            rank=rank,
+            error=f"{exc}: the probe's workers need torch (install the package with its 'probe' extra)",
+        )
         return 1
     try:
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -165,16 +168,24 @@ def main(argv: list[str] | None = None) -> int:
         hosts: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(hosts, socket.gethostname())
         if reporter:
-            emit("start", backend=args.backend, world_size=dist.get_world_size(), nnodes=len(set(hosts)),
-                 torch_version=torch.__version__)
+            emit(
+                "start",
+                backend=args.backend,
+                world_size=dist.get_world_size(),
+                nnodes=len(set(hosts)),
+                torch_version=torch.__version__,
+            )
         for collective in args.collectives:
             for size in args.sizes:
                 try:
                     row = measure(dist, torch, collective, size, args.iters, args.warmup_iters, device)
                 except Unsupported as exc:
                     if reporter:
-                        emit("unsupported", collective=collective,
-                             error=f"backend {args.backend} (torch {torch.__version__}) cannot run {collective}: {exc}")
+                        emit(
+                            "unsupported",
+                            collective=collective,
+                            error=f"backend {args.backend} (torch {torch.__version__}) cannot run {collective}: {exc}",
+                        )
                     break
                 if reporter:
                     emit("row", collective=collective, **row)

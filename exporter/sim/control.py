@@ -79,8 +79,10 @@ def _checked_name(name: str, value: str) -> str:
     pattern, longest = _NAME_RULES[name]
     if len(value) > longest or not pattern.fullmatch(value):
         kind = "DNS-1123 subdomain" if name == "pod" else "DNS-1123 label"
-        raise ActionError(f"{name} must be a Kubernetes name ({kind}: lowercase letters, digits and '-', "
-                          f"at most {longest} characters), got {value[:80]!r}")
+        raise ActionError(
+            f"{name} must be a Kubernetes name ({kind}: lowercase letters, digits and '-', "
+            f"at most {longest} characters), got {value[:80]!r}"
+        )
     return value
 
 
@@ -218,8 +220,14 @@ def nccl_job_start(node: SimulatedNode, params: Params) -> dict[str, Any]:
         nnodes = int(params.get("nnodes", "2"))
     except ValueError:
         raise ActionError("nnodes must be an integer") from None
-    job = SimJob(namespace, pod, pytorchjob_labels(job_name), network=_network(params, "IB"),
-                 nnodes=max(1, nnodes), gdr=_flag(params, "gdr", True))
+    job = SimJob(
+        namespace,
+        pod,
+        pytorchjob_labels(job_name),
+        network=_network(params, "IB"),
+        nnodes=max(1, nnodes),
+        gdr=_flag(params, "gdr", True),
+    )
     _pod_logs(node).start_job(job)
     return {"namespace": namespace, "pod": pod, "job_name": job_name, "network": job.network}
 
@@ -231,8 +239,13 @@ def nccl_job_restart(node: SimulatedNode, params: Params) -> dict[str, Any]:
     if placement not in ("shown", "open"):
         raise ActionError("placement must be shown or open")
     try:
-        job = _pod_logs(node).restart_job(namespace, pod, network=network, gdr=_flag(params, "gdr", network == "IB"),
-                                          placement_shown=placement == "shown")
+        job = _pod_logs(node).restart_job(
+            namespace,
+            pod,
+            network=network,
+            gdr=_flag(params, "gdr", network == "IB"),
+            placement_shown=placement == "shown",
+        )
     except KeyError:
         raise ActionError(f"no running simulated pod {namespace}/{pod}") from None
     return {"namespace": namespace, "pod": pod, "network": job.network, "restarts": job.restarts}
@@ -287,9 +300,17 @@ def probe_result(node: SimulatedNode, params: Params) -> dict[str, Any]:
         raise ActionError(f"unknown collective {collective!r}")
     at = now()
     result = ProbeResult(
-        source="job", started_at=at - 60, finished_at=at, namespace=_name(params, "namespace", "ccl-exporter"),
-        pod=_name(params, "pod", "ccl-probe-0"), job_name="ccl-probe", backend="nccl", world_size=16, nnodes=2,
-        scope="inter_node", transport=Transport("rdma", "net_ib", "IB", True),
+        source="job",
+        started_at=at - 60,
+        finished_at=at,
+        namespace=_name(params, "namespace", "ccl-exporter"),
+        pod=_name(params, "pod", "ccl-probe-0"),
+        job_name="ccl-probe",
+        backend="nccl",
+        world_size=16,
+        nnodes=2,
+        scope="inter_node",
+        transport=Transport("rdma", "net_ib", "IB", True),
         collectives=(CollectiveResult(collective, sweep(collective, peak, 8 << 20, 4 << 30)),),
     )
     path = write_result(node.paths.probe_results, result)

@@ -98,9 +98,11 @@ def nccl_init_lines_placement_open(job: SimJob) -> list[str]:
     for local in range(local_ranks):
         pid = base_pid + local
         p = f"{host}:{pid}:{pid} [{local}] NCCL INFO "
-        comm = f"0x{0x55d4c0a1b000 + 0x1000 * local:x}"
-        init = (f"comm {comm} rank {local} nranks {nranks} cudaDev {local} nvmlDev {local} busId "
-                f"{0x18 + 0x10 * local:x}000 commId {job.comm_id}")
+        comm = f"0x{0x55D4C0A1B000 + 0x1000 * local:x}"
+        init = (
+            f"comm {comm} rank {local} nranks {nranks} cudaDev {local} nvmlDev {local} busId "
+            f"{0x18 + 0x10 * local:x}000 commId {job.comm_id}"
+        )
         lines += [p + "Bootstrap : Using eth0:10.0.3.17<0>"]
         if job.network == "IB":
             lines.append(p + "NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB [RO]; OOB eth0:10.0.3.17<0>")
@@ -131,7 +133,7 @@ def nccl_init_lines(job: SimJob) -> list[str]:
     for local in range(GPUS_PER_NODE):
         rank, pid = first + local, base_pid + local
         p = f"{host}:{pid}:{pid} [{local}] NCCL INFO "
-        comm = f"0x{0x55d4c0a1b000 + 0x1000 * local:x}"
+        comm = f"0x{0x55D4C0A1B000 + 0x1000 * local:x}"
         bus = f"{0x18 + 0x10 * local:x}000"
         lines += [
             p + "cudaDriverVersion 12040",
@@ -161,14 +163,19 @@ def nccl_init_lines(job: SimJob) -> list[str]:
             prev = rank - 1 if local > 0 else (first - 1) % nranks
             suffix = "/GDRDMA" if job.gdr and job.network == "IB" else ""
             if local == GPUS_PER_NODE - 1 and job.nnodes > 1:
-                lines.append(p + f"Channel {channel:02d}/0 : {rank}[{local}] -> {nxt}[0] [send] via "
-                             f"NET/{job.network}/{channel}{suffix}")
+                lines.append(
+                    p + f"Channel {channel:02d}/0 : {rank}[{local}] -> {nxt}[0] [send] via "
+                    f"NET/{job.network}/{channel}{suffix}"
+                )
             else:
-                lines.append(p + f"Channel {channel:02d}/0 : {rank}[{local}] -> {nxt}[{(local + 1) % 8}] "
-                             f"via P2P/CUMEM/read")
+                lines.append(
+                    p + f"Channel {channel:02d}/0 : {rank}[{local}] -> {nxt}[{(local + 1) % 8}] via P2P/CUMEM/read"
+                )
             if local == 0 and job.nnodes > 1:
-                lines.append(p + f"Channel {channel:02d}/0 : {prev}[7] -> {rank}[{local}] [receive] via "
-                             f"NET/{job.network}/{channel}{suffix}")
+                lines.append(
+                    p + f"Channel {channel:02d}/0 : {prev}[7] -> {rank}[{local}] [receive] via "
+                    f"NET/{job.network}/{channel}{suffix}"
+                )
         lines.append(p + "Connected all rings")
         if job.nvls:
             lines += [
@@ -177,7 +184,9 @@ def nccl_init_lines(job: SimJob) -> list[str]:
                 p + "Connected NVLS tree",
             ]
         lines += [
-            p + "32 coll channels, 32 collnet channels, " + ("16" if job.nvls else "0")
+            p
+            + "32 coll channels, 32 collnet channels, "
+            + ("16" if job.nvls else "0")
             + " nvls channels, 32 p2p channels, 32 p2p channels per peer",
             p + f"ncclCommInitRank comm {comm} rank {rank} nranks {nranks} cudaDev {local} nvmlDev {local} "
             f"busId {bus} commId {comm_id} - Init COMPLETE",
@@ -188,8 +197,14 @@ def nccl_init_lines(job: SimJob) -> list[str]:
 def default_jobs() -> list[SimJob]:
     return [
         SimJob(TRAINING_NAMESPACE, TRAINING_POD, pytorchjob_labels("llama-70b"), network="IB", nnodes=2),
-        SimJob("research", "bert-finetune-worker-0", pytorchjob_labels("bert-finetune"), network="Socket",
-               nnodes=2, gdr=False),
+        SimJob(
+            "research",
+            "bert-finetune-worker-0",
+            pytorchjob_labels("bert-finetune"),
+            network="Socket",
+            nnodes=2,
+            gdr=False,
+        ),
         SimJob("vision", "resnet-eval-0", batch_job_labels("resnet-eval"), network="IB", nnodes=1, nvls=True),
     ]
 
@@ -231,13 +246,22 @@ class SimPodLogs:
         """Start a pod: its log folder appears with startup output and NCCL's init lines."""
         with self._lock:
             self._running[(job.namespace, job.pod)] = job
-        self._append(job, [f"[rank{job.node_index * GPUS_PER_NODE}]: starting {job.pod}, "
-                           f"world size {job.nnodes * GPUS_PER_NODE}"])
+        self._append(
+            job,
+            [f"[rank{job.node_index * GPUS_PER_NODE}]: starting {job.pod}, world size {job.nnodes * GPUS_PER_NODE}"],
+        )
         self._append(job, nccl_init_lines(job))
         return job
 
-    def restart_job(self, namespace: str, pod: str, *, network: str | None = None, gdr: bool | None = None,
-                    placement_shown: bool | None = None) -> SimJob:
+    def restart_job(
+        self,
+        namespace: str,
+        pod: str,
+        *,
+        network: str | None = None,
+        gdr: bool | None = None,
+        placement_shown: bool | None = None,
+    ) -> SimJob:
         """The container restarts (``<n+1>.log``) and NCCL comes back, on ``network`` if given.
 
         ``restart_job(ns, pod, network="Socket", gdr=False)`` is how a healthy job is made to
@@ -281,8 +305,15 @@ class SimPodLogs:
     @staticmethod
     def _metadata(job: SimJob) -> PodMetadata:
         job_name, job_kind = attribute_job(job.labels, ())
-        return PodMetadata(job.namespace, job.pod, job.uid, job_name, job_kind,
-                           job.labels.get(EXPECTED_NETWORK_LABEL, ""), host_network=False)
+        return PodMetadata(
+            job.namespace,
+            job.pod,
+            job.uid,
+            job_name,
+            job_kind,
+            job.labels.get(EXPECTED_NETWORK_LABEL, ""),
+            host_network=False,
+        )
 
     def is_authoritative(self) -> bool:
         return True

@@ -34,8 +34,11 @@ TCP_PEAK_BUSBW = 24e9
 HALF_PEAK_BYTES = 64 << 20  # size at which a collective reaches half its peak
 HOST_CHECKS_PASSED = (
     Check("rdma_devices", True, "8 RDMA device(s): mlx5_0, mlx5_1, mlx5_2, mlx5_3, mlx5_4, mlx5_5, mlx5_6, mlx5_7"),
-    Check("uverbs_devices", True,
-          "8 uverbs device(s): uverbs0, uverbs1, uverbs2, uverbs3, uverbs4, uverbs5, uverbs6, uverbs7"),
+    Check(
+        "uverbs_devices",
+        True,
+        "8 uverbs device(s): uverbs0, uverbs1, uverbs2, uverbs3, uverbs4, uverbs5, uverbs6, uverbs7",
+    ),
     Check("port_state", True, "8 port(s) ACTIVE/LinkUp"),
     Check("port_rate", True, "8 port(s) at >= 400 Gb/s"),
     Check("port_link_layer", True, "8 port(s) on InfiniBand"),
@@ -56,39 +59,69 @@ def sweep(collective: str, peak_busbw: float, min_bytes: int, max_bytes: int) ->
 
 def results(now: float) -> list[ProbeResult]:
     rdma = Transport("rdma", "net_ib", "IB", True, ("Using network IB; inter-node channels via NET/IB/*/GDRDMA",))
-    tcp = Transport("tcp", "net_socket", "Socket", None,
-                    ("NET/IB : No device found; Using network Socket: inter-node traffic on TCP",))
+    tcp = Transport(
+        "tcp",
+        "net_socket",
+        "Socket",
+        None,
+        ("NET/IB : No device found; Using network Socket: inter-node traffic on TCP",),
+    )
     tcp_all_reduce = CollectiveResult("all_reduce", sweep("all_reduce", TCP_PEAK_BUSBW, 256 << 20, 1 << 30))
     tcp_average = (tcp_all_reduce.average_busbw or 0.0) / 1e9
-    probe_result = partial(ProbeResult, hostname=HOSTNAME, backend="nccl", world_size=RANKS, nnodes=NODES,
-                           scope="inter_node")
+    probe_result = partial(
+        ProbeResult, hostname=HOSTNAME, backend="nccl", world_size=RANKS, nnodes=NODES, scope="inter_node"
+    )
     return [
         probe_result(
-            source="preflight", started_at=now - 3700, finished_at=now - 3640, namespace=TRAINING_NAMESPACE,
-            pod=TRAINING_POD, job_name="llama-70b", transport=rdma,
+            source="preflight",
+            started_at=now - 3700,
+            finished_at=now - 3640,
+            namespace=TRAINING_NAMESPACE,
+            pod=TRAINING_POD,
+            job_name="llama-70b",
+            transport=rdma,
             collectives=(CollectiveResult("all_reduce", sweep("all_reduce", RDMA_PEAK_BUSBW, 256 << 20, 1 << 30)),),
-            checks=HOST_CHECKS_PASSED + (
+            checks=HOST_CHECKS_PASSED
+            + (
                 Check("probe", True, f"1 collective(s) correct on {RANKS} ranks, {NODES} node(s)"),
                 Check("probe_transport", True, "traffic ran on net_ib (rdma, NCCL network IB, GPUDirect RDMA True)"),
                 Check("probe_bandwidth", True, "average busbw >= 100 GB/s"),
             ),
         ),
         probe_result(
-            source="preflight", started_at=now - 900, finished_at=now - 840, namespace="research",
-            pod="gpt-neox-worker-1", job_name="gpt-neox", transport=tcp,
+            source="preflight",
+            started_at=now - 900,
+            finished_at=now - 840,
+            namespace="research",
+            pod="gpt-neox-worker-1",
+            job_name="gpt-neox",
+            transport=tcp,
             collectives=(tcp_all_reduce,),
-            checks=tuple(c for c in HOST_CHECKS_PASSED if c.check != "uverbs_devices") + (
-                Check("uverbs_devices", False, "no /dev/infiniband/uverbs* in the container: verbs cannot open the "
-                      "RDMA devices, NCCL will fall back to sockets (request the RDMA device-plugin resource)"),
+            checks=tuple(c for c in HOST_CHECKS_PASSED if c.check != "uverbs_devices")
+            + (
+                Check(
+                    "uverbs_devices",
+                    False,
+                    "no /dev/infiniband/uverbs* in the container: verbs cannot open the "
+                    "RDMA devices, NCCL will fall back to sockets (request the RDMA device-plugin resource)",
+                ),
                 Check("probe", True, f"1 collective(s) correct on {RANKS} ranks, {NODES} node(s)"),
                 Check("probe_transport", False, "traffic ran on net_socket (tcp, NCCL network Socket), expected rdma"),
-                Check("probe_bandwidth", False,
-                      f"all_reduce average busbw {tcp_average:.2f} GB/s (expected at least 100 GB/s)"),
+                Check(
+                    "probe_bandwidth",
+                    False,
+                    f"all_reduce average busbw {tcp_average:.2f} GB/s (expected at least 100 GB/s)",
+                ),
             ),
         ),
         probe_result(
-            source="job", started_at=now - 660, finished_at=now - 600, namespace="ccl-exporter", pod="ccl-probe-0",
-            job_name="ccl-probe", transport=rdma,
+            source="job",
+            started_at=now - 660,
+            finished_at=now - 600,
+            namespace="ccl-exporter",
+            pod="ccl-probe-0",
+            job_name="ccl-probe",
+            transport=rdma,
             collectives=(
                 CollectiveResult("all_reduce", sweep("all_reduce", RDMA_PEAK_BUSBW, 8 << 20, 4 << 30)),
                 CollectiveResult("all_gather", sweep("all_gather", 0.93 * RDMA_PEAK_BUSBW, 8 << 20, 4 << 30)),

@@ -60,8 +60,10 @@ def _owner_fields(owner: Any) -> tuple[str, str, bool]:
     """(kind, name, controller) of an owner reference given as a dict or a client object."""
     if isinstance(owner, Mapping):
         return str(owner.get("kind") or ""), str(owner.get("name") or ""), bool(owner.get("controller"))
-    return str(getattr(owner, "kind", "") or ""), str(getattr(owner, "name", "") or ""), bool(
-        getattr(owner, "controller", False)
+    return (
+        str(getattr(owner, "kind", "") or ""),
+        str(getattr(owner, "name", "") or ""),
+        bool(getattr(owner, "controller", False)),
     )
 
 
@@ -228,8 +230,10 @@ class KubePodCache:
             return
         if not self.node_name:
             self.status = "no node name"
-            log.info("no node name (--kube.node-name / NODE_NAME): pods are not attributed to jobs; "
-                     "job_name and job_kind stay empty")
+            log.info(
+                "no node name (--kube.node-name / NODE_NAME): pods are not attributed to jobs; "
+                "job_name and job_kind stay empty"
+            )
             return
         self._thread = threading.Thread(target=self._run, name="kube-pod-cache", daemon=True)
         self._thread.start()
@@ -247,8 +251,10 @@ class KubePodCache:
 
     def pods(self) -> list[PodMetadata]:
         with self._lock:
-            return sorted((with_namespace_expectation(p, self._namespace_expectations) for p in self._pods.values()),
-                          key=lambda p: (p.namespace, p.name))
+            return sorted(
+                (with_namespace_expectation(p, self._namespace_expectations) for p in self._pods.values()),
+                key=lambda p: (p.namespace, p.name),
+            )
 
     def _read_namespace_expectations(self, api: Any) -> None:
         """Namespaces that declare an expected network (one small list per list/watch cycle, so a
@@ -262,8 +268,9 @@ class KubePodCache:
             status = getattr(exc, "status", None)
             if status in (401, 403):
                 self._namespaces_readable = False
-                log.warning("cannot list namespaces (%s): only pods' own %s labels count", status,
-                            EXPECTED_NETWORK_LABEL)
+                log.warning(
+                    "cannot list namespaces (%s): only pods' own %s labels count", status, EXPECTED_NETWORK_LABEL
+                )
             return
         found: dict[str, str] = {}
         for item in getattr(listing, "items", None) or []:
@@ -338,8 +345,11 @@ class KubePodCache:
             except Exception as exc:  # noqa: BLE001 - API down, 403, bad JSON: keep the cache, retry
                 self._synced = False
                 if not failing:
-                    log.warning("Kubernetes API unavailable (%s); pods stay attributed from the last list, "
-                                "new pods get an empty job_name until it answers", exc)
+                    log.warning(
+                        "Kubernetes API unavailable (%s); pods stay attributed from the last list, "
+                        "new pods get an empty job_name until it answers",
+                        exc,
+                    )
                 self.status = f"API error: {exc}"
                 failing = True
                 backoff = min(backoff * 2, 60.0)

@@ -494,8 +494,10 @@ def _with_remote(reading: NvLinkReading, remotes: dict[int, NvLinkRemote | None]
 def _explain_init_failure(nvml: ModuleType, exc: Exception) -> str:
     value = getattr(exc, "value", None)
     if value == getattr(nvml, "NVML_ERROR_LIBRARY_NOT_FOUND", None):
-        return ("libnvidia-ml.so.1 not found: no NVIDIA driver on this node, or the container lacks "
-                "NVIDIA_VISIBLE_DEVICES=all / NVIDIA_DRIVER_CAPABILITIES=utility")
+        return (
+            "libnvidia-ml.so.1 not found: no NVIDIA driver on this node, or the container lacks "
+            "NVIDIA_VISIBLE_DEVICES=all / NVIDIA_DRIVER_CAPABILITIES=utility"
+        )
     if value == getattr(nvml, "NVML_ERROR_DRIVER_NOT_LOADED", None):
         return "the NVIDIA kernel driver is not loaded"
     if value == getattr(nvml, "NVML_ERROR_LIB_RM_VERSION_MISMATCH", None):

@@ -125,6 +125,7 @@ class PodResourcesClient:
         import grpc
 
         from exporter.sources.podresources_v1 import api_pb2
+
         with self._lock:
             stub = self._connect()
             try:

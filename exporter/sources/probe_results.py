@@ -82,8 +82,12 @@ def _parse(path: Path) -> ProbeResult | MalformedResult:
 
 
 def read_probe_results(
-    folder: Path, now: float, max_age_seconds: float, max_files: int = DEFAULT_MAX_FILES,
-    cache: ParseCache | None = None, pod_known: Callable[[str, str, str], bool | None] | None = None,
+    folder: Path,
+    now: float,
+    max_age_seconds: float,
+    max_files: int = DEFAULT_MAX_FILES,
+    cache: ParseCache | None = None,
+    pod_known: Callable[[str, str, str], bool | None] | None = None,
 ) -> ProbeResultsReading:
     """Every usable result in ``folder``; stale, malformed and unbound files listed, not raised."""
     reading = ProbeResultsReading(folder_present=folder.is_dir())

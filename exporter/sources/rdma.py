@@ -42,9 +42,7 @@ EXT_CAST_PACKET_COUNTERS = {
 }
 # Everything else in counters/ is an error/health counter (symbol_error, link_downed,
 # port_rcv_errors, port_xmit_discards, port_xmit_wait, VL15_dropped, ...).
-NOT_ERROR_COUNTERS = frozenset(DATA_WORD_COUNTERS) | frozenset(PACKET_COUNTERS) | frozenset(
-    CAST_PACKET_COUNTERS
-)
+NOT_ERROR_COUNTERS = frozenset(DATA_WORD_COUNTERS) | frozenset(PACKET_COUNTERS) | frozenset(CAST_PACKET_COUNTERS)
 
 
 @dataclass(frozen=True)

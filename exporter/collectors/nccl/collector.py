@@ -53,8 +53,9 @@ _VERDICT_PRIORITY = ("tcp_fallback", "rdma", "unknown", "single_node")
 # holds an analyzer per stream (a pod's log shows its own ranks, rarely more than 8 processes and
 # a few dozen communicators). At these caps one analyzer holds about 10 MB; the node-wide budget
 # (NcclLimits.parser_memory_budget_bytes) bounds them all together.
-EXPORTER_PARSER_LIMITS = Limits(max_processes=64, max_pointers=64, max_communicators=32, max_connections=2048,
-                                max_ranks=1024)
+EXPORTER_PARSER_LIMITS = Limits(
+    max_processes=64, max_pointers=64, max_communicators=32, max_connections=2048, max_ranks=1024
+)
 
 
 @dataclass
@@ -283,8 +284,14 @@ class NcclCollector:
                 expired = stream.removed_at is not None and now - stream.removed_at >= self.grace_seconds
                 if superseded and not expired:
                     newer = pod.streams.get(
-                        StreamKey(key.source, key.namespace, key.pod, key.pod_uid, key.container,
-                                  str(newest[(key.pod_uid, key.container)]))
+                        StreamKey(
+                            key.source,
+                            key.namespace,
+                            key.pod,
+                            key.pod_uid,
+                            key.container,
+                            str(newest[(key.pod_uid, key.container)]),
+                        )
                     )
                     expired = newer is not None and self._supersedes(self._verdict(newer))
                 if expired:
@@ -363,8 +370,14 @@ class NcclCollector:
             for comm in verdict.communicators:
                 comm_id = _label(comm.comm_id)
                 communicators.add(
-                    (comm_id, _label(comm.nranks), _label(comm.nnodes), _label(comm.network),
-                     _label(comm.network_class), _label(comm.nccl_version))
+                    (
+                        comm_id,
+                        _label(comm.nranks),
+                        _label(comm.nnodes),
+                        _label(comm.network),
+                        _label(comm.network_class),
+                        _label(comm.nccl_version),
+                    )
                 )
                 for (transport, scope, gdr), count in comm.transports.items():
                     slot = (comm_id, _label(transport), _label(scope) or "unknown", GDR_LABELS.get(gdr, "unknown"))
@@ -391,17 +404,37 @@ class NcclCollector:
             if (namespace, name) in self._pods:
                 continue
             meta = self.metadata.lookup(namespace, name)
-            reports.append(PodReport(namespace, name, meta.job_name if meta else "", meta.job_kind if meta else "",
-                                     (), (), False, False, False, (), "unknown"))
+            reports.append(
+                PodReport(
+                    namespace,
+                    name,
+                    meta.job_name if meta else "",
+                    meta.job_kind if meta else "",
+                    (),
+                    (),
+                    False,
+                    False,
+                    False,
+                    (),
+                    "unknown",
+                )
+            )
         return reports
 
     def _expectations(self) -> tuple[tuple[str, str, str, str, str, str], ...]:
         pods = getattr(self.metadata, "pods", None)
         listed = pods() if callable(pods) else []
         return tuple(
-            (p.namespace, p.name, p.job_name, p.job_kind, p.expected_network,
-             _label(expected_network_class(p.expected_network)))
-            for p in listed if p.expected_network
+            (
+                p.namespace,
+                p.name,
+                p.job_name,
+                p.job_kind,
+                p.expected_network,
+                _label(expected_network_class(p.expected_network)),
+            )
+            for p in listed
+            if p.expected_network
         )
 
     def _build_snapshot(self) -> Snapshot:
@@ -453,18 +486,28 @@ class NcclSettings:
 
 
 NCCL_FLAGS = (
-    Flag("--collector.nccl.grace-period", DEFAULT_GRACE_SECONDS,
-         "seconds the series of a pod whose logs are gone (or that left the node) stay exposed",
-         dest="nccl_grace_period", type=float),
-    Flag("--collector.nccl.parser-memory-budget", NcclLimits.parser_memory_budget_bytes,
-         "bytes all streams' NCCL log analyzers may hold together; over it the largest forget their "
-         "oldest communicators (their conclusions are kept)", dest="nccl_parser_memory_budget", type=int),
+    Flag(
+        "--collector.nccl.grace-period",
+        DEFAULT_GRACE_SECONDS,
+        "seconds the series of a pod whose logs are gone (or that left the node) stay exposed",
+        dest="nccl_grace_period",
+        type=float,
+    ),
+    Flag(
+        "--collector.nccl.parser-memory-budget",
+        NcclLimits.parser_memory_budget_bytes,
+        "bytes all streams' NCCL log analyzers may hold together; over it the largest forget their "
+        "oldest communicators (their conclusions are kept)",
+        dest="nccl_parser_memory_budget",
+        type=int,
+    ),
 )
 
 
 def settings_from_args(args: argparse.Namespace) -> NcclSettings:
-    return NcclSettings(float(args.nccl_grace_period),
-                        NcclLimits(parser_memory_budget_bytes=int(args.nccl_parser_memory_budget)))
+    return NcclSettings(
+        float(args.nccl_grace_period), NcclLimits(parser_memory_budget_bytes=int(args.nccl_parser_memory_budget))
+    )
 
 
 def build_collector(settings: NcclSettings, resources: NodeResources) -> NcclCollector:
@@ -473,11 +516,13 @@ def build_collector(settings: NcclSettings, resources: NodeResources) -> NcclCol
     the placement a log leaves open (a communicator larger than this node spans nodes)."""
     paths = resources.paths
     metadata = resources.pod_metadata
-    tailer = PodLogTailer(paths.pod_logs, paths.nccl_debug_files, paths.state, TailLimits(),
-                          pod_known=pod_known_on_node(metadata))
+    tailer = PodLogTailer(
+        paths.pod_logs, paths.nccl_debug_files, paths.state, TailLimits(), pod_known=pod_known_on_node(metadata)
+    )
     gpus = GpuInventorySource(resources.nvml_if_collected(), resources.pod_resources)
-    return NcclCollector(tailer, paths.sysfs, metadata, grace_seconds=settings.grace_seconds, gpu_inventory=gpus,
-                         limits=settings.limits)
+    return NcclCollector(
+        tailer, paths.sysfs, metadata, grace_seconds=settings.grace_seconds, gpu_inventory=gpus, limits=settings.limits
+    )
 
 
 SPEC = CollectorSpec(

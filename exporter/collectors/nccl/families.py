@@ -155,41 +155,69 @@ def nccl_families(snap: Snapshot, limits: NcclLimits) -> list[Metric]:
         series_dropped.add_metric([metric], float(count))
 
     by_one_label = [
-        (CounterMetricFamily, "ccl_nccl_dropped_total",
-         "Input the NCCL pipeline dropped or cut to stay bounded, by reason: parser_* (parser "
-         "caps: communicators, processes, ...; parser_budget: the node-wide parser memory budget), "
-         "tail_long_line, tail_stream_evicted, tail_malformed_cri, tail_truncated, tail_replaced, "
-         "tail_gz_cap, tail_gz_corrupt, tail_state_invalid, tail_pod_not_on_node, tail_pod_uid_mismatch, "
-         "tail_symlink, tail_folder_cap.",
-         "reason", snap.dropped),
-        (CounterMetricFamily, "ccl_nccl_log_read_bytes_total", "Bytes read from pod logs and NCCL debug files.",
-         "source", snap.tail_bytes),
-        (CounterMetricFamily, "ccl_nccl_log_lines_total", "Lines containing NCCL handed to the parser.",
-         "source", snap.tail_lines),
-        (CounterMetricFamily, "ccl_nccl_log_skipped_bytes_total",
-         "Bytes not parsed, by reason: initial_cap (busy log found at start), long_line, "
-         "stream_evicted, vanished (file deleted before it was read to its end), pod_not_on_node "
-         "(files of a pod that left the node), gz_cap and gz_corrupt (rest of a .gz resumed after a "
-         "restart: past the decompression cap, or corrupt; compressed bytes).",
-         "reason", snap.tail_skipped),
+        (
+            CounterMetricFamily,
+            "ccl_nccl_dropped_total",
+            "Input the NCCL pipeline dropped or cut to stay bounded, by reason: parser_* (parser "
+            "caps: communicators, processes, ...; parser_budget: the node-wide parser memory budget), "
+            "tail_long_line, tail_stream_evicted, tail_malformed_cri, tail_truncated, tail_replaced, "
+            "tail_gz_cap, tail_gz_corrupt, tail_state_invalid, tail_pod_not_on_node, tail_pod_uid_mismatch, "
+            "tail_symlink, tail_folder_cap.",
+            "reason",
+            snap.dropped,
+        ),
+        (
+            CounterMetricFamily,
+            "ccl_nccl_log_read_bytes_total",
+            "Bytes read from pod logs and NCCL debug files.",
+            "source",
+            snap.tail_bytes,
+        ),
+        (
+            CounterMetricFamily,
+            "ccl_nccl_log_lines_total",
+            "Lines containing NCCL handed to the parser.",
+            "source",
+            snap.tail_lines,
+        ),
+        (
+            CounterMetricFamily,
+            "ccl_nccl_log_skipped_bytes_total",
+            "Bytes not parsed, by reason: initial_cap (busy log found at start), long_line, "
+            "stream_evicted, vanished (file deleted before it was read to its end), pod_not_on_node "
+            "(files of a pod that left the node), gz_cap and gz_corrupt (rest of a .gz resumed after a "
+            "restart: past the decompression cap, or corrupt; compressed bytes).",
+            "reason",
+            snap.tail_skipped,
+        ),
         (GaugeMetricFamily, "ccl_nccl_log_files", "Log files being tailed.", "source", snap.tail_files),
     ]
     rdma_active = None if snap.node_has_active_rdma is None else int(snap.node_has_active_rdma)
     gauges = [
         ("ccl_nccl_log_streams", "Log streams (container runs and debug files) being tailed.", snap.streams),
         ("ccl_nccl_log_backlog_bytes", "Bytes written to tailed files and not yet read.", snap.backlog_bytes),
-        ("ccl_nccl_parser_memory_bytes",
-         "Memory the NCCL log analyzers of all streams hold (their own estimate), kept within "
-         "--collector.nccl.parser-memory-budget.", snap.parser_bytes),
-        ("ccl_nccl_log_unattributed_files",
-         "Entries under the NCCL debug-file folder outside a <namespace>_<pod> folder (not read).",
-         snap.unattributed_files),
-        ("ccl_nccl_pod_metadata_available",
-         "1 when pods are attributed to jobs from a complete pod list (Kubernetes API or simulation).",
-         1 if snap.metadata_available else 0),
-        ("ccl_nccl_node_rdma_active",
-         "1 when this node has an ACTIVE RDMA port (what TCP fallback is judged against); "
-         "absent when it could not be read.", rdma_active),
+        (
+            "ccl_nccl_parser_memory_bytes",
+            "Memory the NCCL log analyzers of all streams hold (their own estimate), kept within "
+            "--collector.nccl.parser-memory-budget.",
+            snap.parser_bytes,
+        ),
+        (
+            "ccl_nccl_log_unattributed_files",
+            "Entries under the NCCL debug-file folder outside a <namespace>_<pod> folder (not read).",
+            snap.unattributed_files,
+        ),
+        (
+            "ccl_nccl_pod_metadata_available",
+            "1 when pods are attributed to jobs from a complete pod list (Kubernetes API or simulation).",
+            1 if snap.metadata_available else 0,
+        ),
+        (
+            "ccl_nccl_node_rdma_active",
+            "1 when this node has an ACTIVE RDMA port (what TCP fallback is judged against); "
+            "absent when it could not be read.",
+            rdma_active,
+        ),
     ]
     out: list[Metric] = [info, verdict_family, connections, fallback, gdr, warnings, series_dropped, expected]
     for family_type, metric_name, help_text, label, pairs in by_one_label:

@@ -103,8 +103,9 @@ def gz_trailer_size(path: Path, identity: tuple[int, int], size: int) -> int | N
     return int.from_bytes(trailer, "little") if trailer is not None and len(trailer) == 4 else None
 
 
-def find_compressed(key: StreamKey, folder: Path, gz_names: list[str], saved_name: str, head_len: int,
-                    head_crc: int, claimed: set[str]) -> Compressed | None:
+def find_compressed(
+    key: StreamKey, folder: Path, gz_names: list[str], saved_name: str, head_len: int, head_crc: int, claimed: set[str]
+) -> Compressed | None:
     """The ``.gz`` that a pod-log file became, if its decompressed head matches.
 
     A rotated file must be ``<its name>.gz``; a saved ``.gz`` (read halfway before a
@@ -144,5 +145,13 @@ def open_compressed(path: Path, st: os.stat_result, head_len: int, head_crc: int
     """A compressed rotation to read, known by the checksum of its first ``head_len`` bytes."""
     identity = (st.st_dev, st.st_ino)
     stamp = (pod_log_compressed_generation(path.name) or ("", ""))[1]
-    return Compressed(path, st.st_dev, st.st_ino, stamp, size=st.st_size, head_len=head_len, head_crc=head_crc,
-                       trailer_size=gz_trailer_size(path, identity, st.st_size))
+    return Compressed(
+        path,
+        st.st_dev,
+        st.st_ino,
+        stamp,
+        size=st.st_size,
+        head_len=head_len,
+        head_crc=head_crc,
+        trailer_size=gz_trailer_size(path, identity, st.st_size),
+    )

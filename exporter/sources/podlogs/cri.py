@@ -117,7 +117,7 @@ class CriJoiner(Generic[AnyStr]):
             return None
         stream_name, partial_tag = found.groups()
         stream = _STREAM_NAMES[stream_name]
-        message = line[found.end():]
+        message = line[found.end() :]
         pieces = self.partials.get(stream)
         room = self.max_chars if pieces is None else self.max_chars - pieces.size
         dropped = len(message) - room

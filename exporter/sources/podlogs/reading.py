@@ -165,8 +165,14 @@ class StreamReader:
             if len(data) - start >= self.limits.max_line_bytes:
                 return start + self._drop_fragment(tracked, len(data) - start)
             return start
-        lines = extract_lines(data if start == 0 else data[start:], stream.cri, stream.joiner, self.limits,
-                              self.stats, stop=end + 1 - start)
+        lines = extract_lines(
+            data if start == 0 else data[start:],
+            stream.cri,
+            stream.joiner,
+            self.limits,
+            self.stats,
+            stop=end + 1 - start,
+        )
         self._deliver(stream, lines, batch)
         return end + 1
 

@@ -66,8 +66,7 @@ class FileSync:
             tracked.size = cand.size
         self._sync_compressed(stream, gone, reset, gz_names)
 
-    def _add_files(self, stream: Stream, cands: list[Candidate],
-                   followed: list[File]) -> dict[tuple[int, int], File]:
+    def _add_files(self, stream: Stream, cands: list[Candidate], followed: list[File]) -> dict[tuple[int, int], File]:
         """Follow new files from byte 0, except a copy of a followed file (copytruncate),
         read on from where the original was; returns the copies by their original."""
         copies: dict[tuple[int, int], File] = {}
@@ -92,8 +91,9 @@ class FileSync:
         for old in [*gone, *reset]:
             comp = None
             if self._compressed_readers() < self.limits.max_compressed_readers:
-                comp = find_compressed(stream.key, old.path.parent, gz_names, old.path.name, old.head_len,
-                                       old.head_crc, claimed)
+                comp = find_compressed(
+                    stream.key, old.path.parent, gz_names, old.path.name, old.head_len, old.head_crc, claimed
+                )
             if comp is not None:
                 comp.offset, comp.skipping = old.offset, old.skipping
                 stream.compressed.append(comp)
@@ -131,7 +131,9 @@ class FileSync:
     def _copied_from(fresh: File, followed: list[File]) -> File | None:
         """The followed file whose first bytes ``fresh`` starts with (a copytruncate copy)."""
         for origin in followed:
-            if fresh.size >= origin.head_len and head_checksum(fresh.path, fresh.identity,
-                                                                origin.head_len) == origin.head_crc:
+            if (
+                fresh.size >= origin.head_len
+                and head_checksum(fresh.path, fresh.identity, origin.head_len) == origin.head_crc
+            ):
                 return origin
         return None

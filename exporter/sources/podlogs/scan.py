@@ -74,8 +74,9 @@ class FolderCache:
         self._limits = limits
         self._entries: dict[Path, tuple[int, int, Listing]] = {}
 
-    def list(self, folder: Path, now: float, keep: Callable[[str], bool] | None = None,
-             room: int | None = None) -> Listing:
+    def list(
+        self, folder: Path, now: float, keep: Callable[[str], bool] | None = None, room: int | None = None
+    ) -> Listing:
         """Entries of ``folder`` whose names pass ``keep``, at most ``room`` (the listing is
         ``cut`` when there are more); empty when it is unreadable or is not a directory (a
         symlink to one is not followed). One folder is always listed with the same ``keep``."""
@@ -142,8 +143,15 @@ class Scanner:
     """Lists the pod-log and debug-file roots (``scan``) within the folder caps, counting what
     it does not read in ``stats``."""
 
-    def __init__(self, pod_logs: Path | None, debug_files: Path | None, limits: TailLimits, stats: TailStats,
-                 pod_known: PodKnown | None, folders: FolderCache) -> None:
+    def __init__(
+        self,
+        pod_logs: Path | None,
+        debug_files: Path | None,
+        limits: TailLimits,
+        stats: TailStats,
+        pod_known: PodKnown | None,
+        folders: FolderCache,
+    ) -> None:
         self.pod_logs = pod_logs
         self.debug_files = debug_files
         self.limits = limits
@@ -174,8 +182,9 @@ class Scanner:
         scan.refused.add((source, namespace, pod, uid))
         return False
 
-    def _examine(self, folder: Path, listing: Listing, wanted: Callable[[str, str], bool],
-                 cap: int | None = None) -> list[tuple[str, str]]:
+    def _examine(
+        self, folder: Path, listing: Listing, wanted: Callable[[str, str], bool], cap: int | None = None
+    ) -> list[tuple[str, str]]:
         """The entries of a listing that ``wanted`` keeps, at most ``cap`` (default
         ``max_entries_per_folder``) in name order; symlinks are never kept. A cut listing is
         counted (``folder_cap``)."""
@@ -256,8 +265,9 @@ class Scanner:
                 key = StreamKey(SOURCE_POD_LOG, namespace, name, uid, container_dir.name, compressed[0])
                 scan.compressed.setdefault(key, []).append(file_name)
 
-    def _walk(self, folder: Path, now: float, depth: int, seen: set[Path], budget: list[int],
-              prefix: str = "") -> Iterable[str]:
+    def _walk(
+        self, folder: Path, now: float, depth: int, seen: set[Path], budget: list[int], prefix: str = ""
+    ) -> Iterable[str]:
         """Files below a debug-file folder (``depth`` levels), in name order, within one
         entry budget for the whole pod folder: a deep or wide tree costs a bounded listing."""
         listing = self.folders.list(folder, now, is_debug_file_name, max(budget[0], 0))

@@ -140,8 +140,9 @@ class TailState:
         except OSError as exc:
             self.stats.state_errors += 1
             if not self._save_failing:  # say it once, not every few seconds
-                log.warning("could not save tail state to %s (a restart will re-read from the "
-                            "start caps): %s", path, exc)
+                log.warning(
+                    "could not save tail state to %s (a restart will re-read from the start caps): %s", path, exc
+                )
             self._save_failing = True
             with contextlib.suppress(OSError):
                 tmp.unlink()
@@ -168,19 +169,30 @@ class TailState:
                 continue
             identity = saved_file.identity
             cand = by_identity.get(identity)
-            if cand is None or (saved_file.head_len and head_checksum(cand.path, identity, saved_file.head_len)
-                                != saved_file.head_crc):
+            if cand is None or (
+                saved_file.head_len and head_checksum(cand.path, identity, saved_file.head_len) != saved_file.head_crc
+            ):
                 # Rotated away and compressed, or deleted, while we were down (its inode may
                 # hold another file now).
-                comp = find_compressed(stream.key, folder, gz_names, saved_file.name, saved_file.head_len,
-                                       saved_file.head_crc, claimed)
+                comp = find_compressed(
+                    stream.key, folder, gz_names, saved_file.name, saved_file.head_len, saved_file.head_crc, claimed
+                )
                 if comp is not None:
                     comp.offset, comp.skipping = saved_file.offset, saved_file.skipping
                     stream.compressed.append(comp)
                 continue
-            tracked = File(cand.path, cand.dev, cand.ino, cand.order, offset=min(saved_file.offset, cand.size),
-                           size=cand.size, head_len=saved_file.head_len, head_crc=saved_file.head_crc,
-                           skipping=saved_file.skipping, mtime=cand.mtime)
+            tracked = File(
+                cand.path,
+                cand.dev,
+                cand.ino,
+                cand.order,
+                offset=min(saved_file.offset, cand.size),
+                size=cand.size,
+                head_len=saved_file.head_len,
+                head_crc=saved_file.head_crc,
+                skipping=saved_file.skipping,
+                mtime=cand.mtime,
+            )
             if saved_file.offset > cand.size:
                 self.stats.event("truncated")
                 tracked.offset, tracked.skipping = 0, False

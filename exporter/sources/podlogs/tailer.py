@@ -127,8 +127,9 @@ class PodLogTailer:
         self.stats.files = files
         return batch
 
-    def _serve(self, source: str, streams: list[Stream], budget: int, first_scan: bool, batch: TailBatch,
-               now: float) -> int:
+    def _serve(
+        self, source: str, streams: list[Stream], budget: int, first_scan: bool, batch: TailBatch, now: float
+    ) -> int:
         """Turns of one source's streams (sorted by key) within ``budget``; bytes read.
 
         Round-robin from the stream the last poll stopped at; each turn is a fair share of
@@ -157,12 +158,14 @@ class PodLogTailer:
             active = again
         return given - budget
 
-    def _open_stream(self, key: StreamKey, cands: list[Candidate], gz_names: list[str], first_scan: bool,
-                     batch: TailBatch) -> Stream:
+    def _open_stream(
+        self, key: StreamKey, cands: list[Candidate], gz_names: list[str], first_scan: bool, batch: TailBatch
+    ) -> Stream:
         root = resolved(self.pod_logs if key.source == SOURCE_POD_LOG else self.debug_files)
         assert root is not None
-        stream = Stream(key=key, root=root, cri=key.source == SOURCE_POD_LOG,
-                        joiner=CriJoiner(self.limits.max_line_bytes))
+        stream = Stream(
+            key=key, root=root, cri=key.source == SOURCE_POD_LOG, joiner=CriJoiner(self.limits.max_line_bytes)
+        )
         saved = self._saved.pop(key.text(), None)
         note = None
         if saved is not None:
@@ -190,7 +193,6 @@ class PodLogTailer:
         # restored ones replay their head; later ones are simply read from byte 0.
         stream.bootstrapped = appeared
         return stream
-
 
     def _compressed_readers(self) -> int:
         return sum(len(s.compressed) for s in self._streams.values())
