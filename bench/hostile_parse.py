@@ -22,11 +22,11 @@ import statistics
 import tempfile
 import time
 import tracemalloc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from bench.common import BenchResult
-from devtools.hostile_lines import LINE_CHARS, TAILS, TOKENS, hostile_lines
+from devtools.hostile_lines import LINE_CHARS, TAILS, TOKENS, communicator_flood, hostile_lines
 from exporter.collectors.nccl import EXPORTER_PARSER_LIMITS, NcclCollector, NcclLimits
 from exporter.nccl import LogAnalyzer
 from exporter.nccl import grammar as g
@@ -42,16 +42,6 @@ def worst_line(call: Callable[[str], object]) -> tuple[float, float, str]:
         times.append((time.perf_counter() - started, label))
     worst = max(times)
     return worst[0], statistics.median(t for t, _ in times), worst[1]
-
-
-def communicator_flood(host: str, communicators: int, ranks: int) -> Iterator[str]:
-    for c in range(communicators):
-        for r in range(ranks):
-            pid = 1000 + r % 64
-            yield (
-                f"{host}:{pid}:{pid} [0] NCCL INFO ncclCommInitRank comm 0x{c:x}{r:05x} rank {r} nranks {ranks} "
-                f"cudaDev 0 nvmlDev {r % 8} busId {r:x}000 commId 0x{c + 1:016x} - Init COMPLETE"
-            )
 
 
 def memory_at_caps(root: Path, streams: int, communicators: int, ranks: int) -> dict[str, float]:

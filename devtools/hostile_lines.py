@@ -2,6 +2,9 @@
 Direct RDMA``, ``comm `` runs, ``nccl`` runs, whitespace runs, ...), each ending in a tail that
 completes a match, so that a pattern which backtracks does so. ``tests/nccl/test_hostile_lines.py``
 bounds every pattern and entry point of the parser on them; ``bench/hostile_parse.py`` times them.
+
+``communicator_flood`` is the other hostile shape: lines that fill an analyzer to its caps (the
+parser-budget tests and benchmark use it).
 """
 
 from __future__ import annotations
@@ -87,3 +90,14 @@ def hostile_lines(line_chars: int = LINE_CHARS) -> Iterator[tuple[str, str]]:
         body = token * (line_chars // len(token) + 1)
         for tail in TAILS:
             yield f"{token!r}*N + {tail!r}", body[: line_chars - len(tail)] + tail
+
+
+def communicator_flood(host: str, communicators: int, ranks: int) -> Iterator[str]:
+    """What a pod can print to fill an analyzer: many communicators of many ranks (init lines only)."""
+    for c in range(communicators):
+        for r in range(ranks):
+            pid = 1000 + r % 64
+            yield (
+                f"{host}:{pid}:{pid} [0] NCCL INFO ncclCommInitRank comm 0x{c:x}{r:05x} rank {r} nranks {ranks} "
+                f"cudaDev 0 nvmlDev {r % 8} busId {r:x}000 commId 0x{c + 1:016x} - Init COMPLETE"
+            )

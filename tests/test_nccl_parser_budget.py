@@ -11,22 +11,12 @@ from __future__ import annotations
 import tracemalloc
 from pathlib import Path
 
+from devtools.hostile_lines import communicator_flood
 from exporter.collectors.nccl import EXPORTER_PARSER_LIMITS, NcclCollector, NcclLimits
 from exporter.nccl import LogAnalyzer
 from exporter.sources.podlogs import PodLogTailer
 from tests.test_nccl_collector import Clock, samples, sim_node, value
 from tests.test_nccl_verdicts import socket_open_placement, write_pod_log
-
-
-def communicator_flood(host: str, communicators: int, ranks: int) -> list[str]:
-    """What a pod can print: many communicators of many ranks (init lines only)."""
-    lines = []
-    for c in range(communicators):
-        for r in range(ranks):
-            pid = 1000 + r % 64
-            lines.append(f"{host}:{pid}:{pid} [0] NCCL INFO ncclCommInitRank comm 0x{c:x}{r:05x} rank {r} "
-                         f"nranks {ranks} cudaDev 0 nvmlDev {r % 8} busId {r:x}000 commId 0x{c + 1:016x} - Init COMPLETE")
-    return lines
 
 
 def test_the_estimate_follows_what_is_really_held() -> None:

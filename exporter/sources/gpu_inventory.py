@@ -92,6 +92,3 @@ class GpuInventorySource:
             devices.setdefault((a.namespace, a.pod), set()).add(gpu_device_id(a.device_id))
         mig = any(a.resource.startswith(MIG_RESOURCE_PREFIX) for a in assignments)
         return {pod: len(ids) for pod, ids in devices.items()}, mig
-
-    def close(self) -> None:
-        """The NVML handle and pod-resources channel belong to whoever made them; nothing to close here."""

@@ -58,17 +58,19 @@ def test_rdma_port_down_fires_for_that_port_and_resolves_when_it_is_back(start_c
     assert cluster.receiver.wait_alert("CclRdmaPortDown", "resolved", timeout=60, match={"device": "mlx5_2"})
 
 
+def job_without_nccl_logs_on_idle_rdma(exporters: list[SimulatedExporter]) -> None:
+    """The training job keeps its GPUs on both nodes but logs no NCCL INFO (NCCL_DEBUG unset: no log
+    to read), and the nodes' RDMA ports carry nothing."""
+    make_healthy(exporters)
+    for exporter in exporters:
+        exporter.act("rdma-traffic-stop")
+        exporter.act("nccl-job-stop", namespace=TRAINING_NAMESPACE, pod=TRAINING_POD)
+
+
 def test_counters_only_suspected_fallback(start_cluster) -> None:  # type: ignore[no-untyped-def]
     """A job whose pods log no NCCL INFO, on two nodes, with 2 GB/s each way on the pod network
     (kubelet's cAdvisor) while the RDMA ports are idle: inferred from counters."""
-    def scene(exporters: list[SimulatedExporter]) -> None:
-        make_healthy(exporters)
-        for exporter in exporters:
-            exporter.act("rdma-traffic-stop")
-            # The pod keeps its GPUs but logs no NCCL INFO (NCCL_DEBUG unset): no log to read.
-            exporter.act("nccl-job-stop", namespace=TRAINING_NAMESPACE, pod=TRAINING_POD)
-
-    cluster = start_cluster(nodes=2, intervals=Intervals(), before_scrape=scene)
+    cluster = start_cluster(nodes=2, intervals=Intervals(), before_scrape=job_without_nccl_logs_on_idle_rdma)
     cluster.kubelet.set_traffic(TRAINING_NAMESPACE, TRAINING_POD, 2e9, 2e9)
     got = cluster.receiver.wait_alert("CclSuspectedTcpFallback", "firing", timeout=60, match={"node": "gpu-node-02"})
     assert got is not None, cluster.prometheus.alerts()
@@ -84,13 +86,7 @@ def test_data_loading_over_the_pod_network_is_not_taken_for_a_fallback(start_clu
     """The look-alike of the counters-only suspicion: the same job without NCCL logs and idle RDMA,
     reading its dataset over the pod network (2 GB/s in, 50 MB/s out): gradients go both ways,
     a dataset one way. After longer than the compressed window and ``for:``, nothing fires."""
-    def scene(exporters: list[SimulatedExporter]) -> None:
-        make_healthy(exporters)
-        for exporter in exporters:
-            exporter.act("rdma-traffic-stop")
-            exporter.act("nccl-job-stop", namespace=TRAINING_NAMESPACE, pod=TRAINING_POD)
-
-    cluster = start_cluster(nodes=2, intervals=Intervals(), before_scrape=scene)
+    cluster = start_cluster(nodes=2, intervals=Intervals(), before_scrape=job_without_nccl_logs_on_idle_rdma)
     cluster.kubelet.set_traffic(TRAINING_NAMESPACE, TRAINING_POD, 5e7, 2e9)
     time.sleep(20)
     rate = cluster.prometheus.values(
