@@ -226,24 +226,17 @@ class StreamReader(StreamState):
     def _on_plugin(self, process: Process, thread: Thread, event: g.PluginEvent, record: g.Record) -> None:
         name = event.name[: g.MAX_NAME_CHARS] if event.name else None
         loaded = process.plugin_loaded
-        family_loaded = bool(event.family and loaded and loaded.lower().startswith(event.family.lower()))
+        # The plugin this line's family prefix speaks of, when it is the one "Loaded net plugin" named.
+        family_plugin = loaded if event.family and _of_family(loaded, event.family) else None
         if event.state == g.PLUGIN_LOADED:
             if name or not loaded:
                 process.plugin_loaded, process.plugin_loaded_line = name or event.family, self._cite(record)
         elif event.state == g.PLUGIN_IN_USE:
             if process.plugin_in_use is None or name:
-                process.plugin_in_use = name or (loaded if family_loaded else event.family)
+                process.plugin_in_use = name or family_plugin or event.family
                 process.plugin_in_use_line = self._cite(record)
         elif len(process.plugins_failed) < self.limits.max_env:  # failed or disabled
-            failed = {
-                n
-                for n in (
-                    name,
-                    event.family,
-                    loaded if (family_loaded or (event.family == g.OFI_FAMILY and is_libfabric(loaded))) else None,
-                )
-                if n
-            }
+            failed = {n for n in (name, event.family, family_plugin) if n}
             process.plugins_failed |= failed
             if process.plugin_in_use in failed:
                 process.plugin_in_use = process.plugin_in_use_line = None
@@ -424,3 +417,11 @@ class StreamReader(StreamState):
             size = self.approx_bytes()
         self._cached = None
         return size
+
+
+def _of_family(plugin: str | None, family: str) -> bool:
+    """Whether a loaded plugin's net name belongs to a family of plugin lines: its prefix
+    (``GPUDirectTCPX_v7`` of ``NET/GPUDirectTCPX``), or any aws-ofi-nccl name for ``NET/OFI``."""
+    if not plugin:
+        return False
+    return plugin.lower().startswith(family.lower()) or (family == g.OFI_FAMILY and is_libfabric(plugin))

@@ -347,17 +347,18 @@ class NcclCollector:
             return None
         job_pods = [(pod.namespace, pod.pod)]
         for namespace, name in gpus.by_pod:
-            other = self.metadata.lookup(namespace, name) if (namespace, name) != job_pods[0] else None
-            if other is not None and namespace == pod.namespace and other.job_name == meta.job_name:
+            if namespace != pod.namespace or name == pod.pod:
+                continue
+            other = self.metadata.lookup(namespace, name)
+            if other is not None and other.job_name == meta.job_name:
                 job_pods.append((namespace, name))
         return gpus.held(job_pods)
 
-    def _pod_report(self, pod: _Pod, meta: PodMetadata | None, gpus: GpuInventory | None = None) -> PodReport:
+    def _pod_report(self, pod: _Pod, meta: PodMetadata | None, gpus: GpuInventory) -> PodReport:
         communicators: set[tuple[str, str, str, str, str, str]] = set()
         connections: dict[tuple[str, str, str, str], int] = {}
         has_nccl = inter_node_tcp = gdr_disabled = False
         warnings = dict(pod.retired_warnings)
-        gpus = gpus or GpuInventory()
         job_gpus = self._job_gpus_here(pod, meta, gpus)
         verdicts: set[str] = set()
         for stream in pod.streams.values():
@@ -406,24 +407,23 @@ class NcclCollector:
             meta = self.metadata.lookup(namespace, name)
             reports.append(
                 PodReport(
-                    namespace,
-                    name,
-                    meta.job_name if meta else "",
-                    meta.job_kind if meta else "",
-                    (),
-                    (),
-                    False,
-                    False,
-                    False,
-                    (),
-                    "unknown",
+                    namespace=namespace,
+                    pod=name,
+                    job_name=meta.job_name if meta else "",
+                    job_kind=meta.job_kind if meta else "",
+                    communicators=(),
+                    connections=(),
+                    has_nccl=False,
+                    inter_node_tcp=False,
+                    gdr_disabled=False,
+                    warnings=(),
+                    verdict="unknown",
                 )
             )
         return reports
 
     def _expectations(self) -> tuple[tuple[str, str, str, str, str, str], ...]:
-        pods = getattr(self.metadata, "pods", None)
-        listed = pods() if callable(pods) else []
+        """Pods of the node that declare the network they run on (its class for the rules)."""
         return tuple(
             (
                 p.namespace,
@@ -433,7 +433,7 @@ class NcclCollector:
                 p.expected_network,
                 _label(expected_network_class(p.expected_network)),
             )
-            for p in listed
+            for p in self.metadata.pods()
             if p.expected_network
         )
 
