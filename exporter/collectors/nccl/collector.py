@@ -29,16 +29,19 @@ from exporter.flags import Flag
 from exporter.nccl import Limits, LogAnalyzer, Verdict
 from exporter.nccl.decision import with_node_context
 from exporter.nccl.networks import expected_network_class
+from exporter.nccl.nics import NicUse, nic_uses
 from exporter.resources import NodeResources
 from exporter.sources.gpu_inventory import GpuInventory, GpuInventorySource
 from exporter.sources.kube import NoPodMetadata, PodMetadata, PodMetadataSource
 from exporter.sources.podlogs import SOURCE_POD_LOG, PodLogTailer, StreamKey, TailLimits, pod_known_on_node
 from exporter.sources.podlogs.limits import StreamNote
 from exporter.sources.rdma import RdmaReading, read_rdma
+from exporter.sources.topology import Topology, TopologySource, nccl_bus_id_address
 
 log = logging.getLogger(__name__)
 
 ACTIVE_PORT_STATES = (4, 5)  # ACTIVE, ACTIVE_DEFER
+MAX_HOSTNAME_CHARS = 63  # a pod's hostname is its name cut to 63 characters
 DEFAULT_GRACE_SECONDS = 300.0
 GDR_LABELS = {"1": "true", "0": "false"}  # the parser's transport-key gdr field → label
 NOTE_WARNINGS = "warnings"
@@ -66,6 +69,7 @@ class _Stream:
     warnings_base: dict[str, int] = field(default_factory=dict)
     dropped_base: dict[str, int] = field(default_factory=dict)
     verdict: Verdict | None = None
+    nics: tuple[NicUse, ...] = ()  # which NIC each GPU's NET channels use, with the verdict
     dirty: bool = False
     removed_at: float | None = None  # files gone; kept for the grace period
     size: int = 0  # the analyzer's approx_bytes after its last lines
@@ -129,8 +133,10 @@ class NcclCollector:
         clock: Callable[[], float] = time.monotonic,
         rdma_reader: Callable[[Path], RdmaReading] = read_rdma,
         gpu_inventory: GpuInventorySource | None = None,
+        topology: TopologySource | None = None,
     ) -> None:
         self.tailer = tailer
+        self._topology = topology
         self.metadata: PodMetadataSource = metadata or NoPodMetadata()
         self._sysfs = sysfs
         self.grace_seconds = grace_seconds
@@ -327,6 +333,7 @@ class NcclCollector:
     def _verdict(stream: _Stream) -> Verdict:
         if stream.dirty or stream.verdict is None:
             stream.verdict = stream.analyzer.result()
+            stream.nics = nic_uses(stream.analyzer)
             stream.dirty = False
         return stream.verdict
 
@@ -354,7 +361,37 @@ class NcclCollector:
                 job_pods.append((namespace, name))
         return gpus.held(job_pods)
 
-    def _pod_report(self, pod: _Pod, meta: PodMetadata | None, gpus: GpuInventory) -> PodReport:
+    @staticmethod
+    def _nic_affinity(
+        pod: _Pod, meta: PodMetadata | None, topology: Topology | None
+    ) -> tuple[tuple[str, str, str, str], ...]:
+        """(gpu, device, affinity, gdr) of the NICs the pod's NCCL sends through, its GPUs found on this
+        node by PCI address; affinity "" where the topology does not tell. Only the pod's own processes
+        count (their host is the pod's hostname, unless it runs on the host network): an MPI launcher's
+        log holds every node's lines, whose busIds name other nodes' GPUs."""
+        if topology is None:
+            return ()
+        own_host = pod.pod.split(".", 1)[0][:MAX_HOSTNAME_CHARS]
+        any_host = meta is not None and meta.host_network is True
+        gdr: dict[tuple[str, str, str], set[str]] = {}
+        for stream in pod.streams.values():
+            for use in stream.nics:
+                if use.host != own_host and not any_host:
+                    continue
+                address = nccl_bus_id_address(use.gpu_bus_id)
+                gpu = topology.gpu_at(address) if address else None
+                if gpu is None:
+                    continue  # a GPU of another node (a log with every node's ranks), or unknown
+                cls = topology.affinity(gpu.index, use.device) or ""
+                gdr.setdefault((str(gpu.index), use.device, cls), set()).add(use.gdr)
+        return tuple(
+            (gpu, device, cls, flags.pop() if len(flags) == 1 else "mixed")
+            for (gpu, device, cls), flags in sorted(gdr.items())
+        )
+
+    def _pod_report(
+        self, pod: _Pod, meta: PodMetadata | None, gpus: GpuInventory, topology: Topology | None = None
+    ) -> PodReport:
         communicators: set[tuple[str, str, str, str, str, str]] = set()
         connections: dict[tuple[str, str, str, str], int] = {}
         has_nccl = inter_node_tcp = gdr_disabled = False
@@ -396,6 +433,7 @@ class NcclCollector:
             gdr_disabled=gdr_disabled,
             warnings=tuple(sorted(warnings.items())),
             verdict=next((v for v in _VERDICT_PRIORITY if v in verdicts), "unknown"),
+            nic_affinity=self._nic_affinity(pod, meta, topology),
         )
 
     def _silent_gpu_pods(self, gpus: GpuInventory) -> list[PodReport]:
@@ -442,11 +480,12 @@ class NcclCollector:
         analyzers = 0
         dropped = dict(self._dropped_retired)
         gpus = self._gpu_inventory.read() if self._gpu_inventory is not None else GpuInventory()
+        topology = self._topology.read() if self._topology is not None else None
         for pod in self._pods.values():
             analyzers += len(pod.streams)
             for stream in pod.streams.values():
                 dropped = _add_counts(dropped, {f"parser_{k}": v for k, v in stream.dropped().items()})
-            reports.append(self._pod_report(pod, self.metadata.lookup(pod.namespace, pod.pod), gpus))
+            reports.append(self._pod_report(pod, self.metadata.lookup(pod.namespace, pod.pod), gpus, topology))
         reports += self._silent_gpu_pods(gpus)
         stats = self.tailer.stats
         dropped = _add_counts(dropped, {f"tail_{k}": v for k, v in stats.events.items()})
@@ -513,7 +552,8 @@ def settings_from_args(args: argparse.Namespace) -> NcclSettings:
 def build_collector(settings: NcclSettings, resources: NodeResources) -> NcclCollector:
     """The collector ``serve`` runs: the tailer on the node's paths, reading only folders of pods
     on this node; the node's pod list for job attribution; GPU counts (NVML, pod-resources) for
-    the placement a log leaves open (a communicator larger than this node spans nodes)."""
+    the placement a log leaves open (a communicator larger than this node spans nodes); the
+    node's topology for the class of each NIC a GPU's NCCL traffic uses."""
     paths = resources.paths
     metadata = resources.pod_metadata
     tailer = PodLogTailer(
@@ -521,7 +561,13 @@ def build_collector(settings: NcclSettings, resources: NodeResources) -> NcclCol
     )
     gpus = GpuInventorySource(resources.nvml_if_collected(), resources.pod_resources)
     return NcclCollector(
-        tailer, paths.sysfs, metadata, grace_seconds=settings.grace_seconds, gpu_inventory=gpus, limits=settings.limits
+        tailer,
+        paths.sysfs,
+        metadata,
+        grace_seconds=settings.grace_seconds,
+        gpu_inventory=gpus,
+        limits=settings.limits,
+        topology=resources.topology,
     )
 
 
