@@ -33,6 +33,7 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 from grafana_foundation_sdk.models.dashboard import (
     DataSourceRef,
+    DataTransformerConfig,
     Threshold,
     ThresholdsMode,
     VariableHide,
@@ -98,6 +99,54 @@ def _dashboard(filename: str, title: str, description: str) -> Dashboard:
             .with_variable(_datasource_variable()))
 
 
+# ---- GPU <-> NIC topology panels (node and job dashboards) ----
+
+AFFINITY_HELP = ("Classes as nvidia-smi topo -m names them: PIX one PCIe switch between GPU and NIC, PXB several "
+                 "switches, PHB through the host bridge, NODE across host bridges of one NUMA node, SYS across "
+                 "NUMA nodes (the CPU interconnect). PIX/PXB are local: GPUDirect RDMA by default.")
+
+
+def _affinity_matrix(node: str) -> Table:
+    """GPU x NIC matrix: one row per GPU, one column per RDMA NIC, the class in each cell."""
+    matrix = DataTransformerConfig(
+        id_val="groupingToMatrix",
+        options={"rowField": "gpu", "columnField": "device", "valueField": "affinity", "emptyValue": "null"},
+    )
+    panel = _table("GPU x NIC affinity (rows: GPU, columns: NIC)",
+                   f"max by (gpu, device, affinity) (ccl_topology_gpu_nic_info{{{node}}})",
+                   "Read along a GPU's row: its NIC under the same PCIe switch shows PIX; on an HGX/DGX node "
+                   "each GPU has exactly one, the NICs of its socket show NODE and the other socket's SYS. "
+                   "An empty cell: sysfs does not tell. " + AFFINITY_HELP, width=24)
+    return panel.with_transformation(matrix)
+
+
+def node_topology_panels(node: str) -> list[Table]:
+    """Node fabric dashboard: where GPUs and NICs sit, what pods were given and what NCCL uses."""
+    return [
+        _affinity_matrix(node),
+        _table("Nearest NIC per GPU", f"max by (gpu, device, affinity) (ccl_topology_gpu_nearest_nic_info{{{node}}})",
+               "The NIC(s) nearest to each GPU and their class; absent for a GPU whose distance to some NIC is unknown."),
+        _table("RDMA NICs given to pods",
+               f"max by (namespace, pod, device, source, resource) (ccl_pod_rdma_device_info{{{node}}})",
+               "Per pod: the NICs from device plugins, DRA claims (source dra) and Multus (source multus)."),
+        _table("NCCL: the NIC each GPU's traffic uses",
+               f"max by (namespace, pod, gpu, device, affinity, gdr) (ccl_nccl_nic_affinity{{{node}}})",
+               "From the pods' NCCL logs. A far class (PHB, NODE, SYS) on a GPU whose nearest NIC is PIX/PXB is "
+               "a crossed rail (alert CclNcclNicAffinityCrossed). " + AFFINITY_HELP, width=24),
+    ]
+
+
+def job_topology_panels() -> list[Table]:
+    """Training-job dashboard: each pod's GPU -> NIC path with its class."""
+    return [
+        _table("GPU -> NIC path per pod (class)",
+               f"max by (pod, node, gpu, device, affinity, gdr) (ccl_nccl_nic_affinity{{{JOB}}})",
+               "Which NIC each GPU's NCCL traffic leaves through, from the pods' NCCL logs, and the PCIe class of "
+               "that path on the pod's node. Expected: PIX (or PXB) for every GPU; gdr true. " + AFFINITY_HELP,
+               width=24),
+    ]
+
+
 def fleet() -> Dashboard:
     node_sel = 'node=~"$node"'
     return (
@@ -147,9 +196,15 @@ def fleet() -> Dashboard:
     )
 
 
+def _with_panels(dashboard: Dashboard, panels: list[Table]) -> Dashboard:
+    for panel in panels:
+        dashboard = dashboard.with_panel(panel)
+    return dashboard
+
+
 def training_job() -> Dashboard:
     on_job_nodes = f"and on (node) job_name_node:ccl_nccl_pods:count{{{JOB}}}"
-    return (
+    dashboard = (
         _dashboard("ccl-training-job.json", "CCL health / Training job",
                    "One training job: its pods and nodes, NCCL networks and transports per communicator, "
                    "fabric throughput of its nodes, probe history.")
@@ -198,11 +253,12 @@ def training_job() -> Dashboard:
                                 (f"max by (node, collective, scope, source) (ccl_probe_success) {on_job_nodes}",
                                  "{{node}} {{collective}} {{scope}} {{source}}")))
     )
+    return _with_panels(dashboard.with_row(Row("GPU to NIC paths")), job_topology_panels())
 
 
 def node_fabric() -> Dashboard:
     node = 'node="$node"'
-    return (
+    dashboard = (
         _dashboard("ccl-node-fabric.json", "CCL health / Node fabric",
                    "One node: per-port RDMA throughput, errors and congestion; per-link NVLink throughput, state and errors.")
         .with_variable(_label_variable("node", "label_values(ccl_exporter_build_info, node)", "Node"))
@@ -255,6 +311,7 @@ def node_fabric() -> Dashboard:
         .with_panel(_timeseries("Collector duration", "s",
                                 (f"max by (collector) (ccl_exporter_collector_duration_seconds{{{node}}})", "{{collector}}")))
     )
+    return _with_panels(dashboard.with_row(Row("GPU and NIC topology")), node_topology_panels(node))
 
 
 DASHBOARDS: dict[str, Callable[[], Dashboard]] = {
