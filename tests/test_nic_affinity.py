@@ -106,3 +106,16 @@ def test_only_the_pods_own_processes_count(tmp_path: Path) -> None:
     collector.step()
     assert [r[1:4] for r in affinity_rows(collector) if r[0] == "launcher"] == [("0", "mlx5_0", "PIX"),
                                                                                ("7", "mlx5_7", "PIX")]
+
+
+def test_device_names_a_log_invents_make_no_series(tmp_path: Path) -> None:
+    """A pod's log may print any device list; only RDMA devices this node has become label values."""
+    node, pods = sim(tmp_path)
+    job = SimJob("evil", "liar-0", pytorchjob_labels("liar"), network="IB", nnodes=2)
+    pods.start_job(job)
+    path = pods._log_path(job)
+    path.write_text(path.read_text().replace("]mlx5_0:1/IB", "]" + "x" * 5000 + ":1/IB"))
+    collector = collector_on(node, pods)
+    collector.step()
+    rows = [r for r in affinity_rows(collector) if r[0] == "liar-0"]
+    assert rows == [("liar-0", "7", "mlx5_7", "PIX", "true")], "GPU 0's device [0] is no NIC of this node"

@@ -366,9 +366,10 @@ class NcclCollector:
         pod: _Pod, meta: PodMetadata | None, topology: Topology | None
     ) -> tuple[tuple[str, str, str, str], ...]:
         """(gpu, device, affinity, gdr) of the NICs the pod's NCCL sends through, its GPUs found on this
-        node by PCI address; affinity "" where the topology does not tell. Only the pod's own processes
-        count (their host is the pod's hostname, unless it runs on the host network): an MPI launcher's
-        log holds every node's lines, whose busIds name other nodes' GPUs."""
+        node by PCI address and their NICs among this node's RDMA devices (so a log cannot invent label
+        values); affinity "" where the topology does not tell. Only the pod's own processes count (their
+        host is the pod's hostname, unless it runs on the host network): an MPI launcher's log holds
+        every node's lines, whose busIds name other nodes' GPUs."""
         if topology is None:
             return ()
         own_host = pod.pod.split(".", 1)[0][:MAX_HOSTNAME_CHARS]
@@ -376,8 +377,8 @@ class NcclCollector:
         gdr: dict[tuple[str, str, str], set[str]] = {}
         for stream in pod.streams.values():
             for use in stream.nics:
-                if use.host != own_host and not any_host:
-                    continue
+                if (use.host != own_host and not any_host) or not topology.has_nic(use.device):
+                    continue  # another node's process, or a device name this node has no NIC of
                 address = nccl_bus_id_address(use.gpu_bus_id)
                 gpu = topology.gpu_at(address) if address else None
                 if gpu is None:
