@@ -20,8 +20,8 @@ RUN python -m pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
 # kubelet writes pod logs as root:root 0640 and only their owner can read them.
 RUN useradd --system --uid 65532 --no-create-home --shell /usr/sbin/nologin ccl
 USER 65532:65532
-EXPOSE 9400
-HEALTHCHECK --interval=30s --timeout=5s CMD python -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:9400/healthz', timeout=4).status == 200 else 1)"
+EXPOSE 19400
+HEALTHCHECK --interval=30s --timeout=5s CMD python -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:19400/healthz', timeout=4).status == 200 else 1)"
 ENTRYPOINT ["ccl-exporter"]
 CMD ["serve"]
 

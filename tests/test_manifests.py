@@ -245,7 +245,7 @@ def test_daemonset_is_unprivileged_with_read_only_host_mounts(objects: list[dict
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
     assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility"
-    assert container["ports"] == [{"name": "metrics", "containerPort": 9400, "protocol": "TCP"}]
+    assert container["ports"] == [{"name": "metrics", "containerPort": 19400, "protocol": "TCP"}]
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
