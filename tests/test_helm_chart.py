@@ -459,3 +459,17 @@ def test_the_chart_knows_every_collector_and_the_version() -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["appVersion"] == exporter.__version__
     assert container(chart_objects())["image"] == f"ccl-health-exporter:{exporter.__version__}"
+
+
+def test_every_documented_set_is_a_value_the_schema_accepts() -> None:
+    """`--set key=value` in the docs and the chart's NOTES must name values the chart has."""
+    from helm_python import parse_set_string
+
+    texts = [(REPO / "docs" / name).read_text() for name in ("deploy.md", "coexistence.md")]
+    texts.append((CHART / "templates" / "NOTES.txt").read_text())
+    found = [match for text in texts for match in re.findall(r"--set ([A-Za-z0-9_.\[\]]+=[^\s`]+)", text)]
+    assert len(found) >= 5
+    with Chart.load(CHART) as chart:
+        for assignment in found:
+            filled = re.sub(r"<[^>]*>", "placeholder", assignment)  # <release-name>, <your-docs>
+            chart.validate_schema(parse_set_string(filled))
