@@ -131,9 +131,10 @@ def kustomized() -> list[dict[str, Any]]:
 
 # ---- lint ----
 
-@pytest.mark.parametrize("values_file", [None, "values-kube-prometheus-stack.yaml"])
-def test_strict_lint_is_clean(values_file: str | None) -> None:
-    values = yaml.safe_load((CHART / values_file).read_text()) if values_file else None
+@pytest.mark.parametrize("values_name", ["defaults", "values-kube-prometheus-stack.yaml", "non-default"])
+def test_strict_lint_is_clean(values_name: str) -> None:
+    values = yaml.safe_load((CHART / values_name).read_text()) if values_name.endswith(".yaml") else \
+        {"defaults": None, "non-default": NON_DEFAULT}[values_name]
     for kube_version in ("v1.25.0", "v1.37.0"):
         report = lint(CHART, values, strict=True, namespace=NAMESPACE, kube_version=kube_version)
         assert report["errors"] == [], report
