@@ -8,7 +8,7 @@ running a program. In order:
 2. the file ``REVISION`` next to this module (written into the package when a wheel is built
    from a release tarball or by a packager);
 3. the git checkout the package is imported from (``.git`` read as files: ``HEAD``, loose and
-   packed refs, worktrees), as when running from a clone;
+   packed refs, linked checkouts), as when running from a clone;
 4. ``"unknown"``.
 
 A value is accepted only when it looks like a revision (letters, digits, ``.``, ``_``, ``-``,
@@ -74,7 +74,7 @@ def _read_small(path: Path) -> str | None:
 
 
 def _git_dir(checkout: Path) -> Path | None:
-    """The git folder of ``checkout``: ``.git`` itself, or where a worktree's ``.git`` file points."""
+    """The git folder of ``checkout``: ``.git`` itself, or where a linked checkout's ``.git`` file points."""
     dot_git = checkout / ".git"
     if dot_git.is_dir():
         return dot_git
@@ -98,7 +98,7 @@ def _git_revision(checkout: Path) -> str | None:
     ref = head[len("ref: ") :].strip()
     if not ref.startswith("refs/") or ".." in ref:
         return None
-    # A worktree keeps its HEAD; branches live in the main repository (its "commondir").
+    # A linked checkout keeps its own HEAD; branches live in the main repository (its "commondir").
     common = (_read_small(git_dir / "commondir") or "").strip()
     common_dir = (git_dir / common) if common else git_dir
     for folder in (git_dir, common_dir):

@@ -74,15 +74,15 @@ def test_packed_ref(tmp_path: Path) -> None:
     assert read_build_info({}, package).revision == COMMIT
 
 
-def test_a_worktree_reads_its_head_and_the_shared_refs(tmp_path: Path) -> None:
+def test_a_linked_checkout_reads_its_head_and_the_shared_refs(tmp_path: Path) -> None:
     git = _git(tmp_path / "main", "ref: refs/heads/main", {"refs/heads/main": OTHER, "refs/heads/feature": COMMIT})
-    worktree_git = git / "worktrees" / "feature"
-    worktree_git.mkdir(parents=True)
-    (worktree_git / "HEAD").write_text("ref: refs/heads/feature\n")
-    (worktree_git / "commondir").write_text("../..\n")
+    linked_git = git / "worktrees" / "feature"
+    linked_git.mkdir(parents=True)
+    (linked_git / "HEAD").write_text("ref: refs/heads/feature\n")
+    (linked_git / "commondir").write_text("../..\n")
     checkout = tmp_path / "feature"
     package = _package(checkout)
-    (checkout / ".git").write_text(f"gitdir: {worktree_git}\n")
+    (checkout / ".git").write_text(f"gitdir: {linked_git}\n")
     assert read_build_info({}, package).revision == COMMIT
 
 
@@ -94,7 +94,7 @@ def test_a_strange_head_gives_unknown(tmp_path: Path, head: str) -> None:
 
 
 def test_this_checkout_gives_what_git_says() -> None:
-    """Against the real git, on the checkout the tests run from (a clone or a worktree)."""
+    """Against the real git, on the checkout the tests run from (a clone or a linked checkout)."""
     result = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30)
     if result.returncode != 0:
         pytest.skip("not run from a git checkout")
