@@ -313,14 +313,13 @@ def test_non_default_values_reach_the_objects() -> None:
 
 
 def test_the_args_are_flags_serve_accepts() -> None:
-    """Every argument the chart renders parses as a `serve` flag. --web.config.file belongs to
-    the HTTP layer that serves TLS and basic auth; until serve has it, it is the one unknown."""
+    """Every argument the chart renders parses as a `serve` flag, web.configSecret's included."""
     from exporter.cli import build_parser, config_from_args
     from exporter.collectors import all_collectors
 
     args = [a.replace("$(NODE_NAME)", "gpu-node-1") for a in container(chart_objects(NON_DEFAULT))["args"]]
-    parsed, unknown = build_parser(environ={}).parse_known_args(args)
-    assert unknown in ([], ["--web.config.file=/etc/ccl-exporter/web/web-config.yml"])
+    parsed = build_parser(environ={}).parse_args(args)
+    assert parsed.web_config_file == "/etc/ccl-exporter/web/web-config.yml"
     config = config_from_args(parsed, all_collectors())
     assert config.enabled_collectors == ("nvml", "nccl", "probe")
     assert config.listen_address == "0.0.0.0:19500" and parsed.node_name == "gpu-node-1"
