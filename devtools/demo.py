@@ -1,7 +1,7 @@
 """``make demo``: a simulated GPU node, and -- when Prometheus and Alertmanager are installed --
 the whole alerting chain watching one training job fall back from InfiniBand to TCP.
 
-1. ``ccl-exporter serve --simulate`` on 127.0.0.1:9400 (8 GPUs, 8 IB + 2 RoCE ports, training
+1. ``ccl-exporter serve --simulate`` on 127.0.0.1:19400 (8 GPUs, 8 IB + 2 RoCE ports, training
    pods with NCCL logs). The simulator's built-in TCP-fallback pod is removed first, so the
    node starts healthy.
 2. With ``prometheus`` and ``prometheus-alertmanager`` on the PATH (Debian/Ubuntu:

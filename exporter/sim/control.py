@@ -5,7 +5,7 @@ tests and the fleet benchmark can change what the simulated node shows while rea
 Prometheus and Alertmanager watch it. They exist only with ``--simulate``, only act on the
 simulated folder tree, and answer only requests from loopback addresses. A POST that a web
 page made (its ``Origin``, or ``Referer`` when there is no ``Origin``, is anything but this
-exporter's own loopback origin, e.g. ``http://127.0.0.1:9400``) is refused, so a page open in
+exporter's own loopback origin, e.g. ``http://127.0.0.1:19400``) is refused, so a page open in
 a browser cannot drive the node; command-line clients send neither header. Namespace, pod,
 container and job names must be Kubernetes names (DNS-1123), so none can reach outside
 the simulated tree.
