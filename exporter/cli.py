@@ -22,7 +22,7 @@ from exporter.collectors import all_collectors
 from exporter.collectors.base import Collector, CollectorSpec
 from exporter.config import DEFAULT_PORT, ServeConfig, parse_listen_address
 from exporter.exposition import DEFAULT_MAX_PAGE_BYTES, MIN_PAGE_BYTES
-from exporter.flags import PROBE_RESULTS, SYSFS, EnvHelpFormatter, Flag, Switch, on_off_flag
+from exporter.flags import LOG_LEVEL, PROBE_RESULTS, SYSFS, EnvHelpFormatter, Flag, Switch, on_off_flag
 from exporter.probe import command as probe_command
 from exporter.probe import preflight
 from exporter.resources import NodeResources, real_node_resources
@@ -124,13 +124,7 @@ MISC_FLAGS = (
         dest="simulate_job_ends_after",
         type=float,
     ),
-    Flag(
-        "--log.level",
-        "info",
-        "debug, info, warning or error",
-        dest="log_level",
-        choices=("debug", "info", "warning", "error"),
-    ),
+    LOG_LEVEL,
 )
 
 

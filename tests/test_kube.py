@@ -241,3 +241,27 @@ def test_a_static_pod_is_known_by_the_uid_its_log_folder_carries() -> None:
     record = pod_metadata_from_object(mirror)
     assert record is not None and record.uid == "9a8b7c6d5e4f"
     assert pod_metadata_from_object(LLAMA).uid == "u1"  # everyone else: the API's UID
+
+
+def test_the_fabric_readiness_gate_and_its_condition_are_read_from_the_pod() -> None:
+    """The lifecycle hooks act on pods that carry the gate, and compare with the condition already there."""
+    from kubernetes import client
+
+    from exporter.sources.kube import FABRIC_READY_CONDITION, PodCondition, pod_metadata_from_object
+
+    gated = pod("training", "llama-worker-1", "u9", {}, "8")
+    gated["spec"]["readinessGates"] = [{"conditionType": "example.com/other"}, {"conditionType": FABRIC_READY_CONDITION}]
+    gated["status"]["conditions"] = [
+        {"type": "Ready", "status": "False"},
+        {"type": FABRIC_READY_CONDITION, "status": "False", "reason": "TcpFallback", "message": "on Socket",
+         "lastTransitionTime": "2026-06-01T10:00:00Z"},
+    ]
+    record = pod_metadata_from_object(gated)
+    assert record is not None and record.fabric_ready_gate
+    assert record.fabric_ready == PodCondition("False", "TcpFallback", "on Socket", "2026-06-01T10:00:00Z")
+    plain = pod_metadata_from_object(LLAMA)
+    assert plain is not None and not plain.fabric_ready_gate and plain.fabric_ready is None
+    # The same through the client's objects (what the watch hands over).
+    from_object = pod_metadata_from_object(client.V1Pod.from_dict(gated))
+    assert from_object is not None and from_object.fabric_ready_gate
+    assert from_object.fabric_ready == record.fabric_ready
