@@ -191,19 +191,9 @@ def pod_metadata_from_object(pod: Any) -> PodMetadata | None:
         raw = spec.get("hostNetwork") if isinstance(spec, Mapping) else getattr(spec, "host_network", None)
         host_network = bool(raw)  # absent means false in the API
     expected = str(labels.get(EXPECTED_NETWORK_LABEL) or "")[:MAX_LABEL_VALUE_CHARS]
-    status = pod.get("status") if isinstance(pod, Mapping) else getattr(pod, "status", None)
-    gate = any(
-        _field(g, "conditionType", "condition_type") == FABRIC_READY_CONDITION
-        for g in _items(spec, "readinessGates", "readiness_gates")
-    )
-    condition = next(
-        (
-            condition_from_object(c)
-            for c in _items(status, "conditions", "conditions")
-            if _field(c, "type", "type") == FABRIC_READY_CONDITION
-        ),
-        None,
-    )
+    gates = _items(spec, "readinessGates", "readiness_gates")
+    gate = any(_field(g, "conditionType", "condition_type") == FABRIC_READY_CONDITION for g in gates)
+    condition = find_condition(pod, FABRIC_READY_CONDITION)
     # A static pod's API object is its mirror pod, with a UID of its own; kubelet knows the pod (and
     # names its log folder) by the config hash, which the mirror pod carries in this annotation.
     uid = str((field("annotations") or {}).get(MIRROR_POD_ANNOTATION) or field("uid") or "")
@@ -228,6 +218,15 @@ def _time_text(value: Any) -> str:
     if hasattr(value, "strftime"):
         return str(value.strftime("%Y-%m-%dT%H:%M:%SZ"))
     return str(value)
+
+
+def find_condition(obj: Any, condition_type: str) -> PodCondition | None:
+    """The condition of that type in ``status.conditions`` of a pod or node (client object or dict)."""
+    status = _field(obj, "status", "status")
+    for condition in _items(status, "conditions", "conditions"):
+        if _field(condition, "type", "type") == condition_type:
+            return condition_from_object(condition)
+    return None
 
 
 def condition_from_object(condition: Any) -> PodCondition:
