@@ -3,76 +3,31 @@ collector's tailer reaches a verdict, and the pod condition ``ccl-health.io/fabr
 pod Event and the node condition ``CclFabricDegraded`` are written with the real ``kubernetes``
 client to the recorded API server (tests/kube_api.py), which merges conditions by type as the API
 server does and refuses any patch but a strategic merge. The pod list comes from the real
-``KubePodCache`` against the same server; the RDMA ports and pod logs are the simulator's files.
+``KubePodCache`` against the same server; the RDMA ports and pod logs are the simulator's files
+(tests/lifecycle_node.py).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import random
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
 
-from exporter.collectors.base import BackgroundCollector
-from exporter.collectors.lifecycle import LifecycleCollector, LifecycleCollectorSettings
-from exporter.collectors.lifecycle import build as build_lifecycle
-from exporter.collectors.nccl import NcclLimits, NcclSettings
-from exporter.collectors.nccl import build_collector as build_nccl
-from exporter.config import HostPaths
+from exporter.collectors.lifecycle import LifecycleCollector
 from exporter.fabric_verdicts import PodFabric, VerdictFeed
 from exporter.lifecycle.controller import LifecycleSettings
-from exporter.resources import NodeResources
 from exporter.results import Check, ProbeResult, write_result
-from exporter.sim.clock import cri_timestamp
-from exporter.sim.paths import simulated_paths
-from exporter.sim.podlogs import SimJob, nccl_init_lines, pytorchjob_labels
-from exporter.sim.rdma import SimRdma
-from exporter.sources.kube import FABRIC_READY_CONDITION, KubePodCache
-from exporter.sources.podresources import PodResourcesClient
-from tests.kube_api import ApiState, RecordedApiServer, wait_for
+from exporter.sim.podlogs import SimJob, pytorchjob_labels
+from exporter.sources.kube import FABRIC_READY_CONDITION
+from tests.kube_api import wait_for
+from tests.lifecycle_node import NODE, LifecycleNode, api_pod, lifecycle_node, write_nccl_log
 from tests.metrics_text import value
 
-NODE = "gpu-node-7"
 KUBERNETES_VERSION = "1.30.0"
-
-
-class NoNvml:
-    """No NVML here (the nvml collector is off): placement comes from the logs alone."""
-
-    def close(self) -> None:
-        pass
-
-
-def api_pod(job: SimJob, gated: bool = True) -> dict[str, Any]:
-    pod: dict[str, Any] = {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": job.pod, "namespace": job.namespace, "uid": job.uid, "labels": job.labels,
-                     "resourceVersion": "10"},
-        "spec": {"nodeName": NODE, "containers": [{"name": "pytorch", "image": "train:1"}]},
-        "status": {"phase": "Running", "conditions": [
-            {"type": "Ready", "status": "False", "reason": "ReadinessGatesNotReady"},
-            {"type": "ContainersReady", "status": "True"}]},
-    }
-    if gated:
-        pod["spec"]["readinessGates"] = [{"conditionType": FABRIC_READY_CONDITION}]
-    return pod
-
-
-def write_nccl_log(paths: HostPaths, job: SimJob) -> float:
-    """NCCL's init lines into the pod's CRI log, as the kubelet writes them; the monotonic time after."""
-    folder = paths.pod_logs / f"{job.namespace}_{job.pod}_{job.uid}" / job.container
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / f"{job.restarts}.log", "a") as handle:
-        handle.write("".join(f"{cri_timestamp()} stdout F {line}\n" for line in nccl_init_lines(job)))
-    return time.monotonic()
 
 
 HEALTHY = SimJob("ml-training", "llama-worker-0", pytorchjob_labels("llama"), network="IB", nnodes=2)
@@ -81,76 +36,18 @@ PREFLIGHT = SimJob("vision", "resnet-worker-0", pytorchjob_labels("resnet"))
 UNGATED = SimJob("batch", "etl-worker-0", pytorchjob_labels("etl"), network="Socket", nnodes=2, gdr=False)
 
 
-@dataclass
-class Node:
-    paths: HostPaths
-    rdma: SimRdma
-    api: RecordedApiServer
-    state: ApiState
-    nccl: BackgroundCollector
-    lifecycle: LifecycleCollector
-
-    def pod_condition(self, job: SimJob) -> dict[str, Any] | None:
-        return self.state.condition(self.state.pod(job.namespace, job.pod), FABRIC_READY_CONDITION)
-
-    def pod_patches(self, job: SimJob) -> list[Any]:
-        return [w for w in self.state.writes("pods/status") if f"/pods/{job.pod}/" in w.path]
-
-    def events(self, job: SimJob) -> list[dict[str, Any]]:
-        return [e for (ns, _), e in self.state.events.items()
-                if ns == job.namespace and e["involvedObject"]["name"] == job.pod]
-
-
-def _run_in_background(collectors: list[BackgroundCollector]) -> tuple[threading.Thread, asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-
-    async def main() -> None:
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.gather(*(c.run() for c in collectors))
-
-    thread = threading.Thread(target=lambda: loop.run_until_complete(main()), daemon=True)
-    thread.start()
-    return thread, loop
-
-
-def _stop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
-    def cancel() -> None:
-        for task in asyncio.all_tasks(loop):
-            task.cancel()
-
-    loop.call_soon_threadsafe(cancel)
-    thread.join(timeout=10)
-
-
 @pytest.fixture
 def make_node(tmp_path: Path) -> Iterator[Any]:
-    stops: list[Any] = []
+    nodes: list[LifecycleNode] = []
 
     def make(hooks: LifecycleSettings, node_object: dict[str, Any] | None = None,
-             pods: tuple[dict[str, Any], ...] = ()) -> Node:
-        root = tmp_path / f"node{len(stops)}"
-        paths = simulated_paths(root)
-        rdma = SimRdma(rng=random.Random(3))
-        rdma.setup(root)
-        paths.pod_logs.mkdir(parents=True)
-        state = ApiState(pods=[*pods], nodes={NODE: node_object or {"metadata": {"name": NODE}, "status": {}}})
-        api = RecordedApiServer(state).start()
-        resources = NodeResources(
-            paths, nvml=NoNvml(), pod_resources=PodResourcesClient(root / "no-kubelet.sock"),  # type: ignore[arg-type]
-            pod_metadata=lambda: KubePodCache(NODE, api_factory=api.api_factory(), watch_seconds=5),
-            node_name=NODE, kube_api=api.api_factory(), nvml_collected=False,
-        )
-        nccl = build_nccl(NcclSettings(300.0, NcclLimits()), resources)
-        lifecycle = build_lifecycle(LifecycleCollectorSettings(hooks), resources)
-        resources.start()
-        assert wait_for(resources.pod_metadata.is_authoritative), "the pod list is synced before any line lands"
-        thread, loop = _run_in_background([nccl, lifecycle])  # type: ignore[list-item]
-        stops.append(lambda: (_stop(loop, thread), resources.close(), api.stop()))
-        return Node(paths, rdma, api, state, nccl, lifecycle)  # type: ignore[arg-type]
+             pods: tuple[dict[str, Any], ...] = ()) -> LifecycleNode:
+        nodes.append(lifecycle_node(tmp_path / f"node{len(nodes)}", hooks, node_object, pods))
+        return nodes[-1]
 
     yield make
-    for stop in stops:
-        stop()
+    for node in nodes:
+        node.close()
 
 
 ALL_POD_HOOKS = LifecycleSettings(readiness=True, events=True, node_condition=False)
