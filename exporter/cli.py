@@ -1,4 +1,4 @@
-"""``ccl-exporter``: serve | analyze | probe | preflight.
+"""``ccl-exporter``: serve | analyze | probe | preflight | webhook.
 
 Flags follow node_exporter (``--web.listen-address``, ``--path.sysfs``,
 ``--collector.<name>`` / ``--no-collector.<name>``). Every flag can also be set by an
@@ -27,6 +27,7 @@ from exporter.probe import command as probe_command
 from exporter.probe import preflight
 from exporter.resources import NodeResources, real_node_resources
 from exporter.sources.podresources import DEFAULT_SOCKET
+from exporter.webhook import command as webhook_command
 
 if TYPE_CHECKING:  # the server is loaded by ``serve`` only
     from exporter.http.guard import ConnectionLimits
@@ -230,6 +231,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     analyze.add_parser(sub, environ)
     probe_command.add_parser(sub, environ)
     preflight.add_parser(sub, environ)
+    webhook_command.add_parser(sub, environ)
     return parser
 
 
