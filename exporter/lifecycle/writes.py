@@ -3,8 +3,9 @@ client's, or the simulated node's stand-in with the same methods).
 
 Conditions are written with a strategic merge patch of ``status.conditions`` on the ``status``
 subresource: the API server merges conditions by ``type``, so the pod's and node's other
-conditions (kubelet's ``Ready``, node-problem-detector's) are untouched. The ``kubernetes``
-client sends a JSON Patch by default; the content type is set explicitly. Events are created
+conditions (kubelet's ``Ready``, node-problem-detector's) are untouched. The content type is set
+explicitly rather than left to the client's choice for a dict body (a JSON merge patch would
+replace the whole list). Events are created
 with a name derived from what they say: creating one that exists (409) means it was already
 written, before a restart too. Every call has a short timeout; a failure raises for the caller
 to back off.
