@@ -1,4 +1,4 @@
-"""``ccl-exporter``: serve | analyze | probe | preflight.
+"""``ccl-exporter``: serve | analyze | probe | preflight | webhook.
 
 Flags follow node_exporter (``--web.listen-address``, ``--path.sysfs``,
 ``--collector.<name>`` / ``--no-collector.<name>``). Every flag can also be set by an
@@ -22,11 +22,12 @@ from exporter.collectors import all_collectors
 from exporter.collectors.base import Collector, CollectorSpec
 from exporter.config import DEFAULT_PORT, ServeConfig, parse_listen_address
 from exporter.exposition import DEFAULT_MAX_PAGE_BYTES, MIN_PAGE_BYTES
-from exporter.flags import PROBE_RESULTS, SYSFS, EnvHelpFormatter, Flag, Switch, on_off_flag
+from exporter.flags import LOG_LEVEL, PROBE_RESULTS, SYSFS, EnvHelpFormatter, Flag, Switch, on_off_flag
 from exporter.probe import command as probe_command
 from exporter.probe import preflight
 from exporter.resources import NodeResources, real_node_resources
 from exporter.sources.podresources import DEFAULT_SOCKET
+from exporter.webhook import command as webhook_command
 
 if TYPE_CHECKING:  # the server is loaded by ``serve`` only
     from exporter.http.guard import ConnectionLimits
@@ -132,13 +133,7 @@ MISC_FLAGS = (
         dest="simulate_job_ends_after",
         type=float,
     ),
-    Flag(
-        "--log.level",
-        "info",
-        "debug, info, warning or error",
-        dest="log_level",
-        choices=("debug", "info", "warning", "error"),
-    ),
+    LOG_LEVEL,
 )
 
 
@@ -236,6 +231,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     analyze.add_parser(sub, environ)
     probe_command.add_parser(sub, environ)
     preflight.add_parser(sub, environ)
+    webhook_command.add_parser(sub, environ)
     return parser
 
 

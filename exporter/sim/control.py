@@ -36,6 +36,8 @@ Actions:
   sockets; ``placement=open``: an NCCL 2.18 log that does not show which nodes the communicator spans.
 - ``nccl-job-stop`` ``namespace= pod=``: the pod is deleted (its log folder goes away).
 - ``advance`` ``[seconds=1]``: advance the simulation immediately (besides its 1 s ticker).
+- ``kube-status``: what the lifecycle hooks (``--collector.lifecycle``) wrote to the simulated API:
+  each pod's ``ccl-health.io/fabric-ready`` condition, the pod Events, the node's conditions.
 """
 
 from __future__ import annotations
@@ -330,6 +332,13 @@ def advance(node: SimulatedNode, params: Params) -> dict[str, Any]:
     return {"elapsed_seconds": node.elapsed_seconds}
 
 
+def kube_status(node: SimulatedNode, params: Params) -> dict[str, Any]:
+    """What the lifecycle hooks wrote to the simulated API (changes nothing)."""
+    if node.kube is None:
+        raise ActionError("the simulated node has no API")
+    return node.kube.status()
+
+
 def builtin_actions() -> dict[str, ActionFunc]:
     return {
         "rdma-port-down": rdma_port_down,
@@ -347,6 +356,7 @@ def builtin_actions() -> dict[str, ActionFunc]:
         "nccl-job-restart": nccl_job_restart,
         "nccl-job-stop": nccl_job_stop,
         "advance": advance,
+        "kube-status": kube_status,
     }
 
 
