@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_PORT = 9400
+DEFAULT_PORT = 19400
 
 
 def parse_listen_address(address: str) -> tuple[str, int]:

@@ -365,6 +365,7 @@ class SimPodLogs:
             job.labels.get(EXPECTED_NETWORK_LABEL, ""),
             host_network=False,
             attached_devices=attached_devices({NETWORK_STATUS_ANNOTATION: job.network_status}),
+            fabric_ready_gate=True,  # as if the webhook had added the readiness gate to every training pod
         )
 
     def is_authoritative(self) -> bool:

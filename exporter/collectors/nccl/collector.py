@@ -25,6 +25,8 @@ from prometheus_client.metrics_core import Metric
 
 from exporter.collectors.base import CollectorSpec, CollectorUnavailable
 from exporter.collectors.nccl.families import NcclLimits, PodReport, Snapshot, nccl_families
+from exporter.collectors.nccl.nic_affinity import pod_nic_affinity
+from exporter.fabric_verdicts import PodFabric, VerdictFeed
 from exporter.flags import Flag
 from exporter.nccl import Limits, LogAnalyzer, Verdict
 from exporter.nccl.decision import with_node_context
@@ -36,12 +38,11 @@ from exporter.sources.kube import NoPodMetadata, PodMetadata, PodMetadataSource
 from exporter.sources.podlogs import SOURCE_POD_LOG, PodLogTailer, StreamKey, TailLimits, pod_known_on_node
 from exporter.sources.podlogs.limits import StreamNote
 from exporter.sources.rdma import RdmaReading, read_rdma
-from exporter.sources.topology import Topology, TopologySource, nccl_bus_id_address
+from exporter.sources.topology import Topology, TopologySource
 
 log = logging.getLogger(__name__)
 
 ACTIVE_PORT_STATES = (4, 5)  # ACTIVE, ACTIVE_DEFER
-MAX_HOSTNAME_CHARS = 63  # a pod's hostname is its name cut to 63 characters
 DEFAULT_GRACE_SECONDS = 300.0
 GDR_LABELS = {"1": "true", "0": "false"}  # the parser's transport-key gdr field → label
 NOTE_WARNINGS = "warnings"
@@ -134,6 +135,7 @@ class NcclCollector:
         rdma_reader: Callable[[Path], RdmaReading] = read_rdma,
         gpu_inventory: GpuInventorySource | None = None,
         topology: TopologySource | None = None,
+        verdict_feed: VerdictFeed | None = None,
     ) -> None:
         self.tailer = tailer
         self._topology = topology
@@ -151,6 +153,7 @@ class NcclCollector:
         self._dropped_retired: dict[str, int] = {}  # parser overflow of analyzers no longer held
         self._rdma: tuple[float, bool | None] | None = None
         self._gpu_inventory = gpu_inventory
+        self._verdict_feed = verdict_feed  # verdicts as they change, for the lifecycle hooks
         self._parser_bytes = 0
         self._last_save = clock()
         self._step_lock = threading.Lock()
@@ -203,6 +206,8 @@ class NcclCollector:
                 self._last_save = now
                 self.tailer.save_state(self._notes())
             self._snapshot = self._build_snapshot()
+            if self._verdict_feed is not None and self._verdict_feed.subscribed:
+                self._verdict_feed.publish(pod_fabrics(self._snapshot))
             return self._snapshot
 
     def _new_stream(self, key: StreamKey) -> _Stream:
@@ -361,35 +366,6 @@ class NcclCollector:
                 job_pods.append((namespace, name))
         return gpus.held(job_pods)
 
-    @staticmethod
-    def _nic_affinity(
-        pod: _Pod, meta: PodMetadata | None, topology: Topology | None
-    ) -> tuple[tuple[str, str, str, str], ...]:
-        """(gpu, device, affinity, gdr) of the NICs the pod's NCCL sends through, its GPUs found on this
-        node by PCI address and their NICs among this node's RDMA devices (so a log cannot invent label
-        values); affinity "" where the topology does not tell. Only the pod's own processes count (their
-        host is the pod's hostname, unless it runs on the host network): an MPI launcher's log holds
-        every node's lines, whose busIds name other nodes' GPUs."""
-        if topology is None:
-            return ()
-        own_host = pod.pod.split(".", 1)[0][:MAX_HOSTNAME_CHARS]
-        any_host = meta is not None and meta.host_network is True
-        gdr: dict[tuple[str, str, str], set[str]] = {}
-        for stream in pod.streams.values():
-            for use in stream.nics:
-                if (use.host != own_host and not any_host) or not topology.has_nic(use.device):
-                    continue  # another node's process, or a device name this node has no NIC of
-                address = nccl_bus_id_address(use.gpu_bus_id)
-                gpu = topology.gpu_at(address) if address else None
-                if gpu is None:
-                    continue  # a GPU of another node (a log with every node's ranks), or unknown
-                cls = topology.affinity(gpu.index, use.device) or ""
-                gdr.setdefault((str(gpu.index), use.device, cls), set()).add(use.gdr)
-        return tuple(
-            (gpu, device, cls, flags.pop() if len(flags) == 1 else "mixed")
-            for (gpu, device, cls), flags in sorted(gdr.items())
-        )
-
     def _pod_report(
         self, pod: _Pod, meta: PodMetadata | None, gpus: GpuInventory, topology: Topology | None = None
     ) -> PodReport:
@@ -399,12 +375,16 @@ class NcclCollector:
         warnings = dict(pod.retired_warnings)
         job_gpus = self._job_gpus_here(pod, meta, gpus)
         verdicts: set[str] = set()
+        reasons: dict[str, str] = {}  # verdict -> the first reason of a stream that reached it
+        gdr_reason = ""
         for stream in pod.streams.values():
             verdict = with_node_context(self._verdict(stream), gpus.total, job_gpus)
             warnings = _add_counts(warnings, stream.warnings())
             if verdict.verdict != "unknown" or verdict.communicators or verdict.network:
                 has_nccl = True
                 verdicts.add(verdict.verdict)
+                if verdict.reasons:
+                    reasons.setdefault(verdict.verdict, verdict.reasons[0])
             inter_node_tcp = inter_node_tcp or verdict.inter_node_tcp is True
             for comm in verdict.communicators:
                 comm_id = _label(comm.comm_id)
@@ -422,6 +402,12 @@ class NcclCollector:
                     slot = (comm_id, _label(transport), _label(scope) or "unknown", GDR_LABELS.get(gdr, "unknown"))
                     connections[slot] = connections.get(slot, 0) + int(count)
                 gdr_disabled = gdr_disabled or comm.gdr_disabled
+                if comm.gdr_disabled and not gdr_reason:
+                    gdr_reason = (
+                        f"communicator {comm.comm_id} connects nodes over {comm.network or 'RDMA'} without "
+                        f'GPUDirect RDMA: "{comm.gdr_disabled_line or ""}"'
+                    )
+        pod_verdict = next((v for v in _VERDICT_PRIORITY if v in verdicts), "unknown")
         return PodReport(
             namespace=pod.namespace,
             pod=pod.pod,
@@ -433,8 +419,15 @@ class NcclCollector:
             inter_node_tcp=inter_node_tcp,
             gdr_disabled=gdr_disabled,
             warnings=tuple(sorted(warnings.items())),
-            verdict=next((v for v in _VERDICT_PRIORITY if v in verdicts), "unknown"),
-            nic_affinity=self._nic_affinity(pod, meta, topology),
+            verdict=pod_verdict,
+            reason=reasons.get(pod_verdict, ""),
+            gdr_reason=gdr_reason,
+            nic_affinity=pod_nic_affinity(
+                pod.pod,
+                (use for stream in pod.streams.values() for use in stream.nics),
+                meta is not None and meta.host_network is True,
+                topology,
+            ),
         )
 
     def _silent_gpu_pods(self, gpus: GpuInventory) -> list[PodReport]:
@@ -519,6 +512,23 @@ class NcclCollector:
     families = staticmethod(nccl_families)  # what collect() renders; also callable on any snapshot
 
 
+def pod_fabrics(snapshot: Snapshot) -> tuple[PodFabric, ...]:
+    """What the lifecycle hooks act on: each pod with NCCL output, its verdict and the line that decided it."""
+    return tuple(
+        PodFabric(
+            report.namespace,
+            report.pod,
+            report.verdict,
+            snapshot.node_has_active_rdma,
+            report.gdr_disabled,
+            report.reason,
+            report.gdr_reason,
+        )
+        for report in snapshot.pods
+        if report.has_nccl
+    )
+
+
 @dataclass(frozen=True)
 class NcclSettings:
     grace_seconds: float
@@ -569,6 +579,7 @@ def build_collector(settings: NcclSettings, resources: NodeResources) -> NcclCol
         gpu_inventory=gpus,
         limits=settings.limits,
         topology=resources.topology,
+        verdict_feed=resources.verdict_feed,
     )
 
 
