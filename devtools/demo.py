@@ -3,7 +3,9 @@ the whole alerting chain watching one training job fall back from InfiniBand to 
 
 1. ``ccl-exporter serve --simulate`` on 127.0.0.1:19400 (8 GPUs, 8 IB + 2 RoCE ports, training
    pods with NCCL logs). The simulator's built-in TCP-fallback pod is removed first, so the
-   node starts healthy.
+   node starts without a fallback. The demo prints which NIC each training pod's GPUs send
+   through: the training pod rail by rail (``PIX``), the simulator's crossed-rail pod on the
+   other socket's NICs (``SYS``).
 2. With ``prometheus`` and ``prometheus-alertmanager`` on the PATH (Debian/Ubuntu:
    ``apt-get install prometheus prometheus-alertmanager``): both start on 127.0.0.1 with our
    rules (``alerts/ccl-health-rules.yaml``, unchanged), scraping every 2 s, and a webhook
@@ -39,10 +41,10 @@ from devtools.stack import (
     SimulatedExporter,
     Stack,
     StaticMetricsServer,
+    builtin_fallback_pods,
     find_binary,
     find_rules_file,
     gpu_node_capacity_metrics,
-    make_healthy,
     port_if_free,
 )
 from devtools.timeline import Timeline, follow, tcp_fallback_watch
@@ -195,6 +197,28 @@ def run_chain(exporter: SimulatedExporter, rules: Path, workdir: Path, timeout: 
     return timeline
 
 
+def show_nic_paths(exporter: SimulatedExporter, timeout: float = 10.0) -> None:
+    """Which NIC each pod's GPUs send NCCL traffic through, and its class (ccl_nccl_nic_affinity)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    deadline = time.monotonic() + timeout
+    rows: list[str] = []
+    while not rows and time.monotonic() < deadline:
+        for family in text_string_to_metric_families(exporter.metrics()):
+            if family.name == "ccl_nccl_nic_affinity":
+                rows = sorted(
+                    f"  {s.labels['namespace']}/{s.labels['pod']}: GPU {s.labels['gpu']} -> {s.labels['device']} "
+                    f"({s.labels['affinity'] or 'class unknown'})"
+                    for s in family.samples
+                )
+        if not rows:
+            time.sleep(0.5)
+    if rows:
+        say("GPU -> NIC paths of the pods' NCCL traffic (PIX: the NIC beside the GPU; SYS: the other socket's):")
+        for row in rows:
+            say(row)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m devtools.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="exporter port on 127.0.0.1 (another if taken)")
@@ -217,7 +241,9 @@ def main(argv: list[str] | None = None) -> int:
         say("ccl-health-exporter demo: a simulated GPU node (8 x H200, 8 x NDR InfiniBand, 2 x RoCE, training pods).")
         say(f"Exporter:     {exporter.url}/metrics   (landing page {exporter.url}/)")
         # The simulator ships one pod already on TCP; remove it so the fallback below is the only one.
-        make_healthy([exporter])
+        for namespace, pod in builtin_fallback_pods():
+            exporter.act("nccl-job-stop", namespace=namespace, pod=pod)
+        show_nic_paths(exporter)
         missing = [] if not args.no_monitoring else ["--no-monitoring given"]
         missing += missing_parts() if not args.no_monitoring else []
         rules = args.rules or find_rules_file()

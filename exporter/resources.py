@@ -2,10 +2,10 @@
 
 ``NodeResources`` holds the node's shared resources: its host paths (sysfs root, pod logs, ...),
 one NVML handle, one kubelet pod-resources client, one pod-metadata source (one list/watch of
-the node's pods against the API server, however many collectors label series with jobs), the
-clock, and for the lifecycle hooks the node's name, the API they write through and the feed of
-NCCL verdicts. Every collector factory takes ``(settings, resources)``; no collector opens, starts
-or closes a shared resource itself.
+the node's pods against the API server, however many collectors label series with jobs), one
+topology source (GPUs and NICs on the PCI tree), the clock, and for the lifecycle hooks the
+node's name, the API they write through and the feed of NCCL verdicts. Every collector factory
+takes ``(settings, resources)``; no collector opens, starts or closes a shared resource itself.
 
 ``real_node_resources`` builds them for this node from the flags, and
 ``exporter.sim.resources.simulated_node_resources`` for the simulated node of
@@ -27,6 +27,7 @@ from exporter.fabric_verdicts import VerdictFeed
 from exporter.sources.kube import KubePodCache, PodMetadataSource, in_cluster_api
 from exporter.sources.nvml import NvmlBackend, PynvmlBackend
 from exporter.sources.podresources import PodResourcesClient
+from exporter.sources.topology import TopologySource
 
 
 class NodeResources:
@@ -56,6 +57,7 @@ class NodeResources:
         self._make_pod_metadata = pod_metadata
         self._pod_metadata: PodMetadataSource | None = None
         self._nvml_collected = nvml_collected
+        self._topology: TopologySource | None = None
         self._lock = threading.Lock()
         self._started = False
         self._closed = False
@@ -69,6 +71,15 @@ class NodeResources:
                 if self._started:
                     _call(self._pod_metadata, "start")
             return self._pod_metadata
+
+    @property
+    def topology(self) -> TopologySource:
+        """Where the node's GPUs and RDMA NICs sit on the PCI tree (sysfs, GPUs from NVML when the nvml
+        collector runs); one source, walked once and again when the node changes."""
+        with self._lock:
+            if self._topology is None:
+                self._topology = TopologySource(self.paths.sysfs, self.nvml_if_collected())
+            return self._topology
 
     def nvml_if_collected(self) -> NvmlBackend | None:
         """NVML for what other collectors add from it (a GPU's index on ``ccl_gpu_pod_info``, the

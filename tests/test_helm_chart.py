@@ -321,7 +321,7 @@ def test_the_args_are_flags_serve_accepts() -> None:
     parsed = build_parser(environ={}).parse_args(args)
     assert parsed.web_config_file == "/etc/ccl-exporter/web/web-config.yml"
     config = config_from_args(parsed, all_collectors())
-    assert config.enabled_collectors == ("nvml", "nccl", "probe")
+    assert config.enabled_collectors == ("nvml", "nccl", "probe", "topology")
     assert config.listen_address == "0.0.0.0:19500" and parsed.node_name == "gpu-node-1"
     assert parsed.probe_interval == 3600 and parsed.probe_timeout == 120
 
@@ -456,6 +456,12 @@ def test_the_chart_knows_every_collector_and_the_version() -> None:
     assert values["collectors"] == {spec.name: spec.default_enabled for spec in specs}
     schema = yaml.safe_load((CHART / "values.schema.json").read_text())
     assert set(schema["properties"]["collectors"]["properties"]) == {spec.name for spec in specs}
+    every_collector_on = {"collectors": {spec.name: True for spec in specs}}
+    args = [a.replace("$(NODE_NAME)", "n") for a in container(chart_objects(every_collector_on))["args"]]
+    from exporter.cli import build_parser, config_from_args
+
+    enabled = config_from_args(build_parser(environ={}).parse_args(args), specs).enabled_collectors
+    assert set(enabled) == {spec.name for spec in specs}, "a collector off by default is switched on when asked"
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["appVersion"] == exporter.__version__
     assert container(chart_objects())["image"] == f"ccl-health-exporter:{exporter.__version__}"

@@ -7,6 +7,6 @@ from exporter.collectors.base import CollectorSpec
 
 def all_collectors() -> tuple[CollectorSpec, ...]:
     """Every collector the exporter knows, in exposition order."""
-    from exporter.collectors import lifecycle, nccl, nvml, podresources, probe, rdma
+    from exporter.collectors import lifecycle, nccl, nvml, podresources, probe, rdma, topology
 
-    return (rdma.SPEC, nvml.SPEC, podresources.SPEC, nccl.SPEC, probe.SPEC, lifecycle.SPEC)
+    return (rdma.SPEC, nvml.SPEC, podresources.SPEC, nccl.SPEC, probe.SPEC, topology.SPEC, lifecycle.SPEC)

@@ -289,6 +289,8 @@ class StreamReader(StreamState):
         if event.gpu_id is not None and (event.rank in comm.rank_gpu or len(comm.rank_gpu) < self.limits.max_ranks):
             if comm.rank_gpu.setdefault(event.rank, event.gpu_id) != event.gpu_id:
                 comm.mixed = True
+        if event.bus_id is not None and (event.rank in comm.rank_bus or len(comm.rank_bus) < self.limits.max_ranks):
+            comm.rank_bus.setdefault(event.rank, event.bus_id)
         process.named_comm = True
         self._point(process, event.pointer, comm)
         for rank, nranks in thread.pending_ranks:
@@ -388,7 +390,7 @@ class StreamReader(StreamState):
     def approx_bytes(self) -> int:
         """What this analyzer holds, estimated from the counts of what it remembers (see _BYTES_*)."""
         rank_facts = sum(
-            len(c.rank_process) + len(c.rank_gpu) + len(c.nvls_channels) + len(c.pointer_refs)
+            len(c.rank_process) + len(c.rank_gpu) + len(c.rank_bus) + len(c.nvls_channels) + len(c.pointer_refs)
             for c in self.communicators.values()
         )
         rank_facts += len(self.loose_ranks) + len(self.test_ranks)

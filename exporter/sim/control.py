@@ -29,8 +29,9 @@ Actions:
 - ``gpu-release`` / ``gpu-assign`` ``[namespace= pod= container=]``: the simulated GPUs are freed
   (no pod holds them, no traffic) or handed to a pod (default: the simulated training pod).
 - ``nvlink-down`` / ``nvlink-up`` ``gpu=<index> link=<index>``: one NVLink goes inactive or back.
-- ``nccl-job-start`` ``namespace= pod= job_name= [network=IB|Socket] [nnodes=2] [gdr=true]``: a
-  training pod (PyTorchJob labels) starts and NCCL's init lines land in its log.
+- ``nccl-job-start`` ``namespace= pod= job_name= [network=IB|Socket] [nnodes=2] [gdr=true]
+  [rails=aligned|crossed]``: a training pod (PyTorchJob labels) starts and NCCL's init lines land
+  in its log; ``rails=crossed``: each GPU's inter-node channels use a NIC on the other socket.
 - ``nccl-job-restart`` ``namespace= pod= [network=Socket] [gdr=false] [placement=shown|open]``: the pod's
   container restarts and NCCL comes back on ``network`` -- by default the silent fallback to TCP
   sockets; ``placement=open``: an NCCL 2.18 log that does not show which nodes the communicator spans.
@@ -224,6 +225,9 @@ def nccl_job_start(node: SimulatedNode, params: Params) -> dict[str, Any]:
         nnodes = int(params.get("nnodes", "2"))
     except ValueError:
         raise ActionError("nnodes must be an integer") from None
+    rails = params.get("rails", "aligned")
+    if rails not in ("aligned", "crossed"):
+        raise ActionError("rails must be aligned or crossed")
     job = SimJob(
         namespace,
         pod,
@@ -231,9 +235,10 @@ def nccl_job_start(node: SimulatedNode, params: Params) -> dict[str, Any]:
         network=_network(params, "IB"),
         nnodes=max(1, nnodes),
         gdr=_flag(params, "gdr", True),
+        rails=rails,
     )
     _pod_logs(node).start_job(job)
-    return {"namespace": namespace, "pod": pod, "job_name": job_name, "network": job.network}
+    return {"namespace": namespace, "pod": pod, "job_name": job_name, "network": job.network, "rails": rails}
 
 
 def nccl_job_restart(node: SimulatedNode, params: Params) -> dict[str, Any]:

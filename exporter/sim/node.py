@@ -84,17 +84,20 @@ class SimJobEnd:
 
 def default_node(root: Path, seed: int = 7, job_ends_after_seconds: float = 0.0) -> SimulatedNode:
     """The node ``serve --simulate`` runs: 8 NDR InfiniBand ports and 2 RoCE ports, 8 GPUs
-    with 18 NVLinks each, held by one training pod that the pod-resources socket reports, and
-    training pods whose logs carry NCCL output (one of them fell back to TCP), and probe /
-    pre-flight result files (one pod failed its pre-flight)."""
+    with 18 NVLinks each on an HGX-like PCI tree (each GPU beside one compute NIC, two sockets),
+    held by one training pod that the pod-resources socket reports with its NICs, and
+    training pods whose logs carry NCCL output (one of them fell back to TCP, one crossed its
+    rails), and probe / pre-flight result files (one pod failed its pre-flight)."""
     from exporter.sim.kube import SimKube
     from exporter.sim.nvml import SimNvml, SimPodResources
     from exporter.sim.podlogs import SimPodLogs
     from exporter.sim.probe import SimProbeResults
     from exporter.sim.rdma import SimRdma
+    from exporter.sim.topology import SimTopology
 
     node = SimulatedNode(root=root, seed=seed)
     node.parts.append(SimRdma(rng=node.rng))
+    node.parts.append(SimTopology())
     node.nvml = SimNvml(rng=node.rng)
     node.parts.append(node.nvml)
     node.parts.append(SimPodResources(node.nvml))

@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
+from exporter.sources.multus import AttachedDevice, attached_devices
+
 log = logging.getLogger(__name__)
 
 KUBEFLOW_JOB_NAME = "training.kubeflow.org/job-name"
@@ -128,6 +130,8 @@ class PodMetadata:
     job_kind: str
     expected_network: str = ""  # the pod's ccl-health.io/expected-network label ("" when unset)
     host_network: bool | None = None  # spec.hostNetwork (None when the source does not say)
+    # Host devices Multus attached (its network-status annotation): SR-IOV VFs, RDMA NICs
+    attached_devices: tuple[AttachedDevice, ...] = ()
     # spec.readinessGates names ccl-health.io/fabric-ready, and that condition in status (None: absent)
     fabric_ready_gate: bool = False
     fabric_ready: PodCondition | None = None
@@ -196,8 +200,11 @@ def pod_metadata_from_object(pod: Any) -> PodMetadata | None:
     condition = find_condition(pod, FABRIC_READY_CONDITION)
     # A static pod's API object is its mirror pod, with a UID of its own; kubelet knows the pod (and
     # names its log folder) by the config hash, which the mirror pod carries in this annotation.
-    uid = str((field("annotations") or {}).get(MIRROR_POD_ANNOTATION) or field("uid") or "")
-    return PodMetadata(namespace, name, uid, job_name, job_kind, expected, host_network, gate, condition)
+    annotations = field("annotations") or {}
+    uid = str(annotations.get(MIRROR_POD_ANNOTATION) or field("uid") or "")
+    return PodMetadata(
+        namespace, name, uid, job_name, job_kind, expected, host_network, attached_devices(annotations), gate, condition
+    )
 
 
 def _field(obj: Any, key: str, attribute: str) -> Any:

@@ -25,17 +25,20 @@ from prometheus_client.metrics_core import Metric
 
 from exporter.collectors.base import CollectorSpec, CollectorUnavailable
 from exporter.collectors.nccl.families import NcclLimits, PodReport, Snapshot, nccl_families
+from exporter.collectors.nccl.nic_affinity import pod_nic_affinity
 from exporter.fabric_verdicts import PodFabric, VerdictFeed
 from exporter.flags import Flag
 from exporter.nccl import Limits, LogAnalyzer, Verdict
 from exporter.nccl.decision import with_node_context
 from exporter.nccl.networks import expected_network_class
+from exporter.nccl.nics import NicUse, nic_uses
 from exporter.resources import NodeResources
 from exporter.sources.gpu_inventory import GpuInventory, GpuInventorySource
 from exporter.sources.kube import NoPodMetadata, PodMetadata, PodMetadataSource
 from exporter.sources.podlogs import SOURCE_POD_LOG, PodLogTailer, StreamKey, TailLimits, pod_known_on_node
 from exporter.sources.podlogs.limits import StreamNote
 from exporter.sources.rdma import RdmaReading, read_rdma
+from exporter.sources.topology import Topology, TopologySource
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +70,7 @@ class _Stream:
     warnings_base: dict[str, int] = field(default_factory=dict)
     dropped_base: dict[str, int] = field(default_factory=dict)
     verdict: Verdict | None = None
+    nics: tuple[NicUse, ...] = ()  # which NIC each GPU's NET channels use, with the verdict
     dirty: bool = False
     removed_at: float | None = None  # files gone; kept for the grace period
     size: int = 0  # the analyzer's approx_bytes after its last lines
@@ -130,9 +134,11 @@ class NcclCollector:
         clock: Callable[[], float] = time.monotonic,
         rdma_reader: Callable[[Path], RdmaReading] = read_rdma,
         gpu_inventory: GpuInventorySource | None = None,
+        topology: TopologySource | None = None,
         verdict_feed: VerdictFeed | None = None,
     ) -> None:
         self.tailer = tailer
+        self._topology = topology
         self.metadata: PodMetadataSource = metadata or NoPodMetadata()
         self._sysfs = sysfs
         self.grace_seconds = grace_seconds
@@ -332,6 +338,7 @@ class NcclCollector:
     def _verdict(stream: _Stream) -> Verdict:
         if stream.dirty or stream.verdict is None:
             stream.verdict = stream.analyzer.result()
+            stream.nics = nic_uses(stream.analyzer)
             stream.dirty = False
         return stream.verdict
 
@@ -359,7 +366,9 @@ class NcclCollector:
                 job_pods.append((namespace, name))
         return gpus.held(job_pods)
 
-    def _pod_report(self, pod: _Pod, meta: PodMetadata | None, gpus: GpuInventory) -> PodReport:
+    def _pod_report(
+        self, pod: _Pod, meta: PodMetadata | None, gpus: GpuInventory, topology: Topology | None = None
+    ) -> PodReport:
         communicators: set[tuple[str, str, str, str, str, str]] = set()
         connections: dict[tuple[str, str, str, str], int] = {}
         has_nccl = inter_node_tcp = gdr_disabled = False
@@ -413,6 +422,12 @@ class NcclCollector:
             verdict=pod_verdict,
             reason=reasons.get(pod_verdict, ""),
             gdr_reason=gdr_reason,
+            nic_affinity=pod_nic_affinity(
+                pod.pod,
+                (use for stream in pod.streams.values() for use in stream.nics),
+                meta is not None and meta.host_network is True,
+                topology,
+            ),
         )
 
     def _silent_gpu_pods(self, gpus: GpuInventory) -> list[PodReport]:
@@ -459,11 +474,12 @@ class NcclCollector:
         analyzers = 0
         dropped = dict(self._dropped_retired)
         gpus = self._gpu_inventory.read() if self._gpu_inventory is not None else GpuInventory()
+        topology = self._topology.read() if self._topology is not None else None
         for pod in self._pods.values():
             analyzers += len(pod.streams)
             for stream in pod.streams.values():
                 dropped = _add_counts(dropped, {f"parser_{k}": v for k, v in stream.dropped().items()})
-            reports.append(self._pod_report(pod, self.metadata.lookup(pod.namespace, pod.pod), gpus))
+            reports.append(self._pod_report(pod, self.metadata.lookup(pod.namespace, pod.pod), gpus, topology))
         reports += self._silent_gpu_pods(gpus)
         stats = self.tailer.stats
         dropped = _add_counts(dropped, {f"tail_{k}": v for k, v in stats.events.items()})
@@ -547,7 +563,8 @@ def settings_from_args(args: argparse.Namespace) -> NcclSettings:
 def build_collector(settings: NcclSettings, resources: NodeResources) -> NcclCollector:
     """The collector ``serve`` runs: the tailer on the node's paths, reading only folders of pods
     on this node; the node's pod list for job attribution; GPU counts (NVML, pod-resources) for
-    the placement a log leaves open (a communicator larger than this node spans nodes)."""
+    the placement a log leaves open (a communicator larger than this node spans nodes); the
+    node's topology for the class of each NIC a GPU's NCCL traffic uses."""
     paths = resources.paths
     metadata = resources.pod_metadata
     tailer = PodLogTailer(
@@ -561,6 +578,7 @@ def build_collector(settings: NcclSettings, resources: NodeResources) -> NcclCol
         grace_seconds=settings.grace_seconds,
         gpu_inventory=gpus,
         limits=settings.limits,
+        topology=resources.topology,
         verdict_feed=resources.verdict_feed,
     )
 
