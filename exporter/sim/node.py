@@ -83,8 +83,10 @@ class SimJobEnd:
 def default_node(root: Path, seed: int = 7, job_ends_after_seconds: float = 0.0) -> SimulatedNode:
     """The node ``serve --simulate`` runs: 8 NDR InfiniBand ports and 2 RoCE ports, 8 GPUs
     with 18 NVLinks each, held by one training pod that the pod-resources socket reports, and
-    training pods whose logs carry NCCL output (one of them fell back to TCP), and probe /
-    pre-flight result files (one pod failed its pre-flight)."""
+    training pods whose logs carry NCCL output (one of them fell back to TCP) and whose NCCL
+    Inspector writes per-collective timings, and probe / pre-flight result files (one pod failed
+    its pre-flight)."""
+    from exporter.sim.inspector import SimInspector
     from exporter.sim.nvml import SimNvml, SimPodResources
     from exporter.sim.podlogs import SimPodLogs
     from exporter.sim.probe import SimProbeResults
@@ -98,6 +100,7 @@ def default_node(root: Path, seed: int = 7, job_ends_after_seconds: float = 0.0)
     pod_logs = SimPodLogs(rng=node.rng)
     node.parts.append(pod_logs)
     node.pod_metadata = pod_logs
+    node.parts.append(SimInspector(pod_logs, rng=node.rng))
     node.parts.append(SimProbeResults())
     if job_ends_after_seconds > 0:
         node.parts.append(SimJobEnd(node.nvml, job_ends_after_seconds))
