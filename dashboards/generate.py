@@ -149,7 +149,7 @@ def fleet() -> Dashboard:
 
 def training_job() -> Dashboard:
     on_job_nodes = f"and on (node) job_name_node:ccl_nccl_pods:count{{{JOB}}}"
-    return (
+    return _with_in_job_collectives(
         _dashboard("ccl-training-job.json", "CCL health / Training job",
                    "One training job: its pods and nodes, NCCL networks and transports per communicator, "
                    "fabric throughput of its nodes, probe history.")
@@ -197,6 +197,43 @@ def training_job() -> Dashboard:
         .with_panel(_timeseries("Probe success", "short",
                                 (f"max by (node, collective, scope, source) (ccl_probe_success) {on_job_nodes}",
                                  "{{node}} {{collective}} {{scope}} {{source}}")))
+    )
+
+
+# Size classes whose bus bandwidth is bandwidth-bound (what CclJobBusBandwidthDegraded compares).
+LARGE = 'size_class=~"10MB_100MB|100MB_1GB|ge_1GB"'
+
+
+def _with_in_job_collectives(board: Dashboard) -> Dashboard:
+    """The training-job dashboard's row of in-job collectives (NCCL Inspector, collector
+    ``inspector``): bus bandwidth per collective and size class, with the job's transport
+    verdict beside it, time spent in collectives, and large collectives against the floor."""
+    by = "collective, scope, size_class"
+    busbw = (f"sum by ({by}) (rate(ccl_nccl_collective_bus_bytes_total{{{JOB}}}[$__rate_interval]))"
+             f" / sum by ({by}) (rate(ccl_nccl_collective_seconds_total{{{JOB}}}[$__rate_interval]))")
+    node_rule = "job_name_node_collective:ccl_nccl_collective_bus_bandwidth_bytes_per_second"
+    return (
+        board.with_row(Row("In-job bus bandwidth (NCCL Inspector)"))
+        .with_panel(_timeseries("In-job bus bandwidth per collective and size class", "Bps",
+                                (busbw, "{{collective}} {{scope}} {{size_class}}"),
+                                description="Bus bandwidth the job's collectives got, measured inside the job by "
+                                "the NCCL Inspector: bus bytes (nccl-tests size x bus factor) over time, all its "
+                                "pods together. Sizes under 10 MB are latency-bound.").span(16))
+        .with_panel(_table("Transport verdict", f"max by (pod, node, verdict) (ccl_nccl_verdict{{{JOB}}} == 1)",
+                           "The NCCL transport verdict of each pod of the job (from its NCCL log).", width=8))
+        .with_panel(_timeseries("Time in collectives", "s",
+                                (f"sum by (collective, size_class) "
+                                 f"(rate(ccl_nccl_collective_seconds_total{{{JOB}}}[$__rate_interval]))",
+                                 "{{collective}} {{size_class}}"),
+                                description="Seconds per second the job's ranks spend in each kind of collective "
+                                "(8 ranks each busy half the time: 4)."))
+        .with_panel(_timeseries("Large collectives per node against the network floor", "Bps",
+                                (f"{node_rule}:rate5m{{{JOB}, {LARGE}}}",
+                                 "{{node}} {{collective}} {{scope}} {{size_class}}"),
+                                (f"{node_rule}:floor{{{JOB}}}", "floor {{node}} {{collective}} {{scope}}"),
+                                description="What CclJobBusBandwidthDegraded compares: the job's 5-minute bus "
+                                "bandwidth per node, and the least its node's network should give (half the probe's "
+                                "7-day median, or the scope's floor)."))
     )
 
 
