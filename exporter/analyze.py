@@ -12,7 +12,9 @@ input, progress is shown there.
 
 Exit codes: 0 no fallback shown (RDMA, or one node), 3 TCP fallback, 4 the log does not show
 enough to tell ("cannot tell" is an answer, never silence), 1 an input cannot be read (one line on
-stderr, no verdict on stdout: a verdict on part of a job's logs would be a guess), 2 usage.
+stderr, no verdict on stdout: a verdict on part of a job's logs would be a guess) or the
+``--html`` page cannot be written, 2 usage. ``--html OUT`` writes a self-contained page
+(``exporter.report``) besides the usual output.
 """
 
 from __future__ import annotations
@@ -75,6 +77,12 @@ def add_parser(
         "4 the log does not show enough to tell, 1 unreadable input (nothing on stdout), 2 usage.",
     )
     parser.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    parser.add_argument(
+        "--html",
+        metavar="OUT",
+        help="also write a self-contained page to OUT: the verdict and its deciding lines, nodes with their "
+        "ranks and GPUs, inter-node connections coloured by transport (TCP red, RDMA without GPUDirect amber)",
+    )
     parser.add_argument(
         "paths",
         nargs="+",
@@ -440,6 +448,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"ccl-exporter analyze: cannot read {unreadable[0]}{more}", file=sys.stderr)
         return EXIT_UNREADABLE
     verdict = analyzer.result()
+    if getattr(args, "html", None):
+        from exporter import report  # only when asked for
+
+        try:
+            report.write(Path(args.html), analyzer, [str(p) for p in args.paths], one_line(verdict))
+        except OSError as exc:
+            print(f"ccl-exporter analyze: cannot write {args.html}: {exc.strerror or exc}", file=sys.stderr)
+            return EXIT_UNREADABLE
     if args.json:
         sys.stdout.write(json.dumps(verdict.to_json(), sort_keys=False) + "\n")
     else:
