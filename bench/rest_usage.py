@@ -32,7 +32,7 @@ from devtools.stack import free_loopback_port, stop_process, wait_answering
 NODE_EXPORTER = "prometheus-node-exporter"
 GOAL_RSS_RATIO = 2.0
 # What the exporter's process holds before any of its own code: the libraries it serves with.
-SERVING_STACK = ("asyncio", "aiohttp.web", "prometheus_client")
+SERVING_STACK = ("asyncio", "prometheus_client")
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """``make demo``: a simulated GPU node, and -- when Prometheus and Alertmanager are installed --
 the whole alerting chain watching one training job fall back from InfiniBand to TCP.
 
-1. ``ccl-exporter serve --simulate`` on 127.0.0.1:9400 (8 GPUs, 8 IB + 2 RoCE ports, training
+1. ``ccl-exporter serve --simulate`` on 127.0.0.1:19400 (8 GPUs, 8 IB + 2 RoCE ports, training
    pods with NCCL logs). The simulator's built-in TCP-fallback pod is removed first, so the
    node starts healthy.
 2. With ``prometheus`` and ``prometheus-alertmanager`` on the PATH (Debian/Ubuntu:
@@ -9,7 +9,9 @@ the whole alerting chain watching one training job fall back from InfiniBand to 
    rules (``alerts/ccl-health-rules.yaml``, unchanged), scraping every 2 s, and a webhook
    receiver in this process records what Alertmanager sends.
 3. The training pod ``ml-training/llama-70b-worker-0`` restarts and NCCL comes back on
-   ``Socket``: the timeline shows the NCCL lines written, the metric on /metrics, the alert
+   ``Socket``: the timeline shows the NCCL lines written, the pod's readiness condition
+   ``ccl-health.io/fabric-ready=False`` written by the lifecycle hooks to the simulated API
+   (within a second, no Prometheus involved), the metric on /metrics, the alert
    pending and firing in Prometheus (after the rule's ``for:``) and the notification
    received, with namespace, pod, job_name and node.
 
@@ -27,6 +29,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from devtools.stack import (
     ALERTMANAGER_NAMES,
@@ -56,6 +59,14 @@ DEMO_INTERVALS = Intervals(
     group_interval_seconds=10.0,
     repeat_interval_seconds=3600.0,
 )
+# The lifecycle hooks write to the simulated node's API: the fallback pod's readiness condition
+# shows up without Prometheus (POST /-/sim/kube-status shows what was written).
+DEMO_FLAGS = (
+    "--collector.nccl.grace-period=30",
+    "--collector.lifecycle",
+    "--collector.lifecycle.hooks=readiness,events,node-condition",
+)
+FABRIC_READY = "ccl-health.io/fabric-ready"
 EVENT_TEXT = {
     "metric": "ccl_nccl_tcp_fallback = 1 on the exporter's /metrics",
     "pending": "alert CclNcclTcpFallback pending in Prometheus (the rule matched; its for: starts)",
@@ -87,6 +98,25 @@ def missing_parts() -> list[str]:
     if find_binary(ALERTMANAGER_NAMES) is None:
         missing.append("prometheus-alertmanager")
     return missing
+
+
+def fabric_ready(exporter: SimulatedExporter, namespace: str, pod: str) -> dict[str, Any] | None:
+    """The pod's ``ccl-health.io/fabric-ready`` condition as the lifecycle hooks wrote it (simulated API)."""
+    written = exporter.act("kube-status")["pods"].get(f"{namespace}/{pod}", [])
+    return next((c for c in written if c.get("type") == FABRIC_READY), None)
+
+
+def wait_fabric_ready(
+    exporter: SimulatedExporter, namespace: str, pod: str, status: str, timeout: float
+) -> tuple[float, dict[str, Any]] | None:
+    """(wall time first seen, the condition) once it has ``status``; None after ``timeout`` seconds."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        condition = fabric_ready(exporter, namespace, pod)
+        if condition is not None and condition.get("status") == status:
+            return time.time(), condition
+        time.sleep(0.1)
+    return None
 
 
 def run_chain(exporter: SimulatedExporter, rules: Path, workdir: Path, timeout: float, stops: ExitStack) -> Timeline:
@@ -125,6 +155,13 @@ def run_chain(exporter: SimulatedExporter, rules: Path, workdir: Path, timeout: 
         }[name]
         say(f"  +{(at or written) - written:6.1f} s  {EVENT_TEXT[name]}")
 
+    shown = wait_fabric_ready(exporter, FALLBACK_NAMESPACE, FALLBACK_POD, "False", timeout=30)
+    if shown is not None:
+        at, condition = shown
+        say(
+            f"  +{at - written:6.1f} s  pod condition {FABRIC_READY}={condition['status']} ({condition['reason']}) "
+            "and Event NcclTcpFallback written to the API by the exporter (no Prometheus on this path)"
+        )
     watch = tcp_fallback_watch(FALLBACK_NAMESPACE, FALLBACK_POD, NODE)
     timeline = follow(written, watch, exporter, stack.prometheus, stack.receiver, timeout, on_event=on_event)
     hold = next(
@@ -172,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     _stop_on_sigterm()
-    exporter = SimulatedExporter(NODE, port=port_if_free(args.port), extra_args=["--collector.nccl.grace-period=30"])
+    exporter = SimulatedExporter(NODE, port=port_if_free(args.port), extra_args=[*DEMO_FLAGS])
     stops = ExitStack()
     try:
         stops.callback(exporter.stop)
@@ -198,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"       curl -s -X POST "
                 f"'{exporter.url}/-/sim/nccl-job-restart?namespace={FALLBACK_NAMESPACE}&pod={FALLBACK_POD}'"
             )
+            say(f"       curl -s -X POST {exporter.url}/-/sim/kube-status   (the pods' {FABRIC_READY})")
             if args.exit_after_timeline:
                 return 0
             say("Ctrl-C stops it.")

@@ -1,4 +1,4 @@
-"""``ccl-exporter``: serve | analyze | probe | preflight.
+"""``ccl-exporter``: serve | analyze | probe | preflight | webhook.
 
 Flags follow node_exporter (``--web.listen-address``, ``--path.sysfs``,
 ``--collector.<name>`` / ``--no-collector.<name>``). Every flag can also be set by an
@@ -22,14 +22,17 @@ from exporter.collectors import all_collectors
 from exporter.collectors.base import Collector, CollectorSpec
 from exporter.config import DEFAULT_NCCL_INSPECTOR, DEFAULT_PORT, ServeConfig, parse_listen_address
 from exporter.exposition import DEFAULT_MAX_PAGE_BYTES, MIN_PAGE_BYTES
-from exporter.flags import PROBE_RESULTS, SYSFS, EnvHelpFormatter, Flag, Switch, on_off_flag
+from exporter.flags import LOG_LEVEL, PROBE_RESULTS, SYSFS, EnvHelpFormatter, Flag, Switch, on_off_flag
 from exporter.probe import command as probe_command
 from exporter.probe import preflight
 from exporter.resources import NodeResources, real_node_resources
 from exporter.sources.podresources import DEFAULT_SOCKET
+from exporter.webhook import command as webhook_command
 
-if TYPE_CHECKING:  # the server (aiohttp) is loaded by ``serve`` only
-    from exporter.server import ConnectionLimits, StartupHook
+if TYPE_CHECKING:  # the server is loaded by ``serve`` only
+    from exporter.http.guard import ConnectionLimits
+    from exporter.http.webconfig import WebConfigSource
+    from exporter.server import StartupHook
 
 log = logging.getLogger("exporter")
 
@@ -39,6 +42,12 @@ WEB_FLAGS = (
         None,
         f"address to listen on (default 0.0.0.0:{DEFAULT_PORT}; 127.0.0.1:{DEFAULT_PORT} with --simulate)",
         dest="listen_address",
+    ),
+    Flag(
+        "--web.config.file",
+        "",
+        "exporter-toolkit web configuration file (TLS, client certificates, basic auth); re-read when it changes",
+        dest="web_config_file",
     ),
     Flag(
         "--web.max-requests",
@@ -131,13 +140,7 @@ MISC_FLAGS = (
         dest="simulate_job_ends_after",
         type=float,
     ),
-    Flag(
-        "--log.level",
-        "info",
-        "debug, info, warning or error",
-        dest="log_level",
-        choices=("debug", "info", "warning", "error"),
-    ),
+    LOG_LEVEL,
 )
 
 
@@ -236,12 +239,13 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     analyze.add_parser(sub, environ)
     probe_command.add_parser(sub, environ)
     preflight.add_parser(sub, environ)
+    webhook_command.add_parser(sub, environ)
     return parser
 
 
 def _web_settings(args: argparse.Namespace) -> tuple[ConnectionLimits, int]:
     """(connection limits, largest page in bytes) from the --web.* flags; SystemExit when invalid."""
-    from exporter.server import ConnectionLimits
+    from exporter.http.guard import ConnectionLimits
 
     if int(args.max_page_bytes) < MIN_PAGE_BYTES:
         raise SystemExit(f"ccl-exporter: --web.max-page-bytes must be at least {MIN_PAGE_BYTES}")
@@ -254,6 +258,18 @@ def _web_settings(args: argparse.Namespace) -> tuple[ConnectionLimits, int]:
     except ValueError as exc:
         raise SystemExit(f"ccl-exporter: --web.*: {exc}") from exc
     return limits, int(args.max_page_bytes)
+
+
+def _web_config(args: argparse.Namespace) -> WebConfigSource | None:
+    """The --web.config.file in force, or None; SystemExit with one line when it does not load."""
+    if not args.web_config_file:
+        return None
+    from exporter.http.webconfig import WebConfigError, WebConfigSource
+
+    try:
+        return WebConfigSource.from_file(args.web_config_file)
+    except WebConfigError as exc:
+        raise SystemExit(f"ccl-exporter: --web.config.file {args.web_config_file}: {exc}") from None
 
 
 def build_collectors(specs: Sequence[CollectorSpec], config: ServeConfig, resources: NodeResources) -> list[Collector]:
@@ -282,6 +298,7 @@ def run_serve(args: argparse.Namespace) -> int:
     specs = all_collectors()
     config = config_from_args(args, specs)
     limits, max_page_bytes = _web_settings(args)
+    web_config = _web_config(args)
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     nvml_collected = "nvml" in config.enabled_collectors  # --no-collector.nvml keeps NVML out of every series
     with contextlib.ExitStack() as stack:
@@ -314,14 +331,15 @@ def run_serve(args: argparse.Namespace) -> int:
         if control is not None:
             add_control_routes(app, control)
         log.info(
-            "ccl-exporter %s listening on http://%s:%d/metrics (collectors: %s)",
+            "ccl-exporter %s listening on %s://%s:%d/metrics (collectors: %s)",
             __version__,
+            "https" if web_config is not None and web_config.tls else "http",
             host,
             port,
             ", ".join(config.enabled_collectors) or "none",
         )
         try:
-            run_server(app, host, port, limits)
+            run_server(app, host, port, limits, web_config)
         except OSError as exc:  # the address is taken or not this host's
             log.error("cannot listen on %s: %s", config.listen_address, exc.strerror or exc)
             return 1

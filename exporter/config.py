@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_PORT = 9400
+DEFAULT_PORT = 19400
 DEFAULT_NCCL_INSPECTOR = Path("/var/log/nccl-inspector")
 
 

@@ -1,4 +1,4 @@
-"""The aiohttp application of ``ccl-exporter serve``, and the socket it listens on.
+"""The endpoints of ``ccl-exporter serve``, the lifetime of its collectors, and the signals that end it.
 
 ``/metrics`` is rendered in a worker thread (collectors read sysfs, NVML and files, and a
 slow one must not stall ``/healthz``); at most ``max_requests`` requests are handled at once
@@ -8,13 +8,9 @@ when the client accepts it (Prometheus does). Collectors that are a ``Background
 (tailers, watches, schedulers) have their ``run`` started with the app and cancelled on
 shutdown.
 
-``HttpServer`` puts the app behind a ``ConnectionGuard``: at most ``max_connections`` open
-at once (a new one sheds the least recently active idle connection, or is closed at once
-when every connection is busy), a connection that has not sent its request headers within
-``read_header_timeout_seconds`` is closed (slowloris), and so is one idle for
-``keepalive_timeout_seconds`` after its last response. A malformed request is logged as one
-line, without a traceback. ``run_server`` turns SIGTERM into a clean shutdown, which every
-DaemonSet rollout sends.
+The HTTP side (connections, their limits and timeouts, TLS and basic auth from
+``--web.config.file``) is exporter/http. ``run_server`` turns SIGTERM into a clean shutdown,
+which every DaemonSet rollout sends.
 """
 
 from __future__ import annotations
@@ -25,131 +21,24 @@ import gzip
 import html
 import logging
 import signal
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, cast
-
-from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
-from prometheus_client.registry import CollectorRegistry
 
 from exporter import __version__
 from exporter.collectors.base import BackgroundCollector, Collector, close_collector
 from exporter.exposition import DEFAULT_MAX_PAGE_BYTES, PageRenderer
+from exporter.http.guard import ConnectionLimits
+from exporter.http.messages import Request, Response
+from exporter.http.server import Handler, HttpServer
+from exporter.http.webconfig import WebConfigSource
 from exporter.registry import UmbrellaCollector, build_registry
 
 log = logging.getLogger(__name__)
 
 GZIP_LEVEL = 6  # client_golang's default; level 9 costs twice the CPU for ~3 % less
 
-
-@dataclass(frozen=True)
-class ConnectionLimits:
-    """How many connections the server holds, and for how long each may sit idle."""
-
-    max_connections: int = 64
-    read_header_timeout_seconds: float = 10.0
-    # Above the usual scrape intervals (15 s, 30 s) so Prometheus keeps reusing its
-    # connection, and not one of them, so a close never races a scrape.
-    keepalive_timeout_seconds: float = 45.0
-    shutdown_timeout_seconds: float = 5.0
-
-    def __post_init__(self) -> None:
-        if self.max_connections < 1:
-            raise ValueError("max_connections must be at least 1")
-        if self.read_header_timeout_seconds <= 0 or self.keepalive_timeout_seconds <= 0:
-            raise ValueError("timeouts must be positive")
-
-
-@dataclass
-class _Connection:
-    timer: asyncio.TimerHandle | None = None
-    requests_in_progress: int = 0
-
-
-class ConnectionGuard:
-    """Bounds the open connections and the time each may wait without a request.
-
-    Runs on the event loop only (no lock). Connections are kept least recently active first.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, limits: ConnectionLimits) -> None:
-        self._loop = loop
-        self._limits = limits
-        self._open: dict[asyncio.BaseTransport, _Connection] = {}
-        self.refused = 0  # closed at once: every open connection was busy
-        self.shed = 0  # idle connections closed to make room for a new one
-        self.timed_out = 0  # no request headers in time, or idle past the keep-alive timeout
-
-    @property
-    def open_connections(self) -> int:
-        return len(self._open)
-
-    def admit(self, transport: asyncio.BaseTransport) -> bool:
-        """Take a new connection; False when it must be closed unserved."""
-        if len(self._open) >= self._limits.max_connections:
-            idle = next((t for t, c in self._open.items() if not c.requests_in_progress), None)
-            if idle is None:
-                self.refused += 1
-                return False
-            self.shed += 1
-            self._drop(idle)
-        connection = _Connection()
-        self._open[transport] = connection
-        self._arm(transport, connection, self._limits.read_header_timeout_seconds)
-        return True
-
-    def request_started(self, transport: asyncio.BaseTransport) -> None:
-        connection = self._open.pop(transport, None)
-        if connection is None:
-            return
-        self._open[transport] = connection  # now the most recently active
-        connection.requests_in_progress += 1
-        if connection.timer is not None:
-            connection.timer.cancel()
-            connection.timer = None
-
-    def request_finished(self, transport: asyncio.BaseTransport) -> None:
-        connection = self._open.get(transport)
-        if connection is None:
-            return
-        connection.requests_in_progress -= 1
-        if not connection.requests_in_progress:
-            self._arm(transport, connection, self._limits.keepalive_timeout_seconds)
-
-    def forget(self, transport: asyncio.BaseTransport) -> None:
-        connection = self._open.pop(transport, None)
-        if connection is not None and connection.timer is not None:
-            connection.timer.cancel()
-
-    def _arm(self, transport: asyncio.BaseTransport, connection: _Connection, seconds: float) -> None:
-        if connection.timer is not None:
-            connection.timer.cancel()
-        connection.timer = self._loop.call_later(seconds, self._expire, transport)
-
-    def _expire(self, transport: asyncio.BaseTransport) -> None:
-        connection = self._open.get(transport)
-        if connection is None or connection.requests_in_progress:
-            return
-        self.timed_out += 1
-        self._drop(transport)
-
-    def _drop(self, transport: asyncio.BaseTransport) -> None:
-        self.forget(transport)
-        # not close(): a client that stopped reading must not keep it open (a TCP server's transport)
-        cast(asyncio.Transport, transport).abort()
-
-
-UMBRELLA = web.AppKey("umbrella", UmbrellaCollector)
-REGISTRY = web.AppKey("registry", CollectorRegistry)
-PAGE_RENDERER = web.AppKey("page_renderer", PageRenderer)
-RENDER_SLOTS = web.AppKey("render_slots", asyncio.Semaphore)
-READY = web.AppKey("ready", asyncio.Event)
-CONNECTION_GUARD = web.AppKey("connection_guard", ConnectionGuard)
-
-# Hooks run at startup; each gets the app and returns an async generator (cleanup_ctx form).
-StartupHook = Callable[[web.Application], AsyncIterator[None]]
+# Hooks run at startup; each gets the app and returns an async generator: the code before its
+# ``yield`` runs before the server listens, the code after it once the server has stopped.
+StartupHook = Callable[["ExporterApp"], AsyncIterator[None]]
 
 
 def accepts_gzip(accept_encoding: str) -> bool:
@@ -172,71 +61,74 @@ def accepts_gzip(accept_encoding: str) -> bool:
     return False
 
 
-def _page(app: web.Application, accept: str, compress: bool) -> tuple[bytes, str]:
-    """Render (and compress) one page; runs in a worker thread."""
-    body, content_type = app[PAGE_RENDERER].render(app[REGISTRY], accept)
-    if compress:
-        body = gzip.compress(body, compresslevel=GZIP_LEVEL)
-    return body, content_type
+class ExporterApp:
+    """The collectors behind ``/metrics``, the other endpoints, and what runs while serving."""
 
+    def __init__(
+        self,
+        collectors: Sequence[Collector],
+        *,
+        max_requests: int = 4,
+        max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES,
+        scrape_timeout_seconds: float = 10.0,
+        process_metrics: bool = True,
+        startup_hooks: Sequence[StartupHook] = (),
+    ) -> None:
+        self.umbrella = UmbrellaCollector(collectors, timeout_seconds=scrape_timeout_seconds)
+        self.registry = build_registry(self.umbrella, process_metrics=process_metrics)
+        self.page_renderer = PageRenderer(max_page_bytes)
+        self.render_slots = asyncio.Semaphore(max_requests)
+        self.ready = asyncio.Event()
+        self.startup_hooks = list(startup_hooks)
+        self.routes: dict[tuple[str, str], Handler] = {
+            ("GET", "/"): self.landing,
+            ("GET", "/metrics"): self.metrics,
+            ("GET", "/healthz"): self.healthz,
+            ("GET", "/readyz"): self.readyz,
+        }
 
-async def metrics(request: web.Request) -> web.Response:
-    app = request.app
-    compress = accepts_gzip(request.headers.get("Accept-Encoding", ""))
-    async with app[RENDER_SLOTS]:
-        body, content_type = await asyncio.to_thread(_page, app, request.headers.get("Accept", ""), compress)
-    mime, _, params = content_type.partition(";")
-    charset = "utf-8"
-    response = web.Response(body=body)
-    response.headers["Content-Type"] = content_type if params else f"{mime}; charset={charset}"
-    response.headers["Vary"] = "Accept-Encoding"
-    if compress:
-        response.headers["Content-Encoding"] = "gzip"
-    return response
+    def _page(self, accept: str, compress: bool) -> tuple[bytes, str]:
+        """Render (and compress) one page; runs in a worker thread."""
+        body, content_type = self.page_renderer.render(self.registry, accept)
+        if compress:
+            body = gzip.compress(body, compresslevel=GZIP_LEVEL)
+        return body, content_type
 
+    async def metrics(self, request: Request) -> Response:
+        compress = accepts_gzip(request.headers.get("accept-encoding", ""))
+        async with self.render_slots:
+            body, content_type = await asyncio.to_thread(self._page, request.headers.get("accept", ""), compress)
+        mime, _, params = content_type.partition(";")
+        response = Response(body=body, content_type=content_type if params else f"{mime}; charset=utf-8")
+        response.headers["Vary"] = "Accept-Encoding"
+        if compress:
+            response.headers["Content-Encoding"] = "gzip"
+        return response
 
-@web.middleware
-async def _track_requests(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    """Tell the connection guard (when the app is served by ``HttpServer``) a request is in progress."""
-    guard = request.app.get(CONNECTION_GUARD)
-    transport = request.transport
-    if guard is None or transport is None:
-        return await handler(request)
-    guard.request_started(transport)
-    try:
-        return await handler(request)
-    finally:
-        guard.request_finished(transport)
+    async def healthz(self, request: Request) -> Response:
+        return Response.text("ok\n")
 
+    async def readyz(self, request: Request) -> Response:
+        if self.ready.is_set():
+            return Response.text("ready\n")
+        return Response.text("starting\n", status=503)
 
-async def healthz(request: web.Request) -> web.Response:
-    return web.Response(text="ok\n")
-
-
-async def readyz(request: web.Request) -> web.Response:
-    if request.app[READY].is_set():
-        return web.Response(text="ready\n")
-    return web.Response(status=503, text="starting\n")
-
-
-async def landing(request: web.Request) -> web.Response:
-    rows = []
-    for name, outcome in request.app[UMBRELLA].outcomes().items():
-        status = "never scraped" if not outcome.finished_at else ("ok" if outcome.success else "failing")
-        rewritten = (
-            f" ({outcome.label_values_rewritten} label values rewritten: not UTF-8 or too long)"
-            if outcome.label_values_rewritten
-            else ""
-        )
-        seconds = outcome.duration_seconds
-        duration = "" if seconds != seconds else f"{seconds * 1000:.1f} ms"
-        rows.append(
-            f"<tr><td>{html.escape(name)}</td><td>{status}</td><td>{duration}</td>"
-            f"<td>{html.escape(outcome.error)}{rewritten}</td></tr>"
-        )
-    page = f"""<!doctype html>
+    async def landing(self, request: Request) -> Response:
+        rows = []
+        for name, outcome in self.umbrella.outcomes().items():
+            status = "never scraped" if not outcome.finished_at else ("ok" if outcome.success else "failing")
+            rewritten = (
+                f" ({outcome.label_values_rewritten} label values rewritten: not UTF-8 or too long)"
+                if outcome.label_values_rewritten
+                else ""
+            )
+            seconds = outcome.duration_seconds
+            duration = "" if seconds != seconds else f"{seconds * 1000:.1f} ms"
+            rows.append(
+                f"<tr><td>{html.escape(name)}</td><td>{status}</td><td>{duration}</td>"
+                f"<td>{html.escape(outcome.error)}{rewritten}</td></tr>"
+            )
+        page = f"""<!doctype html>
 <html><head><title>ccl-health-exporter</title></head>
 <body>
 <h1>ccl-health-exporter {html.escape(__version__)}</h1>
@@ -249,34 +141,35 @@ async def landing(request: web.Request) -> web.Response:
 </table>
 </body></html>
 """
-    return web.Response(text=page, content_type="text/html")
+        return Response.html(page)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """The startup hooks and the collectors' background tasks, for as long as the server runs."""
+        async with contextlib.AsyncExitStack() as stack:
+            for hook in self.startup_hooks:
+                await stack.enter_async_context(contextlib.asynccontextmanager(hook)(self))
+            stack.callback(self._close_collectors)  # after the tasks stop, before the hooks end
+            tasks = [
+                asyncio.create_task(_supervise(collector.name, collector.run), name=f"collector-{collector.name}")
+                for collector in self.umbrella.collectors
+                if isinstance(collector, BackgroundCollector)
+            ]
+            stack.push_async_callback(_cancel, tasks)
+            self.ready.set()
+            yield
+
+    def _close_collectors(self) -> None:
+        for collector in self.umbrella.collectors:
+            try:
+                close_collector(collector)
+            except Exception:  # logged
+                log.exception("closing collector %s failed", collector.name)
+        self.umbrella.close()
 
 
-def create_app(
-    collectors: Sequence[Collector],
-    *,
-    max_requests: int = 4,
-    max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES,
-    scrape_timeout_seconds: float = 10.0,
-    process_metrics: bool = True,
-    startup_hooks: Sequence[StartupHook] = (),
-) -> web.Application:
-    """Build the app around already-constructed collectors (tests pass fixture-backed ones)."""
-    app = web.Application(middlewares=[_track_requests])
-    umbrella = UmbrellaCollector(collectors, timeout_seconds=scrape_timeout_seconds)
-    app[UMBRELLA] = umbrella
-    app[REGISTRY] = build_registry(umbrella, process_metrics=process_metrics)
-    app[PAGE_RENDERER] = PageRenderer(max_page_bytes)
-    app[RENDER_SLOTS] = asyncio.Semaphore(max_requests)
-    app[READY] = asyncio.Event()
-    app.router.add_get("/", landing)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    for hook in startup_hooks:
-        app.cleanup_ctx.append(hook)
-    app.cleanup_ctx.append(_background_tasks)
-    return app
+# Build the app around already-constructed collectors (tests pass fixture-backed ones).
+create_app = ExporterApp
 
 
 async def _supervise(name: str, run: Callable[[], Awaitable[None]]) -> None:
@@ -294,15 +187,7 @@ async def _supervise(name: str, run: Callable[[], Awaitable[None]]) -> None:
             backoff = min(backoff * 2, 60.0)
 
 
-async def _background_tasks(app: web.Application) -> AsyncIterator[None]:
-    tasks = []
-    for collector in app[UMBRELLA].collectors:
-        if isinstance(collector, BackgroundCollector):
-            tasks.append(
-                asyncio.create_task(_supervise(collector.name, collector.run), name=f"collector-{collector.name}")
-            )
-    app[READY].set()
-    yield
+async def _cancel(tasks: Sequence[asyncio.Task[None]]) -> None:
     for task in tasks:
         task.cancel()
     for task in tasks:
@@ -311,102 +196,33 @@ async def _background_tasks(app: web.Application) -> AsyncIterator[None]:
                 await task
             except Exception:  # logged: shutting down; say it and go on
                 log.exception("background task %s failed during shutdown", task.get_name())
-    for collector in app[UMBRELLA].collectors:
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    app: ExporterApp,
+    host: str,
+    port: int,
+    limits: ConnectionLimits = ConnectionLimits(),
+    web_config: WebConfigSource | None = None,
+) -> AsyncIterator[HttpServer]:
+    """``app`` running and listening on ``host:port`` (port 0: any) until the block ends."""
+    async with app.running():
+        server = HttpServer(app.routes, limits=limits, web_config=web_config)
+        await server.start(host, port)
         try:
-            close_collector(collector)
-        except Exception:  # logged
-            log.exception("closing collector %s failed", collector.name)
-    app[UMBRELLA].close()
+            yield server
+        finally:
+            await server.stop()
 
 
-class _OneLineRequestErrors(logging.LoggerAdapter):  # type: ignore[type-arg]  # LoggerAdapter[Logger] only runs on 3.11+
-    """aiohttp's server logger, except that a malformed request is one line, not a traceback."""
-
-    def exception(self, msg: object, *args: object, exc_info: Any = True, **kwargs: Any) -> None:
-        error = exc_info if isinstance(exc_info, BaseException) else sys.exc_info()[1]
-        if isinstance(error, HttpProcessingError):
-            reason = " ".join(str(error).split())[:200]
-            self.info(f"{msg}: %s", *args, reason)
-            return
-        super().exception(msg, *args, exc_info=exc_info, **kwargs)
-
-
-class _GuardedProtocol(asyncio.Protocol):
-    """aiohttp's protocol for one connection, created only once the guard admits it."""
-
-    def __init__(self, make_handler: Callable[[], asyncio.Protocol], guard: ConnectionGuard) -> None:
-        self._make_handler = make_handler
-        self._guard = guard
-        self._inner: asyncio.Protocol | None = None
-        self._transport: asyncio.BaseTransport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport
-        if not self._guard.admit(transport):
-            cast(asyncio.Transport, transport).abort()
-            return
-        self._inner = self._make_handler()
-        self._inner.connection_made(transport)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._transport is not None:
-            self._guard.forget(self._transport)
-        if self._inner is not None:
-            self._inner.connection_lost(exc)
-
-    def data_received(self, data: bytes) -> None:
-        if self._inner is not None:
-            self._inner.data_received(data)
-
-    def eof_received(self) -> bool | None:
-        return self._inner.eof_received() if self._inner is not None else None
-
-    def pause_writing(self) -> None:
-        if self._inner is not None:
-            self._inner.pause_writing()
-
-    def resume_writing(self) -> None:
-        if self._inner is not None:
-            self._inner.resume_writing()
-
-
-class HttpServer:
-    """``app`` listening on one address behind a ``ConnectionGuard``."""
-
-    def __init__(self, app: web.Application, limits: ConnectionLimits = ConnectionLimits()) -> None:
-        self._app = app
-        self._limits = limits
-        self._runner: web.AppRunner | None = None
-        self._server: asyncio.AbstractServer | None = None
-        self.guard: ConnectionGuard | None = None
-
-    async def start(self, host: str, port: int) -> int:
-        """Start the app and listen; return the port (useful with port 0)."""
-        loop = asyncio.get_running_loop()
-        guard = self.guard = ConnectionGuard(loop, self._limits)
-        self._app[CONNECTION_GUARD] = guard
-        self._runner = web.AppRunner(
-            self._app,
-            access_log=None,
-            keepalive_timeout=self._limits.keepalive_timeout_seconds,
-            shutdown_timeout=self._limits.shutdown_timeout_seconds,
-            logger=_OneLineRequestErrors(logging.getLogger("aiohttp.server"), {}),
-        )
-        await self._runner.setup()
-        make_handler = self._runner.server
-        assert make_handler is not None
-        self._server = await loop.create_server(lambda: _GuardedProtocol(make_handler, guard), host, port)
-        return int(self._server.sockets[0].getsockname()[1])
-
-    async def stop(self) -> None:
-        """Stop listening, let requests in progress finish (up to the shutdown timeout), run cleanups."""
-        if self._server is not None:
-            self._server.close()
-        if self._runner is not None:
-            await self._runner.cleanup()
-
-
-def run_server(app: web.Application, host: str, port: int, limits: ConnectionLimits = ConnectionLimits()) -> None:
+def run_server(
+    app: ExporterApp,
+    host: str,
+    port: int,
+    limits: ConnectionLimits = ConnectionLimits(),
+    web_config: WebConfigSource | None = None,
+) -> None:
     """Serve ``app`` until SIGTERM or SIGINT, then shut down cleanly."""
 
     async def serve() -> None:
@@ -414,11 +230,7 @@ def run_server(app: web.Application, host: str, port: int, limits: ConnectionLim
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-        server = HttpServer(app, limits)
-        try:
-            await server.start(host, port)
+        async with serving(app, host, port, limits, web_config):
             await stop.wait()
-        finally:  # also when the address is taken: the collectors' cleanups still run
-            await server.stop()
 
     asyncio.run(serve())

@@ -140,3 +140,41 @@ def exporter_process() -> Iterator[type[ExporterProcess]]:
     yield Tracked
     for process in started:
         process.stop()
+
+
+class AppClient:
+    """An HTTP client (aiohttp's) on an app served by our own server on a loopback port."""
+
+    def __init__(self, session: object, port: int, server: object) -> None:
+        self.session = session
+        self.port = port
+        self.server = server  # exporter.http.server.HttpServer: its guard, its port
+
+    def get(self, path: str, **kwargs: object):  # type: ignore[no-untyped-def]
+        return self.session.get(path, **kwargs)  # type: ignore[attr-defined]
+
+    def post(self, path: str, **kwargs: object):  # type: ignore[no-untyped-def]
+        return self.session.post(path, **kwargs)  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+async def app_client():  # type: ignore[no-untyped-def]
+    """Call with an ``ExporterApp`` (and aiohttp ClientSession options): the app runs and listens
+    on 127.0.0.1 until the test ends, and the returned ``AppClient`` talks to it."""
+    import contextlib
+
+    import aiohttp
+
+    from exporter.server import serving
+
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def start(app, **session_options):  # type: ignore[no-untyped-def]
+            server = await stack.enter_async_context(serving(app, "127.0.0.1", 0))
+            port = server.port
+            session = await stack.enter_async_context(
+                aiohttp.ClientSession(base_url=f"http://127.0.0.1:{port}", **session_options)
+            )
+            return AppClient(session, port, server)
+
+        yield start

@@ -22,6 +22,11 @@ EXTERNAL_METRICS = {
     "kube_node_status_capacity": "kube-state-metrics: which nodes have GPUs, for CclExporterAbsent",
     "container_network_transmit_bytes_total": "kubelet's cAdvisor: a pod's network bytes, for CclSuspectedTcpFallback",
     "container_network_receive_bytes_total": "kubelet's cAdvisor: a pod's network bytes, for CclSuspectedTcpFallback",
+    # node_exporter's InfiniBand collector, where our RDMA collector is off (docs/coexistence.md).
+    "node_infiniband_info": "node_exporter: the node has RDMA devices, for CclNcclTcpFallback",
+    "node_infiniband_state_id": "node_exporter: port states, for the RDMA port counts",
+    "node_infiniband_port_data_transmitted_bytes_total": "node_exporter: port bytes, for node RDMA throughput",
+    "node_infiniband_port_data_received_bytes_total": "node_exporter: port bytes, for node RDMA throughput",
 }
 
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')
@@ -58,3 +63,52 @@ def recording_rule_names() -> set[str]:
 def unknown_names(expr: str) -> set[str]:
     known = documented_metric_names() | recording_rule_names() | set(EXTERNAL_METRICS)
     return referenced_names(expr) - known
+
+
+# A PromQL expression as tokens: strings, range/subquery brackets, label-matcher braces, numbers
+# and durations, names (with colons, as recording rules have), and single characters.
+_TOKEN = re.compile(
+    r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\''
+    r"|\[[^\]]*\]"
+    r'|\{(?:[^{}"\']|"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\')*\}'
+    r"|\d[\w.]*"
+    r"|[A-Za-z_:][A-Za-z0-9_:]*"
+    r"|\S"
+)
+_GROUPING = ("by", "without", "on", "ignoring", "group_left", "group_right")
+_OPERATOR_WORDS = {"and", "or", "unless", "bool", "offset", "atan2"}
+
+
+def vector_selectors(expr: str) -> list[tuple[str, str]]:
+    """Every vector selector of ``expr`` as (metric name or "", its ``{...}`` or "")."""
+    tokens = _TOKEN.findall(expr)
+    found = []
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        following = tokens[i + 1] if i + 1 < len(tokens) else ""
+        if token in _GROUPING:
+            i = tokens.index(")", i) + 1 if following == "(" else i + 1  # a label list, not selectors
+            continue
+        if token.startswith("{"):
+            found.append(("", token))
+        elif (re.fullmatch(r"[A-Za-z_:][A-Za-z0-9_:]*", token) and token not in _OPERATOR_WORDS
+              and following not in ("(", "by", "without")):  # a call or an aggregation, not a selector
+            if following.startswith("{"):
+                found.append((token, following))
+                i += 1
+            else:
+                found.append((token, ""))
+        i += 1
+    return found
+
+
+def grouping_labels(expr: str) -> list[tuple[str, list[str]]]:
+    """Every ``by``/``without``/``on``/``ignoring``/``group_left``/``group_right`` list of ``expr``."""
+    tokens = _TOKEN.findall(expr)
+    found = []
+    for i, token in enumerate(tokens):
+        if token in _GROUPING and i + 1 < len(tokens) and tokens[i + 1] == "(":
+            end = tokens.index(")", i)
+            found.append((token, [t for t in tokens[i + 2 : end] if t != ","]))
+    return found

@@ -245,7 +245,7 @@ def test_daemonset_is_unprivileged_with_read_only_host_mounts(objects: list[dict
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
     assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility"
-    assert container["ports"] == [{"name": "metrics", "containerPort": 9400, "protocol": "TCP"}]
+    assert container["ports"] == [{"name": "metrics", "containerPort": 19400, "protocol": "TCP"}]
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
@@ -358,3 +358,39 @@ def test_idle_probe_overlay_changes_only_what_the_probe_needs(objects: list[dict
     assert all(volumes[name]["emptyDir"].get("sizeLimit") for name in ("dshm", "scratch")), "bounded scratch"
     base_pod = _one(objects, "DaemonSet")["spec"]["template"]["spec"]
     assert [v for v in pod["volumes"] if "hostPath" in v] == base_pod["volumes"], "no new host path"
+
+
+# ---- manifests/overlays/kube-prometheus-stack ----
+
+KUBE_PROMETHEUS_STACK = MANIFESTS / "overlays" / "kube-prometheus-stack"
+SELECTED_BY_RELEASE = {"PodMonitor", "PrometheusRule"}
+
+
+def _without_release(obj: dict) -> dict:  # type: ignore[type-arg]
+    copy = yaml.safe_load(yaml.safe_dump(obj))
+    copy["metadata"]["labels"].pop("release", None)
+    return copy  # type: ignore[no-any-return]
+
+
+def test_kube_prometheus_stack_overlay_adds_only_the_release_label(objects: list[dict]) -> None:  # type: ignore[type-arg]
+    """What kube-prometheus-stack's Prometheus selects by (release: <its release name>) is on the
+    PodMonitor and the PrometheusRule, and nothing else changes."""
+    stack = _documents(_render(KUBE_PROMETHEUS_STACK))
+    for obj in stack:
+        if obj["kind"] in CORE_KINDS:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        elif obj["kind"] in CRD_SCHEMAS:
+            jsonschema.validate(obj, CRD_SCHEMAS[obj["kind"]])
+    labelled = {o["kind"] for o in stack if o["metadata"].get("labels", {}).get("release") == "kube-prometheus-stack"}
+    assert labelled == SELECTED_BY_RELEASE
+    assert sorted(map(yaml.safe_dump, map(_without_release, stack))) == sorted(map(yaml.safe_dump, objects))
+
+
+def test_the_documented_release_overlay_sets_another_release_name(tmp_path: Path) -> None:
+    """docs/deploy.md shows an overlay for a kube-prometheus-stack installed under another name."""
+    overlay = yaml.safe_load(_yaml_block_with(REPO / "docs" / "deploy.md", "value: monitoring-stack"))
+    overlay["resources"] = [os.path.relpath(KUBE_PROMETHEUS_STACK, tmp_path)]
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
+    rendered = _documents(_render(tmp_path))
+    releases = {o["kind"]: o["metadata"]["labels"].get("release") for o in rendered if o["kind"] in SELECTED_BY_RELEASE}
+    assert releases == {"PodMonitor": "monitoring-stack", "PrometheusRule": "monitoring-stack"}

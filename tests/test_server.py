@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import logging
 import signal
@@ -19,10 +20,12 @@ import pytest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 
+from exporter.build import read_build_info
 from exporter.collectors.base import CollectorUnavailable
 from exporter.collectors.rdma import RdmaCollector
 from exporter.registry import MAX_LABEL_VALUE_CHARS
-from exporter.server import ConnectionGuard, ConnectionLimits, HttpServer, accepts_gzip, create_app
+from exporter.http.guard import ConnectionGuard, ConnectionLimits
+from exporter.server import accepts_gzip, create_app, serving
 from tests.conftest import REPO
 from tests.metrics_text import samples, value
 
@@ -75,13 +78,13 @@ class Unavailable:
         raise CollectorUnavailable("no such device")
 
 
-async def test_one_failing_collector_never_fails_the_scrape(aiohttp_client, fixture_tree) -> None:  # type: ignore[no-untyped-def]
+async def test_one_failing_collector_never_fails_the_scrape(app_client, fixture_tree) -> None:  # type: ignore[no-untyped-def]
     hanging = Hanging()
     app = create_app(
         [RdmaCollector(fixture_tree("sysfs_rdma")), Raising(), hanging, Garbage(), Unavailable(), Fixed("ok")],
         scrape_timeout_seconds=0.5,
     )
-    client = await aiohttp_client(app)
+    client = await app_client(app)
     try:
         response = await client.get("/metrics")
         assert response.status == 200
@@ -108,25 +111,27 @@ async def test_one_failing_collector_never_fails_the_scrape(aiohttp_client, fixt
         hanging.release.set()
 
 
-async def test_killing_the_rdma_reader_leaves_other_metrics(aiohttp_client, fixture_tree, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+async def test_killing_the_rdma_reader_leaves_other_metrics(app_client, fixture_tree, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     import exporter.collectors.rdma as rdma
 
     def broken(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise PermissionError("sysfs went away")
 
     monkeypatch.setattr(rdma, "read_rdma", broken)
-    client = await aiohttp_client(create_app([RdmaCollector(fixture_tree("sysfs_rdma")), Fixed("other")]))
+    client = await app_client(create_app([RdmaCollector(fixture_tree("sysfs_rdma")), Fixed("other")]))
     response = await client.get("/metrics")
     assert response.status == 200
     text = await response.text()
     assert value(text, "ccl_exporter_collector_success", collector="rdma") == 0.0
     assert value(text, "ccl_test_other", x="a") == 1.0
-    assert value(text, "ccl_exporter_build_info", version=__import__("exporter").__version__) == 1.0
+    build = read_build_info()
+    assert value(text, "ccl_exporter_build_info", version=build.version, revision=build.revision,
+                 python_version=build.python_version) == 1.0
     assert "process_resident_memory_bytes" in text
 
 
-async def test_openmetrics_negotiation(aiohttp_client) -> None:  # type: ignore[no-untyped-def]
-    client = await aiohttp_client(create_app([Fixed("ok")]))
+async def test_openmetrics_negotiation(app_client) -> None:  # type: ignore[no-untyped-def]
+    client = await app_client(create_app([Fixed("ok")]))
     plain = await client.get("/metrics")
     assert plain.headers["Content-Type"].startswith("text/plain; version=0.0.4")
     om = await client.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
@@ -134,8 +139,8 @@ async def test_openmetrics_negotiation(aiohttp_client) -> None:  # type: ignore[
     assert (await om.text()).rstrip().endswith("# EOF")
 
 
-async def test_health_and_readiness(aiohttp_client) -> None:  # type: ignore[no-untyped-def]
-    client = await aiohttp_client(create_app([Fixed("ok")]))
+async def test_health_and_readiness(app_client) -> None:  # type: ignore[no-untyped-def]
+    client = await app_client(create_app([Fixed("ok")]))
     assert (await client.get("/healthz")).status == 200
     assert (await client.get("/readyz")).status == 200
     assert (await client.get("/nope")).status == 404
@@ -177,8 +182,8 @@ class HostileLabels:
 
 
 @pytest.mark.parametrize("accept", ["", "application/openmetrics-text; version=1.0.0"])
-async def test_label_values_that_are_not_utf8_never_fail_the_page(aiohttp_client, accept: str) -> None:  # type: ignore[no-untyped-def]
-    client = await aiohttp_client(create_app([HostileLabels(), Fixed("ok")], process_metrics=False))
+async def test_label_values_that_are_not_utf8_never_fail_the_page(app_client, accept: str) -> None:  # type: ignore[no-untyped-def]
+    client = await app_client(create_app([HostileLabels(), Fixed("ok")], process_metrics=False))
     response = await client.get("/metrics", headers={"Accept": accept})
     assert response.status == 200, await response.text()
     text = await response.text()
@@ -194,8 +199,8 @@ async def test_label_values_that_are_not_utf8_never_fail_the_page(aiohttp_client
     assert (await client.get("/healthz")).status == 200
 
 
-async def test_long_label_values_are_cut_without_merging_series(aiohttp_client) -> None:  # type: ignore[no-untyped-def]
-    client = await aiohttp_client(create_app([HostileLabels()], process_metrics=False))
+async def test_long_label_values_are_cut_without_merging_series(app_client) -> None:  # type: ignore[no-untyped-def]
+    client = await app_client(create_app([HostileLabels()], process_metrics=False))
     text = await (await client.get("/metrics")).text()
     networks = {dict(labels)["network"]: v for (name, labels), v in samples(text).items() if name == "ccl_test_network"}
     assert len(networks) == 3, "two values that differ only after the cut stay two series"
@@ -208,8 +213,8 @@ async def test_long_label_values_are_cut_without_merging_series(aiohttp_client) 
     assert "label values rewritten" in landing
 
 
-async def test_metrics_are_gzipped_when_the_client_accepts_it(aiohttp_client) -> None:  # type: ignore[no-untyped-def]
-    client = await aiohttp_client(create_app([Fixed("ok")]), auto_decompress=False)
+async def test_metrics_are_gzipped_when_the_client_accepts_it(app_client) -> None:  # type: ignore[no-untyped-def]
+    client = await app_client(create_app([Fixed("ok")]), auto_decompress=False)
     zipped = await client.get("/metrics", headers={"Accept-Encoding": "gzip"})
     assert zipped.headers["Content-Encoding"] == "gzip" and "Accept-Encoding" in zipped.headers["Vary"]
     page = gzip.decompress(await zipped.read()).decode()
@@ -229,16 +234,14 @@ def test_accept_encoding_negotiation() -> None:
 @pytest.fixture
 async def served() -> AsyncIterator:  # type: ignore[type-arg]
     """Start an app on 127.0.0.1 behind the real connection guard: call it with limits, get (port, server)."""
-    servers: list[HttpServer] = []
+    async with contextlib.AsyncExitStack() as stack:
 
-    async def start(limits: ConnectionLimits) -> tuple[int, HttpServer]:
-        server = HttpServer(create_app([Fixed("ok")], process_metrics=False), limits)
-        servers.append(server)
-        return await server.start("127.0.0.1", 0), server
+        async def start(limits: ConnectionLimits):  # type: ignore[no-untyped-def]
+            app = create_app([Fixed("ok")], process_metrics=False)
+            server = await stack.enter_async_context(serving(app, "127.0.0.1", 0, limits))
+            return server.port, server
 
-    yield start
-    for server in servers:
-        await server.stop()
+        yield start
 
 
 async def _closed_within(reader: asyncio.StreamReader, seconds: float) -> bool:
@@ -318,12 +321,12 @@ async def test_a_new_connection_is_refused_when_every_connection_is_busy() -> No
 
 async def test_a_malformed_request_is_logged_as_one_line(served, caplog) -> None:  # type: ignore[no-untyped-def]
     port, _ = await served(ConnectionLimits())
-    caplog.set_level(logging.INFO, logger="aiohttp.server")
+    caplog.set_level(logging.INFO, logger="exporter.http.server")
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(b"GET / HTTP/1.1\r\nHost: localhost\r\nNot a header line\r\n\r\n")
     assert b" 400 Bad Request" in (await asyncio.wait_for(reader.read(), 5)).split(b"\r\n")[0]
     writer.close()
-    records = [r for r in caplog.records if r.name == "aiohttp.server"]
+    records = [r for r in caplog.records if r.name == "exporter.http.server"]
     assert len(records) == 1
     assert records[0].exc_info is None and "\n" not in records[0].getMessage()
     assert "127.0.0.1" in records[0].getMessage()

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from unittest import mock
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import make_mocked_request
 
 from exporter.collectors.rdma import RdmaCollector
+from exporter.http.messages import Request
 from exporter.server import create_app
 from exporter.sim.control import SimControl, add_control_routes
 from exporter.sim.node import default_node
@@ -25,7 +23,7 @@ def _samples(collector: RdmaCollector, name: str) -> dict[str, float]:
 
 
 @pytest.fixture
-async def controlled(tmp_path: Path, aiohttp_client):  # type: ignore[no-untyped-def]
+async def controlled(tmp_path: Path, app_client):  # type: ignore[no-untyped-def]
     """(test client of an app with the control routes, the SimControl, an RDMA collector on its tree)."""
     node = default_node(tmp_path)
     node.setup()
@@ -34,7 +32,7 @@ async def controlled(tmp_path: Path, aiohttp_client):  # type: ignore[no-untyped
     collector = RdmaCollector(node.sysfs)
     app = create_app([collector], process_metrics=False)
     add_control_routes(app, control)
-    yield await aiohttp_client(app), control, collector
+    yield await app_client(app), control, collector
     node.close()
 
 
@@ -96,16 +94,13 @@ async def test_clients_off_loopback_are_forbidden(tmp_path: Path) -> None:
     """Binding a non-loopback address is not allowed in tests; a request whose peer is 10.0.0.5 is built instead."""
     node = default_node(tmp_path)
     node.setup()
-    app = web.Application()
+    app = create_app([], process_metrics=False)
     add_control_routes(app, SimControl(node))
-    transport = mock.Mock()
-    transport.get_extra_info.side_effect = lambda name, default=None: ("10.0.0.5", 40000) if name == "peername" else default
-    request = make_mocked_request("POST", "/-/sim/rdma-port-down", app=app, transport=transport)
-    match = await app.router.resolve(request)
-    request._match_info = match  # type: ignore[attr-defined]
     try:
-        with pytest.raises(web.HTTPForbidden):
-            await match.handler(request)
+        for method, path in (("POST", "/-/sim/rdma-port-down"), ("GET", "/-/sim")):
+            handler = app.routes[(method, "/-/sim/*" if method == "POST" else path)]
+            response = await handler(Request(method, path, peer="10.0.0.5", local_port=40000))
+            assert response.status == 403 and b"loopback clients only" in response.body
     finally:
         node.close()
 

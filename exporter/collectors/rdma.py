@@ -8,10 +8,15 @@ from pathlib import Path
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from exporter.collectors.base import CollectorSpec, CollectorUnavailable, PartialCollection
-from exporter.sources.rdma import RdmaDevice, RdmaPort, read_rdma
+from exporter.sources.rdma import PHYSICAL_PORT_STATES, PORT_STATES, RdmaDevice, RdmaPort, read_rdma
 from exporter.sources.sysfs import AttributeReader, read_attribute
 
 PORT_LABELS = ["device", "port"]
+
+
+def _names(states: dict[int, str]) -> str:
+    """``{1: "DOWN", 4: "ACTIVE"}`` -> ``"1 DOWN, 4 ACTIVE"``, for a HELP text."""
+    return ", ".join(f"{ident} {name}" for ident, name in states.items())
 
 
 class RdmaCollector:
@@ -39,13 +44,12 @@ class RdmaCollector:
         )
         state = GaugeMetricFamily(
             "ccl_rdma_port_state_id",
-            "Logical port state from ports/<n>/state: 1 DOWN, 2 INIT, 3 ARMED, 4 ACTIVE, 5 ACTIVE_DEFER.",
+            f"Logical port state from ports/<n>/state: {_names(PORT_STATES)}.",
             labels=PORT_LABELS,
         )
         phys = GaugeMetricFamily(
             "ccl_rdma_port_physical_state_id",
-            "Physical port state from ports/<n>/phys_state: 1 Sleep, 2 Polling, 3 Disabled, "
-            "4 PortConfigurationTraining, 5 LinkUp, 6 LinkErrorRecovery, 7 PhyTest.",
+            f"Physical port state from ports/<n>/phys_state: {_names(PHYSICAL_PORT_STATES)}.",
             labels=PORT_LABELS,
         )
         rate = GaugeMetricFamily(

@@ -5,7 +5,7 @@ tests and the fleet benchmark can change what the simulated node shows while rea
 Prometheus and Alertmanager watch it. They exist only with ``--simulate``, only act on the
 simulated folder tree, and answer only requests from loopback addresses. A POST that a web
 page made (its ``Origin``, or ``Referer`` when there is no ``Origin``, is anything but this
-exporter's own loopback origin, e.g. ``http://127.0.0.1:9400``) is refused, so a page open in
+exporter's own loopback origin, e.g. ``http://127.0.0.1:19400``) is refused, so a page open in
 a browser cannot drive the node; command-line clients send neither header. Namespace, pod,
 container and job names must be Kubernetes names (DNS-1123), so none can reach outside
 the simulated tree.
@@ -36,6 +36,8 @@ Actions:
   sockets; ``placement=open``: an NCCL 2.18 log that does not show which nodes the communicator spans.
 - ``nccl-job-stop`` ``namespace= pod=``: the pod is deleted (its log folder goes away).
 - ``advance`` ``[seconds=1]``: advance the simulation immediately (besides its 1 s ticker).
+- ``kube-status``: what the lifecycle hooks (``--collector.lifecycle``) wrote to the simulated API:
+  each pod's ``ccl-health.io/fabric-ready`` condition, the pod Events, the node's conditions.
 """
 
 from __future__ import annotations
@@ -47,13 +49,15 @@ import re
 import threading
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
-from aiohttp import web
-from yarl import URL
-
+from exporter.http.messages import Request, Response
 from exporter.sim.clock import now
 from exporter.sim.node import SimulatedNode
+
+if TYPE_CHECKING:
+    from exporter.server import ExporterApp
 
 Params = Mapping[str, str]
 ActionFunc = Callable[[SimulatedNode, Params], dict[str, Any]]
@@ -328,6 +332,13 @@ def advance(node: SimulatedNode, params: Params) -> dict[str, Any]:
     return {"elapsed_seconds": node.elapsed_seconds}
 
 
+def kube_status(node: SimulatedNode, params: Params) -> dict[str, Any]:
+    """What the lifecycle hooks wrote to the simulated API (changes nothing)."""
+    if node.kube is None:
+        raise ActionError("the simulated node has no API")
+    return node.kube.status()
+
+
 def builtin_actions() -> dict[str, ActionFunc]:
     return {
         "rdma-port-down": rdma_port_down,
@@ -345,6 +356,7 @@ def builtin_actions() -> dict[str, ActionFunc]:
         "nccl-job-restart": nccl_job_restart,
         "nccl-job-stop": nccl_job_stop,
         "advance": advance,
+        "kube-status": kube_status,
     }
 
 
@@ -370,11 +382,11 @@ class SimControl:
         return {"action": name, "at": at, **details}
 
 
-def ticker_hook(control: SimControl, tick_seconds: float = 1.0) -> Callable[[web.Application], AsyncIterator[None]]:
+def ticker_hook(control: SimControl, tick_seconds: float = 1.0) -> Callable[[ExporterApp], AsyncIterator[None]]:
     """A startup hook of the app (``exporter.server.StartupHook``) that advances the node every
     ``tick_seconds`` in a worker thread while the server runs."""
 
-    async def hook(app: web.Application) -> AsyncIterator[None]:
+    async def hook(app: ExporterApp) -> AsyncIterator[None]:
         async def ticker() -> None:
             while True:
                 await asyncio.sleep(tick_seconds)
@@ -389,23 +401,18 @@ def ticker_hook(control: SimControl, tick_seconds: float = 1.0) -> Callable[[web
     return hook
 
 
-def _from_loopback(request: web.Request) -> bool:
+def _from_loopback(request: Request) -> bool:
     try:
-        return ipaddress.ip_address((request.remote or "").split("%")[0]).is_loopback
+        return ipaddress.ip_address(request.peer.split("%")[0]).is_loopback
     except ValueError:
         return False
-
-
-def _local_port(request: web.Request) -> int | None:
-    sockname = request.transport.get_extra_info("sockname") if request.transport is not None else None
-    return int(sockname[1]) if isinstance(sockname, tuple) and len(sockname) >= 2 else None
 
 
 def _is_own_origin(url: str, port: int | None) -> bool:
     """Whether ``url`` (an Origin or a Referer) is this exporter on a loopback address."""
     try:
-        parsed = URL(url)
-        host = (parsed.host or "").strip("[]")
+        parsed = urlsplit(url)
+        host = (parsed.hostname or "").strip("[]")
         if parsed.scheme != "http" or port is None or parsed.port != port:
             return False
         return host == "localhost" or ipaddress.ip_address(host).is_loopback
@@ -413,34 +420,35 @@ def _is_own_origin(url: str, port: int | None) -> bool:
         return False
 
 
-def _cross_origin(request: web.Request) -> str | None:
+def _cross_origin(request: Request) -> str | None:
     """Why a POST looks like a web page's (another origin), or None when it does not."""
-    origin = request.headers.get("Origin")
-    header, url = ("Origin", origin) if origin is not None else ("Referer", request.headers.get("Referer"))
-    if url is None or _is_own_origin(url, _local_port(request)):
+    origin = request.headers.get("origin")
+    header, url = ("Origin", origin) if origin is not None else ("Referer", request.headers.get("referer"))
+    if url is None or _is_own_origin(url, request.local_port):
         return None
     return f"{header} {url[:100]!r} is not this exporter's loopback origin"
 
 
-def add_control_routes(app: web.Application, control: SimControl) -> None:
-    """``GET /-/sim`` and ``POST /-/sim/{action}``; call before the app starts."""
+def add_control_routes(app: ExporterApp, control: SimControl) -> None:
+    """``GET /-/sim`` and ``POST /-/sim/<action>``; call before the app starts."""
 
-    async def list_actions(request: web.Request) -> web.Response:
+    async def list_actions(request: Request) -> Response:
         if not _from_loopback(request):
-            raise web.HTTPForbidden(text="simulation control answers loopback clients only\n")
-        return web.json_response({"actions": sorted(control.actions)})
+            return Response.text("simulation control answers loopback clients only\n", status=403)
+        return Response.json({"actions": sorted(control.actions)})
 
-    async def perform(request: web.Request) -> web.Response:
+    async def perform(request: Request) -> Response:
         if not _from_loopback(request):
-            raise web.HTTPForbidden(text="simulation control answers loopback clients only\n")
+            return Response.text("simulation control answers loopback clients only\n", status=403)
         refused = _cross_origin(request)
         if refused is not None:
-            raise web.HTTPForbidden(text=f"simulation control refuses cross-origin requests: {refused}\n")
+            return Response.text(f"simulation control refuses cross-origin requests: {refused}\n", status=403)
+        action = request.path.removeprefix("/-/sim/")
         try:
-            result = await asyncio.to_thread(control.perform, request.match_info["action"], dict(request.query))
+            result = await asyncio.to_thread(control.perform, action, request.query_params())
         except ActionError as exc:
-            return web.json_response({"error": str(exc)}, status=400)
-        return web.json_response(result)
+            return Response.json({"error": str(exc)}, status=400)
+        return Response.json(result)
 
-    app.router.add_get("/-/sim", list_actions)
-    app.router.add_post("/-/sim/{action}", perform)
+    app.routes[("GET", "/-/sim")] = list_actions
+    app.routes[("POST", "/-/sim/*")] = perform

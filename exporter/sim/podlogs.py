@@ -318,6 +318,7 @@ class SimPodLogs:
             job_kind,
             job.labels.get(EXPECTED_NETWORK_LABEL, ""),
             host_network=False,
+            fabric_ready_gate=True,  # as if the webhook had added the readiness gate to every training pod
         )
 
     def is_authoritative(self) -> bool:

@@ -44,6 +44,21 @@ EXT_CAST_PACKET_COUNTERS = {
 # port_rcv_errors, port_xmit_discards, port_xmit_wait, VL15_dropped, ...).
 NOT_ERROR_COUNTERS = frozenset(DATA_WORD_COUNTERS) | frozenset(PACKET_COUNTERS) | frozenset(CAST_PACKET_COUNTERS)
 
+# What the ids of ports/<n>/state and ports/<n>/phys_state ("<id>: <name>") mean, as the kernel
+# names them (drivers/infiniband/core/sysfs.c; it prints "<unknown>" for physical state 0 and
+# "Phy Test" for 7). The values of ccl_rdma_port_state_id and ccl_rdma_port_physical_state_id.
+PORT_STATES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
+PHYSICAL_PORT_STATES = {
+    0: "Unknown",
+    1: "Sleep",
+    2: "Polling",
+    3: "Disabled",
+    4: "PortConfigurationTraining",
+    5: "LinkUp",
+    6: "LinkErrorRecovery",
+    7: "PhyTest",
+}
+
 
 @dataclass(frozen=True)
 class RdmaPort:

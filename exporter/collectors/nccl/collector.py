@@ -24,6 +24,7 @@ from prometheus_client.metrics_core import Metric
 
 from exporter.collectors.base import CollectorSpec, CollectorUnavailable, run_every
 from exporter.collectors.nccl.families import NcclLimits, PodReport, Snapshot, nccl_families
+from exporter.fabric_verdicts import PodFabric, VerdictFeed
 from exporter.flags import Flag
 from exporter.nccl import Limits, LogAnalyzer, Verdict
 from exporter.nccl.decision import with_node_context
@@ -128,6 +129,7 @@ class NcclCollector:
         clock: Callable[[], float] = time.monotonic,
         rdma_reader: Callable[[Path], RdmaReading] = read_rdma,
         gpu_inventory: GpuInventorySource | None = None,
+        verdict_feed: VerdictFeed | None = None,
     ) -> None:
         self.tailer = tailer
         self.metadata: PodMetadataSource = metadata or NoPodMetadata()
@@ -144,6 +146,7 @@ class NcclCollector:
         self._dropped_retired: dict[str, int] = {}  # parser overflow of analyzers no longer held
         self._rdma: tuple[float, bool | None] | None = None
         self._gpu_inventory = gpu_inventory
+        self._verdict_feed = verdict_feed  # verdicts as they change, for the lifecycle hooks
         self._parser_bytes = 0
         self._last_save = clock()
         self._step_lock = threading.Lock()
@@ -194,6 +197,8 @@ class NcclCollector:
                 self._last_save = now
                 self.tailer.save_state(self._notes())
             self._snapshot = self._build_snapshot()
+            if self._verdict_feed is not None and self._verdict_feed.subscribed:
+                self._verdict_feed.publish(pod_fabrics(self._snapshot))
             return self._snapshot
 
     def _new_stream(self, key: StreamKey) -> _Stream:
@@ -358,12 +363,16 @@ class NcclCollector:
         warnings = dict(pod.retired_warnings)
         job_gpus = self._job_gpus_here(pod, meta, gpus)
         verdicts: set[str] = set()
+        reasons: dict[str, str] = {}  # verdict -> the first reason of a stream that reached it
+        gdr_reason = ""
         for stream in pod.streams.values():
             verdict = with_node_context(self._verdict(stream), gpus.total, job_gpus)
             warnings = _add_counts(warnings, stream.warnings())
             if verdict.verdict != "unknown" or verdict.communicators or verdict.network:
                 has_nccl = True
                 verdicts.add(verdict.verdict)
+                if verdict.reasons:
+                    reasons.setdefault(verdict.verdict, verdict.reasons[0])
             inter_node_tcp = inter_node_tcp or verdict.inter_node_tcp is True
             for comm in verdict.communicators:
                 comm_id = _label(comm.comm_id)
@@ -381,6 +390,12 @@ class NcclCollector:
                     slot = (comm_id, _label(transport), _label(scope) or "unknown", GDR_LABELS.get(gdr, "unknown"))
                     connections[slot] = connections.get(slot, 0) + int(count)
                 gdr_disabled = gdr_disabled or comm.gdr_disabled
+                if comm.gdr_disabled and not gdr_reason:
+                    gdr_reason = (
+                        f"communicator {comm.comm_id} connects nodes over {comm.network or 'RDMA'} without "
+                        f'GPUDirect RDMA: "{comm.gdr_disabled_line or ""}"'
+                    )
+        pod_verdict = next((v for v in _VERDICT_PRIORITY if v in verdicts), "unknown")
         return PodReport(
             namespace=pod.namespace,
             pod=pod.pod,
@@ -392,7 +407,9 @@ class NcclCollector:
             inter_node_tcp=inter_node_tcp,
             gdr_disabled=gdr_disabled,
             warnings=tuple(sorted(warnings.items())),
-            verdict=next((v for v in _VERDICT_PRIORITY if v in verdicts), "unknown"),
+            verdict=pod_verdict,
+            reason=reasons.get(pod_verdict, ""),
+            gdr_reason=gdr_reason,
         )
 
     def _silent_gpu_pods(self, gpus: GpuInventory) -> list[PodReport]:
@@ -476,6 +493,23 @@ class NcclCollector:
     families = staticmethod(nccl_families)  # what collect() renders; also callable on any snapshot
 
 
+def pod_fabrics(snapshot: Snapshot) -> tuple[PodFabric, ...]:
+    """What the lifecycle hooks act on: each pod with NCCL output, its verdict and the line that decided it."""
+    return tuple(
+        PodFabric(
+            report.namespace,
+            report.pod,
+            report.verdict,
+            snapshot.node_has_active_rdma,
+            report.gdr_disabled,
+            report.reason,
+            report.gdr_reason,
+        )
+        for report in snapshot.pods
+        if report.has_nccl
+    )
+
+
 @dataclass(frozen=True)
 class NcclSettings:
     grace_seconds: float
@@ -518,7 +552,13 @@ def build_collector(settings: NcclSettings, resources: NodeResources) -> NcclCol
     )
     gpus = GpuInventorySource(resources.nvml_if_collected(), resources.pod_resources)
     return NcclCollector(
-        tailer, paths.sysfs, metadata, grace_seconds=settings.grace_seconds, gpu_inventory=gpus, limits=settings.limits
+        tailer,
+        paths.sysfs,
+        metadata,
+        grace_seconds=settings.grace_seconds,
+        gpu_inventory=gpus,
+        limits=settings.limits,
+        verdict_feed=resources.verdict_feed,
     )
 
 

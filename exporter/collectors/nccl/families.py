@@ -41,6 +41,8 @@ class PodReport:
     gdr_disabled: bool
     warnings: tuple[tuple[str, int], ...]
     verdict: str = "unknown"  # one of VERDICTS, with what the node knows (GPU counts) added
+    reason: str = ""  # why that verdict, quoting the deciding line (the first reason of a stream that decided it)
+    gdr_reason: str = ""  # the line that shows an inter-node RDMA connection without GPUDirect RDMA
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,367 @@
+"""``--web.config.file``: exporter-toolkit's web configuration (TLS, client certificates, basic auth).
+
+Certificates are made in the test with the ``openssl`` command line (a CA, a server certificate
+for 127.0.0.1, a client certificate); the server is our own, served on loopback; the clients are
+Python's ssl, aiohttp and a real Prometheus.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import bcrypt
+import pytest
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+
+from exporter.http.webconfig import WebConfigError, WebConfigSource, parse_web_config
+from exporter.server import create_app, serving
+from tests.conftest import REPO, free_port, require_tool
+
+PASSWORD = "s3cret-scrape"
+HASH = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(4)).decode()  # cost 4: fast tests, same check
+
+
+class Fixed:
+    name = "fixed"
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily("ccl_test_fixed", "test")
+        family.add_metric([], 1.0)
+        yield family
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run([require_tool("openssl"), *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+def _issue(folder: Path, name: str, subject: str, san: str, ca: str = "ca") -> None:
+    """``name.key``/``name.crt`` signed by ``ca`` with subjectAltName ``san``."""
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+             "-subj", subject, cwd=folder)
+    (folder / f"{name}.ext").write_text(f"subjectAltName={san}\n")
+    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key", "-CAcreateserial",
+             "-days", "2", "-out", f"{name}.crt", "-extfile", f"{name}.ext", cwd=folder)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CA, a server certificate for 127.0.0.1 (and a second one, for rotation), two client certificates."""
+    folder = tmp_path_factory.mktemp("pki")
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
+             "-subj", "/CN=test CA", cwd=folder)
+    _issue(folder, "server", "/CN=exporter", "IP:127.0.0.1,DNS:localhost")
+    _issue(folder, "server2", "/CN=exporter rotated", "IP:127.0.0.1,DNS:localhost")
+    _issue(folder, "client", "/CN=prometheus", "DNS:prometheus.monitoring.svc")
+    _issue(folder, "stranger", "/CN=stranger", "DNS:stranger.example")
+    return folder
+
+
+def _write_config(folder: Path, text: str) -> Path:
+    path = folder / "web-config.yml"
+    path.write_text(text)
+    return path
+
+
+def _client_context(pki: Path, cert: str | None = None) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    if cert:
+        context.load_cert_chain(pki / f"{cert}.crt", pki / f"{cert}.key")
+    return context
+
+
+def _auth(user: str, password: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+async def _get(port: int, path: str, context: ssl.SSLContext | None, headers: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+    """(status, headers, body) of one GET over a fresh connection."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context,
+                                                   server_hostname="127.0.0.1" if context else None)
+    fields = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n{fields}\r\n".encode())
+    raw = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    if not raw:  # with TLS 1.3 a refused client certificate shows as a close after the handshake
+        raise ConnectionError("closed without an answer")
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    response_headers = dict(line.split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), response_headers, body
+
+
+@contextlib.asynccontextmanager
+async def _serving(config: Path):  # type: ignore[no-untyped-def]
+    async with serving(create_app([Fixed()], process_metrics=False), "127.0.0.1", 0,
+                       web_config=WebConfigSource.from_file(config)) as server:
+        yield server.port
+
+
+# --- the file ---------------------------------------------------------------------------------
+
+
+def test_a_full_config_is_read_with_paths_relative_to_its_folder(tmp_path: Path) -> None:
+    config = parse_web_config(
+        f"""
+tls_server_config:
+  cert_file: tls/server.crt
+  key_file: /abs/server.key
+  client_auth_type: RequireAndVerifyClientCert
+  client_ca_file: ca.crt
+  client_allowed_sans: [prometheus.monitoring.svc]
+  min_version: TLS13
+  cipher_suites: [TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256]
+  prefer_server_cipher_suites: true
+http_server_config:
+  http2: true
+  headers:
+    X-Frame-Options: deny
+    Strict-Transport-Security: max-age=31536000
+basic_auth_users:
+  prometheus: {HASH}
+rate_limit:
+  burst: 10
+  interval: 1s
+""",
+        tmp_path,
+    )
+    assert config.tls is not None
+    assert config.tls.cert_file == tmp_path / "tls/server.crt" and config.tls.key_file == Path("/abs/server.key")
+    assert config.tls.client_ca_file == tmp_path / "ca.crt" and config.tls.min_version == "TLS13"
+    assert config.basic_auth_users == {"prometheus": HASH}
+    assert config.headers == {"X-Frame-Options": "deny", "Strict-Transport-Security": "max-age=31536000"}
+    assert config.rate_limit is not None and config.rate_limit.burst == 10 and config.rate_limit.interval_seconds == 1
+
+
+def test_no_tls_key_means_plain_http_and_an_empty_file_is_valid(tmp_path: Path) -> None:
+    assert parse_web_config("", tmp_path).tls is None
+    assert parse_web_config("basic_auth_users:\n  u: " + HASH, tmp_path).tls is None
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("tls_server_config:\n  cert_file: a.crt\n", "missing key_file"),
+        ("tls_server_config:\n  key_file: a.key\n", "missing cert_file"),
+        ("tls_server_config:\n  cert_file: a\n  key_file: b\n  client_ca_file: ca.crt\n", "without a client_auth_type"),
+        ("tls_server_config:\n  cert_file: a\n  key_file: b\n  client_auth_type: RequireAndVerifyClientCert\n",
+         "needs client_ca_file"),
+        ("tls_server_config:\n  cert_file: a\n  key_file: b\n  client_auth_type: RequireAnyClientCert\n",
+         "not supported"),
+        ("tls_server_config:\n  cert_file: a\n  key_file: b\n  client_auth_type: Sometimes\n", "invalid 'Sometimes'"),
+        ("tls_server_config:\n  cert_file: a\n  key_file: b\n  min_version: SSL3\n", "unknown 'SSL3'"),
+        ("tls_server_config:\n  cert: PEM\n", "inline PEM"),
+        ("tls_server_config:\n  cert_file: a\n  key_file: b\n  cipher_suites: [TLS_AES_128_GCM_SHA256]\n",
+         "TLS 1.3 suite"),
+        ("tls_server_config:\n  certfile: a\n", "unknown field 'certfile'"),
+        ("tls_config:\n  cert_file: a\n", "unknown field 'tls_config'"),
+        ("basic_auth_users:\n  u: plaintext\n", "not a bcrypt hash"),
+        ("http_server_config:\n  headers:\n    Server: ours\n", "unknown field 'Server'"),
+        ("http_server_config:\n  headers:\n    X-Frame-Options: allow\n", "is not one of deny, sameorigin"),
+        ("rate_limit:\n  burst: 5\n  interval: soon\n", "not a duration"),
+        ("[1, 2", "not YAML"),
+        ("- a list\n", "must be a mapping"),
+    ],
+)
+def test_what_exporter_toolkit_refuses_is_refused_with_a_reason(tmp_path: Path, text: str, reason: str) -> None:
+    with pytest.raises(WebConfigError, match=reason.replace("(", r"\(")):
+        parse_web_config(text, tmp_path)
+
+
+def test_a_certificate_that_does_not_load_stops_the_start(tmp_path: Path, pki: Path) -> None:
+    config = _write_config(tmp_path, f"tls_server_config:\n  cert_file: {pki}/server.crt\n  key_file: {pki}/client.key\n")
+    with pytest.raises(WebConfigError, match="TLS:"):
+        WebConfigSource.from_file(config)
+
+
+# --- served ------------------------------------------------------------------------------------
+
+
+async def test_tls_and_basic_auth(tmp_path: Path, pki: Path) -> None:
+    config = _write_config(tmp_path, f"""
+tls_server_config:
+  cert_file: {pki}/server.crt
+  key_file: {pki}/server.key
+http_server_config:
+  headers:
+    X-Content-Type-Options: nosniff
+basic_auth_users:
+  prometheus: {HASH}
+""")
+    context = _client_context(pki)
+    async with _serving(config) as port:
+        status, headers, body = await _get(port, "/metrics", context, _auth("prometheus", PASSWORD))
+        assert status == 200 and b"ccl_test_fixed 1.0" in body
+        assert headers["X-Content-Type-Options"] == "nosniff"
+        for credentials in (_auth("prometheus", "wrong"), _auth("nobody", PASSWORD), {}, {"Authorization": "Basic !!"}):
+            status, headers, _ = await _get(port, "/metrics", context, credentials)
+            assert status == 401 and headers["WWW-Authenticate"] == "Basic", credentials
+            assert headers["X-Content-Type-Options"] == "nosniff"
+        status, _, body = await _get(port, "/healthz", context)
+        assert (status, body) == (200, b"ok\n"), "kubelet probes need no credentials"
+
+
+async def test_plain_http_on_the_tls_port_gets_no_metrics(tmp_path: Path, pki: Path) -> None:
+    config = _write_config(tmp_path, f"tls_server_config:\n  cert_file: {pki}/server.crt\n  key_file: {pki}/server.key\n")
+    async with _serving(config) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        answer = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        assert answer == b"", "the handshake fails: the connection is closed unanswered"
+        assert (await _get(port, "/metrics", _client_context(pki)))[0] == 200, "TLS clients still served"
+
+
+async def test_client_certificates_are_required_and_checked(tmp_path: Path, pki: Path) -> None:
+    config = _write_config(tmp_path, f"""
+tls_server_config:
+  cert_file: {pki}/server.crt
+  key_file: {pki}/server.key
+  client_auth_type: RequireAndVerifyClientCert
+  client_ca_file: {pki}/ca.crt
+  client_allowed_sans: [prometheus.monitoring.svc]
+""")
+    async with _serving(config) as port:
+        assert (await _get(port, "/metrics", _client_context(pki, "client")))[0] == 200
+        for context in (_client_context(pki), _client_context(pki, "stranger")):
+            with pytest.raises((ssl.SSLError, ConnectionError, asyncio.IncompleteReadError, OSError, ValueError)):
+                await _get(port, "/metrics", context)
+        assert (await _get(port, "/metrics", _client_context(pki, "client")))[0] == 200, "still serving"
+
+
+async def test_rotated_certificates_apply_to_new_connections(tmp_path: Path, pki: Path) -> None:
+    tls = tmp_path / "tls"
+    tls.mkdir()
+    for suffix in ("crt", "key"):
+        (tls / f"server.{suffix}").write_bytes((pki / f"server.{suffix}").read_bytes())
+    config = _write_config(tmp_path, "tls_server_config:\n  cert_file: tls/server.crt\n  key_file: tls/server.key\n")
+
+    async def served_subject(port: int) -> str:
+        _, writer = await asyncio.open_connection("127.0.0.1", port, ssl=_client_context(pki),
+                                                  server_hostname="127.0.0.1")
+        cert = writer.get_extra_info("peercert")
+        writer.close()
+        return dict(item[0] for item in cert["subject"])["commonName"]
+
+    async with _serving(config) as port:
+        assert await served_subject(port) == "exporter"
+        await asyncio.sleep(WebConfigSource.RECHECK_SECONDS)
+        (tls / "server.key").write_bytes(b"not a key")  # half-way through a rotation: keep the old pair
+        await asyncio.sleep(WebConfigSource.RECHECK_SECONDS + 0.1)
+        assert await served_subject(port) == "exporter"
+        for suffix in ("crt", "key"):
+            (tls / f"server.{suffix}").write_bytes((pki / f"server2.{suffix}").read_bytes())
+        await asyncio.sleep(WebConfigSource.RECHECK_SECONDS + 0.1)
+        assert await served_subject(port) == "exporter rotated"
+
+
+async def test_the_rate_limit_answers_429(tmp_path: Path) -> None:
+    config = _write_config(tmp_path, "rate_limit:\n  burst: 2\n  interval: 1h\n")
+    async with _serving(config) as port:
+        statuses = [(await _get(port, "/healthz", None))[0] for _ in range(4)]
+    assert statuses == [200, 200, 429, 429]
+
+
+async def test_basic_auth_checks_bcrypt_once_per_credentials(tmp_path: Path) -> None:
+    """bcrypt costs tens of ms by design; a scrape every 15 s must not pay it each time."""
+    config = _write_config(tmp_path, f"basic_auth_users:\n  prometheus: {HASH}\n")
+    source = WebConfigSource.from_file(config)
+    checks: list[bytes] = []
+
+    def counting(password: bytes, hashed: bytes) -> bool:
+        checks.append(password)
+        return bcrypt.checkpw(password, hashed)
+
+    source.auth._check = counting
+    users = source.current().config.basic_auth_users
+    header = _auth("prometheus", PASSWORD)["Authorization"]
+    assert all(source.auth.allows(users, header) for _ in range(5))
+    assert not source.auth.allows(users, _auth("prometheus", "nope")["Authorization"])
+    assert not source.auth.allows(users, _auth("ghost", "nope")["Authorization"])
+    assert len(checks) == 3, "one bcrypt per distinct (user, password); an unknown user costs one too"
+
+
+# --- the command and a real Prometheus ---------------------------------------------------------
+
+
+def test_serve_refuses_a_bad_web_config_with_one_line(tmp_path: Path) -> None:
+    config = _write_config(tmp_path, "tls_server_config:\n  cert_file: missing.crt\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "exporter", "serve", "--collector.disable-defaults", f"--path.state={tmp_path}",
+         f"--web.config.file={config}", f"--web.listen-address=127.0.0.1:{free_port()}"],
+        capture_output=True, text=True, timeout=60, cwd=REPO,
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [f"ccl-exporter: --web.config.file {config}: tls_server_config: missing key_file"]
+
+
+def test_a_real_prometheus_scrapes_over_tls_with_basic_auth(tmp_path: Path, pki: Path) -> None:
+    from devtools.stack import Prometheus
+
+    prometheus_binary = require_tool("prometheus")
+    config = _write_config(tmp_path, f"""
+tls_server_config:
+  cert_file: {pki}/server.crt
+  key_file: {pki}/server.key
+  client_auth_type: RequireAndVerifyClientCert
+  client_ca_file: {pki}/ca.crt
+basic_auth_users:
+  prometheus: {HASH}
+""")
+    port = free_port()
+    exporter = subprocess.Popen(
+        [sys.executable, "-m", "exporter", "serve", "--collector.disable-defaults", f"--path.state={tmp_path}",
+         f"--web.config.file={config}", f"--web.listen-address=127.0.0.1:{port}"],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+    def job(name: str, password: str) -> dict[str, object]:
+        return {
+            "job_name": name,
+            "scheme": "https",
+            "tls_config": {"ca_file": str(pki / "ca.crt"), "cert_file": str(pki / "client.crt"),
+                           "key_file": str(pki / "client.key"), "server_name": "127.0.0.1"},
+            "basic_auth": {"username": "prometheus", "password": password},
+            "static_configs": [{"targets": [f"127.0.0.1:{port}"]}],
+        }
+
+    plain = {"job_name": "plain", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
+    prometheus = Prometheus(prometheus_binary, tmp_path / "prometheus", {
+        "global": {"scrape_interval": "1s", "scrape_timeout": "900ms"},
+        "scrape_configs": [job("right", PASSWORD), job("wrong", "guess"), plain],
+    })
+    try:
+        _wait_listening(port)
+        prometheus.start()
+        up = prometheus.wait_until(
+            lambda: (values := {s["metric"]["job"]: s["value"][1] for s in prometheus.query("up")})
+            and len(values) == 3 and values,
+            timeout=30, what="three scrape jobs reporting",
+        )
+        assert up == {"right": "1", "wrong": "0", "plain": "0"}, json.dumps(up)
+        assert prometheus.values('ccl_exporter_build_info{job="right"}') == [1.0]
+        targets = {t["labels"]["job"]: t["lastError"] for t in prometheus.api("targets")["activeTargets"]}
+        assert "401" in targets["wrong"]
+    finally:
+        prometheus.stop()
+        exporter.terminate()
+        exporter.wait(10)
+
+
+def _wait_listening(port: int, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+        time.sleep(0.1)
+    raise TimeoutError(f"the exporter did not listen on {port}")
