@@ -422,7 +422,7 @@ def training_job() -> Dashboard:
                      f"({_sel('ccl_nccl_gdr_disabled', JOB)}))"
                      f" * on (cluster, pod, node) group_left (verdict) max by (cluster, pod, node, verdict) "
                      f"({_sel('ccl_nccl_verdict', JOB)} == 1)")
-    dashboard = (
+    dashboard = _with_in_job_collectives(
         _dashboard("ccl-training-job.json",
                    "One training job: its pods and nodes, NCCL networks and transports per communicator, "
                    "fabric throughput of its nodes, probe history.")
@@ -486,6 +486,46 @@ def training_job() -> Dashboard:
                                     alerts=("CclProbeFailing",)))
     )
     return _with_panels(dashboard.with_row(Row("GPU to NIC paths")), job_topology_panels())
+
+
+# Size classes whose bus bandwidth is bandwidth-bound (what CclJobBusBandwidthDegraded compares).
+LARGE = 'size_class=~"10MB_100MB|100MB_1GB|ge_1GB"'
+
+
+def _with_in_job_collectives(board: Dashboard) -> Dashboard:
+    """The training-job dashboard's row of in-job collectives (NCCL Inspector, collector
+    ``inspector``): bus bandwidth per collective and size class, with the job's transport
+    verdict beside it, time spent in collectives, and large collectives against the floor."""
+    by = "collective, scope, size_class"
+    busbw = (f"{_rate(by, 'ccl_nccl_collective_bus_bytes_total', JOB)}"
+             f" / {_rate(by, 'ccl_nccl_collective_seconds_total', JOB)}")
+    node_rule = "job_name_node_collective:ccl_nccl_collective_bus_bandwidth_bytes_per_second"
+    return (
+        board.with_row(Row("In-job bus bandwidth (NCCL Inspector)"))
+        .with_panel(_timeseries("In-job bus bandwidth per collective and size class", "Bps",
+                                (busbw, "{{collective}} {{scope}} {{size_class}}"),
+                                description="Bus bandwidth the job's collectives got, measured inside the job by "
+                                "the NCCL Inspector: bus bytes (nccl-tests size x bus factor) over time, all its "
+                                "pods together. Sizes under 10 MB are latency-bound.",
+                                alerts=("CclJobBusBandwidthDegraded",)).span(16))
+        .with_panel(_table("Transport verdict", f"max by (cluster, pod, node, verdict) ({_sel('ccl_nccl_verdict', JOB)} == 1)",
+                           value=None, label_states=(("verdict", VERDICT),),
+                           description="The NCCL transport verdict of each pod of the job (from its NCCL log).",
+                           width=8))
+        .with_panel(_timeseries("Time in collectives", "s",
+                                (_rate("collective, size_class", "ccl_nccl_collective_seconds_total", JOB),
+                                 "{{collective}} {{size_class}}"),
+                                description="Seconds per second the job's ranks spend in each kind of collective "
+                                "(8 ranks each busy half the time: 4)."))
+        .with_panel(_timeseries("Large collectives per node against the network floor", "Bps",
+                                (_sel(f"{node_rule}:rate5m", JOB, LARGE),
+                                 "{{node}} {{collective}} {{scope}} {{size_class}}"),
+                                (_sel(f"{node_rule}:floor", JOB), "floor {{node}} {{collective}} {{scope}}"),
+                                description="What CclJobBusBandwidthDegraded compares: the job's 5-minute bus "
+                                "bandwidth per node, and the least its node's network should give (half the probe's "
+                                "7-day median, or the scope's floor).",
+                                alerts=("CclJobBusBandwidthDegraded",)))
+    )
 
 
 def node_fabric() -> Dashboard:

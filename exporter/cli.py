@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from exporter import __version__, analyze
 from exporter.collectors import all_collectors
 from exporter.collectors.base import Collector, CollectorSpec
-from exporter.config import DEFAULT_PORT, ServeConfig, parse_listen_address
+from exporter.config import DEFAULT_NCCL_INSPECTOR, DEFAULT_PORT, ServeConfig, parse_listen_address
 from exporter.exposition import DEFAULT_MAX_PAGE_BYTES, MIN_PAGE_BYTES
 from exporter.flags import LOG_LEVEL, PROBE_RESULTS, SYSFS, EnvHelpFormatter, Flag, Switch, on_off_flag
 from exporter.probe import command as probe_command
@@ -98,6 +98,13 @@ PATH_FLAGS = (
     Flag("--path.nccl-debug-files", "/var/log/nccl", "folder of NCCL_DEBUG_FILE outputs", dest="nccl_debug_files"),
     Flag("--path.state", "/var/lib/ccl-exporter", "writable folder for tail offsets", dest="state"),
     Flag("--path.pod-resources", str(DEFAULT_SOCKET), "kubelet pod-resources socket", dest="pod_resources"),
+    # NCCL Inspector output (NCCL_INSPECTOR_DUMP_DIR): per-pod folders, as for NCCL debug files
+    Flag(
+        "--path.nccl-inspector",
+        str(DEFAULT_NCCL_INSPECTOR),
+        "folder of NCCL Inspector output (<namespace>_<pod>/ per pod: JSON Lines and .prom files)",
+        dest="nccl_inspector",
+    ),
 )
 NODE_NAME = Flag(
     "--kube.node-name",
@@ -206,6 +213,7 @@ def config_from_args(args: argparse.Namespace, specs: Sequence[CollectorSpec]) -
         simulate_tick_seconds=float(args.simulate_tick),
         simulate_job_ends_after_seconds=float(args.simulate_job_ends_after),
         collector_settings={spec.name: spec.settings(args) for spec in specs},
+        nccl_inspector=Path(args.nccl_inspector),
     )
 
 

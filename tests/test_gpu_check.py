@@ -59,6 +59,9 @@ def test_degrades_clearly_without_nvidia_smi_torch_or_gpu(fake_lib: Path, tmp_pa
     # here torch is absent or CPU-only: either way the NCCL step is skipped with its reason
     assert rows["NCCL init"][0] == "SKIPPED" and ("torch" in rows["NCCL init"][1])
     assert rows["ccl-exporter analyze"] == ("SKIPPED", "no NCCL log to analyze")
+    # no GPU job can run, so neither can the NCCL Inspector's: skipped, saying why
+    assert rows["NCCL Inspector"][0] == "SKIPPED" and "no GPU job can run here" in rows["NCCL Inspector"][1]
+    assert rows["Inspector records"] == ("SKIPPED", "no Inspector output")
     metrics = (out / "ccl-nvml-metrics.txt").read_text()
     assert ('ccl_gpu_info{gpu="0",name="NVIDIA H200",pci_bus_id="00000000:18:00.0",'
             'uuid="GPU-fa4e0000-0000-4000-8000-000000000000"} 1.0') in metrics
@@ -153,3 +156,19 @@ def test_topology_step_says_what_it_skipped_without_gpus(tmp_path: Path) -> None
     rows = summary_rows(out)
     assert rows["ccl topology"][0] == "SKIPPED" and "NVML" in rows["ccl topology"][1]
     assert rows["topology compare"] == ("SKIPPED", "no GPU/NIC matrix of ours")
+
+
+def test_reads_given_inspector_output_as_the_exporter_does(fake_lib: Path, tmp_path: Path) -> None:
+    """A job's Inspector dump folder (here the fixtures of every format version) is read by the
+    exporter's own parser; the bus bandwidth of its counters matches the records'."""
+    out = tmp_path / "out"
+    dump = REPO / "tests" / "fixtures" / "inspector"
+    done = run_check(out, fake_lib, "--nvidia-smi", str(tmp_path / "none"), "--inspector-dir", str(dump))
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = summary_rows(out)
+    assert rows["NCCL Inspector"][0] == "SKIPPED" and "reading the given output" in rows["NCCL Inspector"][1]
+    status, detail = rows["Inspector records"]
+    assert status == "OK" and detail.startswith("16 operations"), detail
+    records = (out / "inspector-records.txt").read_text()
+    assert "all_reduce inter_node ge_1GB" in records and "nccl-2.30-json.log: {" in records
+    assert "nccl-2.28-json.log: {" in done.stdout  # the records are printed too

@@ -321,7 +321,7 @@ def test_the_args_are_flags_serve_accepts() -> None:
     parsed = build_parser(environ={}).parse_args(args)
     assert parsed.web_config_file == "/etc/ccl-exporter/web/web-config.yml"
     config = config_from_args(parsed, all_collectors())
-    assert config.enabled_collectors == ("nvml", "nccl", "probe", "topology")
+    assert config.enabled_collectors == ("nvml", "nccl", "inspector", "probe", "topology")
     assert config.listen_address == "0.0.0.0:19500" and parsed.node_name == "gpu-node-1"
     assert parsed.probe_interval == 3600 and parsed.probe_timeout == 120
 

@@ -237,7 +237,7 @@ def test_daemonset_is_unprivileged_with_read_only_host_mounts(objects: list[dict
     assert volumes["state"]["hostPath"]["type"] == "DirectoryOrCreate"
     assert {v["hostPath"]["path"] for v in volumes.values()} == {
         "/sys", "/var/log/pods", "/var/log/nccl", "/var/lib/kubelet/pod-resources",
-        "/var/lib/ccl-exporter/probe-results", "/var/lib/ccl-exporter/state"}
+        "/var/lib/ccl-exporter/probe-results", "/var/lib/ccl-exporter/state", "/var/log/nccl-inspector"}
     resources = container["resources"]
     assert resources["requests"] and resources["limits"]
     assert "nvidia.com/gpu" not in {**resources["requests"], **resources["limits"]}, "never take GPUs from jobs"
@@ -260,7 +260,8 @@ def test_daemonset_args_are_flags_the_exporter_accepts(objects: list[dict]) -> N
     args = [a.replace("$(NODE_NAME)", "gpu-node-1") for a in container["args"]]
     parsed = build_parser(environ={}).parse_args(args)
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
-    for path in (parsed.sysfs, parsed.pod_logs, parsed.nccl_debug_files, parsed.probe_results, parsed.state):
+    for path in (parsed.sysfs, parsed.pod_logs, parsed.nccl_debug_files, parsed.probe_results, parsed.state,
+                 parsed.nccl_inspector):
         assert str(path) in mounts, f"{path} is not mounted"
     assert str(Path(parsed.pod_resources).parent) in mounts
     assert parsed.node_name == "gpu-node-1"

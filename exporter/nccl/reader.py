@@ -14,6 +14,10 @@ from exporter.nccl.networks import RDMA, is_libfabric, network_class
 from exporter.nccl.state import Limits, StreamState, SummarizeEvicted
 from exporter.nccl.verdict import NcclWarning, Verdict
 
+# A line the reader can use holds one of these: "NCCL " (every record the logger writes), or for a
+# bare message body (its prefix stripped by whoever shipped the log) one of the others; any other
+# line is dropped at once by ``feed``. ``ccl-exporter analyze`` skips, unread, lines holding none.
+LINE_NEEDLES = ("NCCL ", " via ", "Using", "comm ", " Pid ")
 _MEMO_ENTRIES = 4096  # parsed messages remembered per stream (cleared when full)
 _MEMO_MESSAGE_CHARS = 512  # longer messages are parsed every time
 # What each remembered fact costs, in bytes (CPython 3.11, measured with tracemalloc; the parser
@@ -78,7 +82,7 @@ class StreamReader(StreamState):
             self._count("long_lines")
             line = line[:limit]
         marker = line.find("NCCL ")
-        if marker < 0:
+        if marker < 0:  # LINE_NEEDLES, spelled out: the test of every line
             if " via " not in line and "Using" not in line and "comm " not in line and " Pid " not in line:
                 return
         elif (

@@ -63,6 +63,11 @@ def shown_network(name: str | None, cls: str | None) -> str:
 # Which connection lines are whose
 
 
+def attribute_connections(state: StreamState) -> dict[str, list[Connection]]:
+    """Connection lines by the communicator they belong to, as the verdict attributes them."""
+    return _attribute(state, state.process_nodes()[1])
+
+
 def _attribute(state: StreamState, nodes_of: dict[int, NodeKey]) -> dict[str, list[Connection]]:
     """Connection lines by the communicator they belong to (UNATTRIBUTED: one the log never names)."""
     buckets: dict[str, list[Connection]] = {}

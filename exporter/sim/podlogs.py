@@ -347,6 +347,11 @@ class SimPodLogs:
             step_time = (12.4 if job.network == "Socket" and job.nnodes > 1 else 6.1) * self.rng.uniform(0.97, 1.03)
             self._append(job, [f"[rank0]: step {job.step} loss {loss:.4f} step_time {step_time:.2f}s"])
 
+    def running(self) -> list[SimJob]:
+        """The pods running now (what other simulated parts write output for)."""
+        with self._lock:
+            return list(self._running.values())
+
     # PodMetadataSource
     def lookup(self, namespace: str, pod: str) -> PodMetadata | None:
         with self._lock:

@@ -13,7 +13,6 @@ tail offsets, and the head of a resumed stream is replayed only to rebuild the g
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import threading
 import time
@@ -23,7 +22,7 @@ from pathlib import Path
 
 from prometheus_client.metrics_core import Metric
 
-from exporter.collectors.base import CollectorSpec, CollectorUnavailable
+from exporter.collectors.base import CollectorSpec, CollectorUnavailable, run_every
 from exporter.collectors.nccl.families import NcclLimits, PodReport, Snapshot, nccl_families
 from exporter.collectors.nccl.nic_affinity import pod_nic_affinity
 from exporter.fabric_verdicts import PodFabric, VerdictFeed
@@ -162,9 +161,7 @@ class NcclCollector:
     # -- background ------------------------------------------------------------------
 
     async def run(self) -> None:
-        while True:
-            await asyncio.to_thread(self.step)
-            await asyncio.sleep(self.tick_seconds)
+        await run_every(self.tick_seconds, self.step)
 
     def close(self) -> None:
         self.save_state()
