@@ -160,6 +160,29 @@ def test_the_webhook_is_wired_to_its_service_and_certificate(webhook_objects: li
     assert not [v for v in pod["volumes"] if "hostPath" in v]
 
 
+def test_the_webhook_is_scraped_over_https_with_its_certificate_ca(webhook_objects: list[dict[str, Any]]) -> None:
+    monitor = _one(webhook_objects, "PodMonitor", "ccl-webhook")
+    deployment = _one(webhook_objects, "Deployment", "ccl-webhook")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= \
+        deployment["spec"]["template"]["metadata"]["labels"].items()
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert endpoint["port"] in {p["name"] for p in container["ports"]} and endpoint["scheme"] == "https"
+    certificate = _one(webhook_objects, "Certificate", "ccl-webhook")
+    assert endpoint["tlsConfig"]["ca"]["secret"] == {"name": certificate["spec"]["secretName"], "key": "ca.crt"}
+    assert endpoint["tlsConfig"]["serverName"] in certificate["spec"]["dnsNames"]
+
+
+def test_the_preflight_writes_where_the_exporter_reads(webhook_objects: list[dict[str, Any]]) -> None:
+    from exporter.cli import build_parser
+    from exporter.webhook.command import webhook_config_from_args
+
+    (container,) = _one(webhook_objects, "Deployment", "ccl-webhook")["spec"]["template"]["spec"]["containers"]
+    config = webhook_config_from_args(build_parser({}).parse_args(container["args"]))
+    volumes = {v["name"]: v for v in _one(webhook_objects, "DaemonSet")["spec"]["template"]["spec"]["volumes"]}
+    assert config.probe_results_host_path == volumes["probe-results"]["hostPath"]["path"]
+
+
 def test_lifecycle_rbac_is_exactly_the_writes_the_code_makes(lifecycle_objects: list[dict[str, Any]]) -> None:
     role = _one(lifecycle_objects, "ClusterRole", "ccl-exporter-lifecycle")
     assert role["rules"] == [
