@@ -441,10 +441,12 @@ def test_the_chart_knows_every_collector_and_the_version() -> None:
 
     specs = all_collectors()
     values = yaml.safe_load((CHART / "values.yaml").read_text())
-    assert values["collectors"] == {spec.name: spec.default_enabled for spec in specs}
+    # The lifecycle collector follows lifecycle.enabled (which brings its RBAC): unset here.
+    assert values["collectors"] == {spec.name: None if spec.name == "lifecycle" else spec.default_enabled
+                                    for spec in specs}
     schema = yaml.safe_load((CHART / "values.schema.json").read_text())
     assert set(schema["properties"]["collectors"]["properties"]) == {spec.name for spec in specs}
-    every_collector_on = {"collectors": {spec.name: True for spec in specs}}
+    every_collector_on = {"collectors": {spec.name: True for spec in specs}, "lifecycle": {"enabled": True}}
     args = [a.replace("$(NODE_NAME)", "n") for a in container(chart_objects(every_collector_on))["args"]]
     from exporter.cli import build_parser, config_from_args
 
@@ -459,7 +461,7 @@ def test_every_documented_set_is_a_value_the_schema_accepts() -> None:
     """`--set key=value` in the docs and the chart's NOTES must name values the chart has."""
     from helm_python import parse_set_string
 
-    texts = [(REPO / "docs" / name).read_text() for name in ("deploy.md", "coexistence.md")]
+    texts = [(REPO / "docs" / name).read_text() for name in ("deploy.md", "coexistence.md", "lifecycle.md")]
     texts.append((CHART / "templates" / "NOTES.txt").read_text())
     found = [match for text in texts for match in re.findall(r"--set ([A-Za-z0-9_.\[\]]+=[^\s`]+)", text)]
     assert len(found) >= 5
