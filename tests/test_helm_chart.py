@@ -13,10 +13,8 @@
 from __future__ import annotations
 
 import copy
-import os
 import re
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +27,7 @@ from helm_python import Chart, HelmRenderError, HelmValuesError, lint
 import exporter
 from devtools import chart_files
 from tests.conftest import REPO
-from tests.test_manifests import CORE_KINDS, CRD_SCHEMAS, IDLE_PROBES, KUBE_PROMETHEUS_STACK, MANIFESTS, _checkov, _render
+from tests.test_manifests import CORE_KINDS, CRD_SCHEMAS, IDLE_PROBES, KUBE_PROMETHEUS_STACK, MANIFESTS, _render, scan
 
 CHART = MANIFESTS / "helm" / "ccl-health-exporter"
 NAMESPACE = "ccl-health"
@@ -361,21 +359,11 @@ def test_notes_say_what_to_do_next() -> None:
 
 
 def test_checkov_finds_nothing_unexplained_in_the_renders(tmp_path: Path) -> None:
-    checkov = _checkov()
     for name, values in (("defaults", {}), ("probes", {"probes": {"enabled": True}}), ("non-default", NON_DEFAULT)):
         text = "\n---\n".join(yaml.safe_dump(o) for o in chart_objects(values))
         (tmp_path / f"{name}.yaml").write_text(text)
-    result = subprocess.run(
-        [checkov, "--directory", str(tmp_path), "--framework", "kubernetes", "--compact", "--quiet",
-         "--skip-download", "--output", "json"],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "BC_SKIP_MAPPING": "TRUE"},
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    report = yaml.safe_load(result.stdout)
-    assert report["summary"]["failed"] == 0
+    report = scan(tmp_path)
     assert report["summary"]["passed"] > 30, "the scanner checked all three renders"
-    for skipped in report["results"].get("skipped_checks", []):
-        assert skipped.get("suppress_comment", "").strip(), f"{skipped['check_id']} skipped without a reason"
 
 
 # ---- values.schema.json ----
@@ -453,10 +441,12 @@ def test_the_chart_knows_every_collector_and_the_version() -> None:
 
     specs = all_collectors()
     values = yaml.safe_load((CHART / "values.yaml").read_text())
-    assert values["collectors"] == {spec.name: spec.default_enabled for spec in specs}
+    # The lifecycle collector follows lifecycle.enabled (which brings its RBAC): unset here.
+    assert values["collectors"] == {spec.name: None if spec.name == "lifecycle" else spec.default_enabled
+                                    for spec in specs}
     schema = yaml.safe_load((CHART / "values.schema.json").read_text())
     assert set(schema["properties"]["collectors"]["properties"]) == {spec.name for spec in specs}
-    every_collector_on = {"collectors": {spec.name: True for spec in specs}}
+    every_collector_on = {"collectors": {spec.name: True for spec in specs}, "lifecycle": {"enabled": True}}
     args = [a.replace("$(NODE_NAME)", "n") for a in container(chart_objects(every_collector_on))["args"]]
     from exporter.cli import build_parser, config_from_args
 
@@ -471,7 +461,7 @@ def test_every_documented_set_is_a_value_the_schema_accepts() -> None:
     """`--set key=value` in the docs and the chart's NOTES must name values the chart has."""
     from helm_python import parse_set_string
 
-    texts = [(REPO / "docs" / name).read_text() for name in ("deploy.md", "coexistence.md")]
+    texts = [(REPO / "docs" / name).read_text() for name in ("deploy.md", "coexistence.md", "lifecycle.md")]
     texts.append((CHART / "templates" / "NOTES.txt").read_text())
     found = [match for text in texts for match in re.findall(r"--set ([A-Za-z0-9_.\[\]]+=[^\s`]+)", text)]
     assert len(found) >= 5

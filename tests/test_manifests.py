@@ -56,6 +56,26 @@ def _checkov() -> str:
                        ".venv-scan/bin/pip install checkov==3.3.30)")
 
 
+def scan(folder: Path, framework: str = "kubernetes") -> dict:  # type: ignore[type-arg]
+    """checkov's report on ``folder``: nothing failed, and every finding it skipped (an accepted
+    one) carries the reason it was accepted for."""
+    result = subprocess.run(
+        [_checkov(), "--directory", str(folder), "--framework", framework, "--compact", "--skip-download",
+         "--output", "json"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "BC_SKIP_MAPPING": "TRUE"},
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = yaml.safe_load(result.stdout)
+    assert report["summary"]["failed"] == 0
+    skipped = report["results"]["skipped_checks"]
+    assert len(skipped) == report["summary"]["skipped"]
+    for check in skipped:
+        reason = (check["check_result"].get("suppress_comment") or "").strip()
+        # checkov's own text for a suppression without one.
+        assert reason and reason != "No comment provided", f"{check['check_id']} on {check['resource']} has no reason"
+    return report  # type: ignore[no-any-return]
+
+
 IDLE_PROBES = MANIFESTS / "overlays" / "idle-probes"
 
 
@@ -279,25 +299,24 @@ def test_dashboards_are_shipped_to_the_grafana_sidecar(objects: list[dict]) -> N
 
 
 def test_checkov_finds_nothing_unexplained(rendered: str, tmp_path: Path) -> None:
-    checkov = _checkov()
     (tmp_path / "k8s").mkdir()
     (tmp_path / "k8s" / "rendered.yaml").write_text(rendered)
     (tmp_path / "k8s" / "idle-probes.yaml").write_text(_render(IDLE_PROBES))
     (tmp_path / "docker").mkdir()
     shutil.copy(REPO / "Dockerfile", tmp_path / "docker" / "Dockerfile")
     for folder, framework in (("k8s", "kubernetes"), ("docker", "dockerfile")):
-        result = subprocess.run(
-            [checkov, "--directory", str(tmp_path / folder), "--framework", framework, "--compact", "--quiet",
-             "--skip-download", "--output", "json"],
-            capture_output=True, text=True, timeout=300, env={**os.environ, "BC_SKIP_MAPPING": "TRUE"},
-        )
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-        report = yaml.safe_load(result.stdout)
-        summary = report["summary"]
-        assert summary["failed"] == 0
-        assert summary["passed"] > 10, "the scanner checked something"
-        for skipped in report["results"].get("skipped_checks", []):
-            assert skipped.get("suppress_comment", "").strip(), f"{skipped['check_id']} skipped without a reason"
+        report = scan(tmp_path / folder, framework)
+        assert report["summary"]["passed"] > 10, "the scanner checked something"
+
+
+def test_the_scan_rejects_a_finding_accepted_without_a_reason(objects: list[dict], tmp_path: Path) -> None:  # type: ignore[type-arg]
+    copies = yaml.safe_load(yaml.safe_dump(objects))
+    annotations = _one(copies, "DaemonSet")["metadata"]["annotations"]
+    (key,) = [k for k, v in annotations.items() if k.startswith("checkov.io/skip") and v.startswith("CKV_K8S_43=")]
+    annotations[key] = "CKV_K8S_43"
+    (tmp_path / "rendered.yaml").write_text(yaml.safe_dump_all(copies))
+    with pytest.raises(AssertionError, match="CKV_K8S_43 on DaemonSet.* has no reason"):
+        scan(tmp_path)
 
 
 def test_every_checkov_suppression_has_a_reason(objects: list[dict]) -> None:  # type: ignore[type-arg]
