@@ -22,9 +22,11 @@ there only. It
   without ``CAP_FOWNER`` only the owner may change a mode), unless it is already mode 1777;
 * is idempotent: a folder already at mode 1777 is left exactly as it is.
 
-Exit 0 with one line saying what it did, 1 with one line on stderr saying why it could not
-(the exporter's pod then stays in ``Init``, with that line in ``kubectl logs -c
-prepare-results``), 2 on bad flags.
+Exit 0 with one line saying what it did, 1 with one line on stderr saying why it could not, 2 on
+bad flags. With ``--warn-only`` (how the DaemonSet runs it) a folder it cannot prepare is one
+``WARNING`` line on stderr and exit 0: the exporter must start anyway, because TCP-fallback
+detection does not depend on result files; the line stays in ``kubectl logs -c
+prepare-results``, and every pre-flight or probe that then cannot write says so in its own log.
 """
 
 from __future__ import annotations
@@ -177,6 +179,13 @@ def run_prepare_results(args: argparse.Namespace) -> int:
     try:
         prepared = prepare_results_folder(Path(args.probe_results))
     except FolderNotPrepared as exc:
+        if args.warn_only:
+            print(
+                f"ccl-exporter {COMMAND}: WARNING: {exc} (pre-flight and probe results cannot be written on this "
+                "node until it is fixed; the exporter starts anyway)",
+                file=sys.stderr,
+            )
+            return 0
         print(f"ccl-exporter {COMMAND}: {exc}", file=sys.stderr)
         return 1
     print(f"ccl-exporter {COMMAND}: {prepared.describe()}")
@@ -194,6 +203,12 @@ def add_parser(
     )
     PROBE_RESULTS.add_to(
         parser, environ, help="the folder to prepare, below its parent as mounted (never a symlink, never followed)"
+    )
+    parser.add_argument(
+        "--warn-only",
+        action="store_true",
+        help="a folder that cannot be prepared is a WARNING line and exit 0 (the DaemonSet's init container: "
+        "the exporter must start whatever happens to result files)",
     )
     parser.set_defaults(handler=run_prepare_results)
     return parser

@@ -361,7 +361,7 @@ def test_the_results_folder_is_prepared_wherever_it_is() -> None:
     """The init container follows hostPaths.probeResults (with probes on, too); a trailing slash
     does not separate the folder from its parent."""
     init = assert_prepares_the_results_folder(_pod(NON_DEFAULT))
-    assert init["args"] == ["prepare-results", "--path.probe-results=/host/data/ccl/results"]
+    assert init["args"] == ["prepare-results", "--warn-only", "--path.probe-results=/host/data/ccl/results"]
     assert init["image"] == "registry.internal/ccl-health-exporter-probe@sha256:" + "cd" * 32
     volumes = {v["name"]: v for v in _pod(NON_DEFAULT)["volumes"]}
     assert volumes["probe-results-parent"]["hostPath"] == {"path": "/data/ccl", "type": "DirectoryOrCreate"}

@@ -284,6 +284,7 @@ def assert_prepares_the_results_folder(pod: dict) -> dict:  # type: ignore[type-
     assert init["name"] == "prepare-results" and init["image"] == exporter["image"]
     parsed = build_parser(environ={}).parse_args(init["args"])
     assert parsed.command == "prepare-results"
+    assert parsed.warn_only, "a folder it cannot prepare must never keep the exporter from starting"
     volumes = {v["name"]: v for v in pod["volumes"]}
     (mount,) = init["volumeMounts"]
     assert not mount.get("readOnly") and "subPath" not in mount

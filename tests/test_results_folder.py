@@ -150,6 +150,12 @@ def test_the_command_says_in_one_line_what_it_did_or_why_not(tmp_path: Path, cap
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1
     assert err.startswith(f"ccl-exporter prepare-results: {folder} is a symlink")
+    # As the DaemonSet runs it: the reason is a WARNING and the exporter's pod starts anyway.
+    assert main(["prepare-results", "--warn-only", "--path.probe-results", str(folder)]) == 0
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert err.startswith(f"ccl-exporter prepare-results: WARNING: {folder} is a symlink")
+    assert "the exporter starts anyway" in err and folder.is_symlink()
 
 
 def test_the_folder_flag_is_the_shared_one() -> None:
