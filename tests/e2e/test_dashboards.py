@@ -123,11 +123,11 @@ KNOWN_GAPS: dict[str, str] = {}
 
 
 def hourly_probe_history(node: str, hours: int, now: float) -> str:
-    """A day and more of hourly probe peaks (backfilled), so the 7-day median panel has its 24 points."""
-    series = f'node:ccl_probe_bus_bandwidth_bytes_per_second:max{{node="{node}",collective="all_reduce",' \
+    """A day and more of hourly probe peaks (backfilled), so the 7-day median panel has a day of them."""
+    series = f'node:ccl_probe_bus_bandwidth_bytes_per_second:max1h{{node="{node}",collective="all_reduce",' \
              f'scope="inter_node",source="job"}}'
     top_of_hour = int(now) // 3600 * 3600
-    lines = ["# TYPE node:ccl_probe_bus_bandwidth_bytes_per_second:max gauge"]
+    lines = ["# TYPE node:ccl_probe_bus_bandwidth_bytes_per_second:max1h gauge"]
     lines += [f"{series} 3.5e11 {top_of_hour - 3600 * i}" for i in range(hours, 0, -1)]
     return "\n".join(lines) + "\n# EOF\n"
 
