@@ -9,7 +9,7 @@ TORCH_PIN ?= torch==2.13.0
 SCAN_VENV ?= .venv-scan
 CHECKOV_PIN ?= checkov==3.3.30
 
-.PHONY: demo test test-fast lint bench venv clean
+.PHONY: demo test test-fast lint bench venv clean chart-files
 
 venv: $(VENV)/.installed
 
@@ -42,6 +42,11 @@ test-fast: venv
 
 bench: venv
 	$(BIN)/python -m bench.run_all
+
+# The Helm chart's copies of alerts/ccl-health-rules.yaml and dashboards/*.json (Helm reads no
+# file outside the chart); run after alerts/sync.py or dashboards/generate.py.
+chart-files: venv
+	$(BIN)/python -m devtools.chart_files
 
 clean:
 	rm -rf $(VENV) $(SCAN_VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

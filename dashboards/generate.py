@@ -278,6 +278,64 @@ def _port_state(by: str, *matchers: str) -> str:
             f" + on ({by}) max by ({by}) ({_sel('ccl_rdma_port_physical_state_id', *matchers)})")
 
 
+# ---- GPU <-> NIC topology panels (node and job dashboards) ----
+
+AFFINITY_HELP = ("Classes as nvidia-smi topo -m names them: PIX one PCIe switch between GPU and NIC, PXB several "
+                 "switches, PHB through the host bridge, NODE across host bridges of one NUMA node, SYS across "
+                 "NUMA nodes (the CPU interconnect). PIX/PXB are local: GPUDirect RDMA by default.")
+
+
+def _affinity_matrix(node: str) -> Table:
+    """GPU x NIC matrix: one row per GPU, one column per RDMA NIC, the class in each cell."""
+    matrix = DataTransformerConfig(
+        id_val="groupingToMatrix",
+        options={"rowField": "gpu", "columnField": "device", "valueField": "affinity", "emptyValue": "null"},
+    )
+    panel = _table("GPU x NIC affinity (rows: GPU, columns: NIC)",
+                   f"max by (cluster, gpu, device, affinity) ({_sel('ccl_topology_gpu_nic_info', node)})",
+                   value=None, width=24,
+                   description="Read along a GPU's row: its NIC under the same PCIe switch shows PIX; on an HGX/DGX "
+                               "node each GPU has exactly one, the NICs of its socket show NODE and the other "
+                               "socket's SYS. An empty cell: sysfs does not tell. " + AFFINITY_HELP)
+    return panel.with_transformation(matrix)
+
+
+def node_topology_panels(node: str) -> list[Table]:
+    """Node fabric dashboard: where GPUs and NICs sit, what pods were given and what NCCL uses."""
+    return [
+        _affinity_matrix(node),
+        _table("Nearest NIC per GPU",
+               f"max by (cluster, gpu, device, affinity) ({_sel('ccl_topology_gpu_nearest_nic_info', node)})",
+               value=None,
+               description="The NIC(s) nearest to each GPU and their class; absent for a GPU whose distance to "
+                           "some NIC is unknown."),
+        _table("RDMA NICs given to pods",
+               "max by (cluster, namespace, pod, device, source, resource) "
+               f"({_sel('ccl_pod_rdma_device_info', node)})",
+               value=None, alerts=("CclPodFewerRdmaNicsThanGpus",),
+               description="Per pod: the NICs from device plugins, DRA claims (source dra) and Multus "
+                           "(source multus)."),
+        _table("NCCL: the NIC each GPU's traffic uses",
+               "max by (cluster, namespace, pod, gpu, device, affinity, gdr) "
+               f"({_sel('ccl_nccl_nic_affinity', node)})",
+               value=None, width=24, alerts=("CclNcclNicAffinityCrossed",),
+               description="From the pods' NCCL logs. A far class (PHB, NODE, SYS) on a GPU whose nearest NIC is "
+                           "PIX/PXB is a crossed rail (alert CclNcclNicAffinityCrossed). " + AFFINITY_HELP),
+    ]
+
+
+def job_topology_panels() -> list[Table]:
+    """Training-job dashboard: each pod's GPU -> NIC path with its class."""
+    return [
+        _table("GPU -> NIC path per pod (class)",
+               f"max by (cluster, pod, node, gpu, device, affinity, gdr) ({_sel('ccl_nccl_nic_affinity', JOB)})",
+               value=None, width=24, alerts=("CclNcclNicAffinityCrossed",),
+               description="Which NIC each GPU's NCCL traffic leaves through, from the pods' NCCL logs, and the "
+                           "PCIe class of that path on the pod's node. Expected: PIX (or PXB) for every GPU; "
+                           "gdr true. " + AFFINITY_HELP),
+    ]
+
+
 def fleet() -> Dashboard:
     node = 'node=~"$node"'
     return (
@@ -356,6 +414,12 @@ def fleet() -> Dashboard:
     )
 
 
+def _with_panels(dashboard: Dashboard, panels: list[Table]) -> Dashboard:
+    for panel in panels:
+        dashboard = dashboard.with_panel(panel)
+    return dashboard
+
+
 def training_job() -> Dashboard:
     on_job_nodes = f"and on (cluster, node) {_sel('job_name_node:ccl_nccl_pods:count', JOB)}"
     pod_transport = (f"(max by (cluster, pod, node, job_kind) ({_sel('ccl_nccl_tcp_fallback', JOB)})"
@@ -363,7 +427,7 @@ def training_job() -> Dashboard:
                      f"({_sel('ccl_nccl_gdr_disabled', JOB)}))"
                      f" * on (cluster, pod, node) group_left (verdict) max by (cluster, pod, node, verdict) "
                      f"({_sel('ccl_nccl_verdict', JOB)} == 1)")
-    return (
+    dashboard = _with_in_job_collectives(
         _dashboard("ccl-training-job.json",
                    "One training job: its pods and nodes, NCCL networks and transports per communicator, "
                    "fabric throughput of its nodes, probe history.")
@@ -426,11 +490,52 @@ def training_job() -> Dashboard:
                                     "{{node}} {{collective}} {{scope}} {{source}}", PROBE_SUCCESS,
                                     alerts=("CclProbeFailing",)))
     )
+    return _with_panels(dashboard.with_row(Row("GPU to NIC paths")), job_topology_panels())
+
+
+# Size classes whose bus bandwidth is bandwidth-bound (what CclJobBusBandwidthDegraded compares).
+LARGE = 'size_class=~"10MB_100MB|100MB_1GB|ge_1GB"'
+
+
+def _with_in_job_collectives(board: Dashboard) -> Dashboard:
+    """The training-job dashboard's row of in-job collectives (NCCL Inspector, collector
+    ``inspector``): bus bandwidth per collective and size class, with the job's transport
+    verdict beside it, time spent in collectives, and large collectives against the floor."""
+    by = "collective, scope, size_class"
+    busbw = (f"{_rate(by, 'ccl_nccl_collective_bus_bytes_total', JOB)}"
+             f" / {_rate(by, 'ccl_nccl_collective_seconds_total', JOB)}")
+    node_rule = "job_name_node_collective:ccl_nccl_collective_bus_bandwidth_bytes_per_second"
+    return (
+        board.with_row(Row("In-job bus bandwidth (NCCL Inspector)"))
+        .with_panel(_timeseries("In-job bus bandwidth per collective and size class", "Bps",
+                                (busbw, "{{collective}} {{scope}} {{size_class}}"),
+                                description="Bus bandwidth the job's collectives got, measured inside the job by "
+                                "the NCCL Inspector: bus bytes (nccl-tests size x bus factor) over time, all its "
+                                "pods together. Sizes under 10 MB are latency-bound.",
+                                alerts=("CclJobBusBandwidthDegraded",)).span(16))
+        .with_panel(_table("Transport verdict", f"max by (cluster, pod, node, verdict) ({_sel('ccl_nccl_verdict', JOB)} == 1)",
+                           value=None, label_states=(("verdict", VERDICT),),
+                           description="The NCCL transport verdict of each pod of the job (from its NCCL log).",
+                           width=8))
+        .with_panel(_timeseries("Time in collectives", "s",
+                                (_rate("collective, size_class", "ccl_nccl_collective_seconds_total", JOB),
+                                 "{{collective}} {{size_class}}"),
+                                description="Seconds per second the job's ranks spend in each kind of collective "
+                                "(8 ranks each busy half the time: 4)."))
+        .with_panel(_timeseries("Large collectives per node against the network floor", "Bps",
+                                (_sel(f"{node_rule}:rate5m", JOB, LARGE),
+                                 "{{node}} {{collective}} {{scope}} {{size_class}}"),
+                                (_sel(f"{node_rule}:floor", JOB), "floor {{node}} {{collective}} {{scope}}"),
+                                description="What CclJobBusBandwidthDegraded compares: the job's 5-minute bus "
+                                "bandwidth per node, and the least its node's network should give (half the probe's "
+                                "7-day median, or the scope's floor).",
+                                alerts=("CclJobBusBandwidthDegraded",)))
+    )
 
 
 def node_fabric() -> Dashboard:
     node = 'node="$node"'
-    return (
+    dashboard = (
         _dashboard("ccl-node-fabric.json",
                    "One node: per-port RDMA throughput, errors and congestion; "
                    "per-link NVLink throughput, state and errors.")
@@ -508,6 +613,7 @@ def node_fabric() -> Dashboard:
                                  f"({_sel('ccl_exporter_collector_duration_seconds', node)})",
                                  "{{collector}}")))
     )
+    return _with_panels(dashboard.with_row(Row("GPU and NIC topology")), node_topology_panels(node))
 
 
 DASHBOARDS: dict[str, Callable[[], Dashboard]] = {

@@ -1,15 +1,19 @@
 """``make demo``: a simulated GPU node, and -- when Prometheus and Alertmanager are installed --
 the whole alerting chain watching one training job fall back from InfiniBand to TCP.
 
-1. ``ccl-exporter serve --simulate`` on 127.0.0.1:9400 (8 GPUs, 8 IB + 2 RoCE ports, training
+1. ``ccl-exporter serve --simulate`` on 127.0.0.1:19400 (8 GPUs, 8 IB + 2 RoCE ports, training
    pods with NCCL logs). The simulator's built-in TCP-fallback pod is removed first, so the
-   node starts healthy.
+   node starts without a fallback. The demo prints which NIC each training pod's GPUs send
+   through: the training pod rail by rail (``PIX``), the simulator's crossed-rail pod on the
+   other socket's NICs (``SYS``).
 2. With ``prometheus`` and ``prometheus-alertmanager`` on the PATH (Debian/Ubuntu:
    ``apt-get install prometheus prometheus-alertmanager``): both start on 127.0.0.1 with our
    rules (``alerts/ccl-health-rules.yaml``, unchanged), scraping every 2 s, and a webhook
    receiver in this process records what Alertmanager sends.
 3. The training pod ``ml-training/llama-70b-worker-0`` restarts and NCCL comes back on
-   ``Socket``: the timeline shows the NCCL lines written, the metric on /metrics, the alert
+   ``Socket``: the timeline shows the NCCL lines written, the pod's readiness condition
+   ``ccl-health.io/fabric-ready=False`` written by the lifecycle hooks to the simulated API
+   (within a second, no Prometheus involved), the metric on /metrics, the alert
    pending and firing in Prometheus (after the rule's ``for:``) and the notification
    received, with namespace, pod, job_name and node.
 
@@ -27,6 +31,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from devtools.stack import (
     ALERTMANAGER_NAMES,
@@ -36,10 +41,10 @@ from devtools.stack import (
     SimulatedExporter,
     Stack,
     StaticMetricsServer,
+    builtin_fallback_pods,
     find_binary,
     find_rules_file,
     gpu_node_capacity_metrics,
-    make_healthy,
     port_if_free,
 )
 from devtools.timeline import Timeline, follow, tcp_fallback_watch
@@ -56,6 +61,14 @@ DEMO_INTERVALS = Intervals(
     group_interval_seconds=10.0,
     repeat_interval_seconds=3600.0,
 )
+# The lifecycle hooks write to the simulated node's API: the fallback pod's readiness condition
+# shows up without Prometheus (POST /-/sim/kube-status shows what was written).
+DEMO_FLAGS = (
+    "--collector.nccl.grace-period=30",
+    "--collector.lifecycle",
+    "--collector.lifecycle.hooks=readiness,events,node-condition",
+)
+FABRIC_READY = "ccl-health.io/fabric-ready"
 EVENT_TEXT = {
     "metric": "ccl_nccl_tcp_fallback = 1 on the exporter's /metrics",
     "pending": "alert CclNcclTcpFallback pending in Prometheus (the rule matched; its for: starts)",
@@ -87,6 +100,25 @@ def missing_parts() -> list[str]:
     if find_binary(ALERTMANAGER_NAMES) is None:
         missing.append("prometheus-alertmanager")
     return missing
+
+
+def fabric_ready(exporter: SimulatedExporter, namespace: str, pod: str) -> dict[str, Any] | None:
+    """The pod's ``ccl-health.io/fabric-ready`` condition as the lifecycle hooks wrote it (simulated API)."""
+    written = exporter.act("kube-status")["pods"].get(f"{namespace}/{pod}", [])
+    return next((c for c in written if c.get("type") == FABRIC_READY), None)
+
+
+def wait_fabric_ready(
+    exporter: SimulatedExporter, namespace: str, pod: str, status: str, timeout: float
+) -> tuple[float, dict[str, Any]] | None:
+    """(wall time first seen, the condition) once it has ``status``; None after ``timeout`` seconds."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        condition = fabric_ready(exporter, namespace, pod)
+        if condition is not None and condition.get("status") == status:
+            return time.time(), condition
+        time.sleep(0.1)
+    return None
 
 
 def run_chain(exporter: SimulatedExporter, rules: Path, workdir: Path, timeout: float, stops: ExitStack) -> Timeline:
@@ -125,6 +157,13 @@ def run_chain(exporter: SimulatedExporter, rules: Path, workdir: Path, timeout: 
         }[name]
         say(f"  +{(at or written) - written:6.1f} s  {EVENT_TEXT[name]}")
 
+    shown = wait_fabric_ready(exporter, FALLBACK_NAMESPACE, FALLBACK_POD, "False", timeout=30)
+    if shown is not None:
+        at, condition = shown
+        say(
+            f"  +{at - written:6.1f} s  pod condition {FABRIC_READY}={condition['status']} ({condition['reason']}) "
+            "and Event NcclTcpFallback written to the API by the exporter (no Prometheus on this path)"
+        )
     watch = tcp_fallback_watch(FALLBACK_NAMESPACE, FALLBACK_POD, NODE)
     timeline = follow(written, watch, exporter, stack.prometheus, stack.receiver, timeout, on_event=on_event)
     hold = next(
@@ -158,6 +197,28 @@ def run_chain(exporter: SimulatedExporter, rules: Path, workdir: Path, timeout: 
     return timeline
 
 
+def show_nic_paths(exporter: SimulatedExporter, timeout: float = 10.0) -> None:
+    """Which NIC each pod's GPUs send NCCL traffic through, and its class (ccl_nccl_nic_affinity)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    deadline = time.monotonic() + timeout
+    rows: list[str] = []
+    while not rows and time.monotonic() < deadline:
+        for family in text_string_to_metric_families(exporter.metrics()):
+            if family.name == "ccl_nccl_nic_affinity":
+                rows = sorted(
+                    f"  {s.labels['namespace']}/{s.labels['pod']}: GPU {s.labels['gpu']} -> {s.labels['device']} "
+                    f"({s.labels['affinity'] or 'class unknown'})"
+                    for s in family.samples
+                )
+        if not rows:
+            time.sleep(0.5)
+    if rows:
+        say("GPU -> NIC paths of the pods' NCCL traffic (PIX: the NIC beside the GPU; SYS: the other socket's):")
+        for row in rows:
+            say(row)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m devtools.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="exporter port on 127.0.0.1 (another if taken)")
@@ -172,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     _stop_on_sigterm()
-    exporter = SimulatedExporter(NODE, port=port_if_free(args.port), extra_args=["--collector.nccl.grace-period=30"])
+    exporter = SimulatedExporter(NODE, port=port_if_free(args.port), extra_args=[*DEMO_FLAGS])
     stops = ExitStack()
     try:
         stops.callback(exporter.stop)
@@ -180,7 +241,9 @@ def main(argv: list[str] | None = None) -> int:
         say("ccl-health-exporter demo: a simulated GPU node (8 x H200, 8 x NDR InfiniBand, 2 x RoCE, training pods).")
         say(f"Exporter:     {exporter.url}/metrics   (landing page {exporter.url}/)")
         # The simulator ships one pod already on TCP; remove it so the fallback below is the only one.
-        make_healthy([exporter])
+        for namespace, pod in builtin_fallback_pods():
+            exporter.act("nccl-job-stop", namespace=namespace, pod=pod)
+        show_nic_paths(exporter)
         missing = [] if not args.no_monitoring else ["--no-monitoring given"]
         missing += missing_parts() if not args.no_monitoring else []
         rules = args.rules or find_rules_file()
@@ -198,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"       curl -s -X POST "
                 f"'{exporter.url}/-/sim/nccl-job-restart?namespace={FALLBACK_NAMESPACE}&pod={FALLBACK_POD}'"
             )
+            say(f"       curl -s -X POST {exporter.url}/-/sim/kube-status   (the pods' {FABRIC_READY})")
             if args.exit_after_timeline:
                 return 0
             say("Ctrl-C stops it.")

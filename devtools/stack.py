@@ -807,10 +807,19 @@ def builtin_fallback_pods() -> list[tuple[str, str]]:
     return [(job.namespace, job.pod) for job in default_jobs() if job.network == "Socket" and job.nnodes > 1]
 
 
+def builtin_crossed_rail_pods() -> list[tuple[str, str]]:
+    """(namespace, pod) of the simulated node's pods whose NCCL traffic crosses rails (its built-in
+    NIC-affinity example)."""
+    from exporter.sim.podlogs import default_jobs
+
+    return [(job.namespace, job.pod) for job in default_jobs() if job.rails == "crossed"]
+
+
 def make_healthy(exporters: Iterable[SimulatedExporter]) -> None:
-    """Remove the built-in fallback example from every node: what is left is a healthy fleet."""
+    """Remove the built-in fallback and crossed-rail examples from every node: what is left is a
+    healthy fleet."""
     for exporter in exporters:
-        for namespace, pod in builtin_fallback_pods():
+        for namespace, pod in builtin_fallback_pods() + builtin_crossed_rail_pods():
             exporter.act("nccl-job-stop", namespace=namespace, pod=pod)
 
 

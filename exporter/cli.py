@@ -1,4 +1,4 @@
-"""``ccl-exporter``: serve | analyze | probe | preflight.
+"""``ccl-exporter``: serve | analyze | probe | preflight | webhook.
 
 Flags follow node_exporter (``--web.listen-address``, ``--path.sysfs``,
 ``--collector.<name>`` / ``--no-collector.<name>``). Every flag can also be set by an
@@ -20,13 +20,14 @@ from typing import TYPE_CHECKING
 from exporter import __version__, analyze
 from exporter.collectors import all_collectors
 from exporter.collectors.base import Collector, CollectorSpec
-from exporter.config import DEFAULT_PORT, ServeConfig, parse_listen_address
+from exporter.config import DEFAULT_NCCL_INSPECTOR, DEFAULT_PORT, ServeConfig, parse_listen_address
 from exporter.exposition import DEFAULT_MAX_PAGE_BYTES, MIN_PAGE_BYTES
-from exporter.flags import PROBE_RESULTS, SYSFS, EnvHelpFormatter, Flag, Switch, on_off_flag
+from exporter.flags import LOG_LEVEL, PROBE_RESULTS, SYSFS, EnvHelpFormatter, Flag, Switch, on_off_flag
 from exporter.probe import command as probe_command
 from exporter.probe import preflight
 from exporter.resources import NodeResources, real_node_resources
 from exporter.sources.podresources import DEFAULT_SOCKET
+from exporter.webhook import command as webhook_command
 
 if TYPE_CHECKING:  # the server is loaded by ``serve`` only
     from exporter.http.guard import ConnectionLimits
@@ -97,6 +98,13 @@ PATH_FLAGS = (
     Flag("--path.nccl-debug-files", "/var/log/nccl", "folder of NCCL_DEBUG_FILE outputs", dest="nccl_debug_files"),
     Flag("--path.state", "/var/lib/ccl-exporter", "writable folder for tail offsets", dest="state"),
     Flag("--path.pod-resources", str(DEFAULT_SOCKET), "kubelet pod-resources socket", dest="pod_resources"),
+    # NCCL Inspector output (NCCL_INSPECTOR_DUMP_DIR): per-pod folders, as for NCCL debug files
+    Flag(
+        "--path.nccl-inspector",
+        str(DEFAULT_NCCL_INSPECTOR),
+        "folder of NCCL Inspector output (<namespace>_<pod>/ per pod: JSON Lines and .prom files)",
+        dest="nccl_inspector",
+    ),
 )
 NODE_NAME = Flag(
     "--kube.node-name",
@@ -132,13 +140,7 @@ MISC_FLAGS = (
         dest="simulate_job_ends_after",
         type=float,
     ),
-    Flag(
-        "--log.level",
-        "info",
-        "debug, info, warning or error",
-        dest="log_level",
-        choices=("debug", "info", "warning", "error"),
-    ),
+    LOG_LEVEL,
 )
 
 
@@ -211,6 +213,7 @@ def config_from_args(args: argparse.Namespace, specs: Sequence[CollectorSpec]) -
         simulate_tick_seconds=float(args.simulate_tick),
         simulate_job_ends_after_seconds=float(args.simulate_job_ends_after),
         collector_settings={spec.name: spec.settings(args) for spec in specs},
+        nccl_inspector=Path(args.nccl_inspector),
     )
 
 
@@ -236,6 +239,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     analyze.add_parser(sub, environ)
     probe_command.add_parser(sub, environ)
     preflight.add_parser(sub, environ)
+    webhook_command.add_parser(sub, environ)
     return parser
 
 

@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_PORT = 9400
+DEFAULT_PORT = 19400
+DEFAULT_NCCL_INSPECTOR = Path("/var/log/nccl-inspector")
 
 
 def parse_listen_address(address: str) -> tuple[str, int]:
@@ -33,6 +34,8 @@ class HostPaths:
     state: Path  # writable: tail offsets
     pod_resources: Path  # the kubelet's socket
     probe_results: Path
+    # NCCL Inspector output (NCCL_INSPECTOR_DUMP_DIR), per-pod folders as for NCCL debug files
+    nccl_inspector: Path = DEFAULT_NCCL_INSPECTOR
 
 
 @dataclass(frozen=True)
@@ -57,9 +60,16 @@ class ServeConfig:
     simulate_job_ends_after_seconds: float  # 0 = the simulated training pod never ends
     # collector name -> its settings (CollectorSpec.settings), for every collector, enabled or not
     collector_settings: Mapping[str, object]
+    nccl_inspector: Path = DEFAULT_NCCL_INSPECTOR
 
     @property
     def paths(self) -> HostPaths:
         return HostPaths(
-            self.sysfs, self.pod_logs, self.nccl_debug_files, self.state, self.pod_resources, self.probe_results
+            self.sysfs,
+            self.pod_logs,
+            self.nccl_debug_files,
+            self.state,
+            self.pod_resources,
+            self.probe_results,
+            self.nccl_inspector,
         )

@@ -124,6 +124,13 @@ class EnvHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 # Flags of more than one command.
 SYSFS = Flag("--path.sysfs", "/sys", "sysfs mount point", dest="sysfs")
+LOG_LEVEL = Flag(
+    "--log.level",
+    "info",
+    "debug, info, warning or error",
+    dest="log_level",
+    choices=("debug", "info", "warning", "error"),
+)
 DEFAULT_PROBE_RESULTS = "/var/lib/ccl-exporter/probe-results"
 PROBE_RESULTS = Flag(
     "--path.probe-results",

@@ -3,7 +3,8 @@
 One collector raising, hanging or returning garbage never fails the scrape and never hides
 another collector's metrics. Every scrape yields, per collector,
 ``ccl_exporter_collector_success{collector}`` and
-``ccl_exporter_collector_duration_seconds{collector}``, plus ``ccl_exporter_build_info``.
+``ccl_exporter_collector_duration_seconds{collector}``, plus
+``ccl_exporter_build_info{version, revision, python_version}`` (``exporter.build``).
 
 Output is deterministic: families in collector order then by name, samples sorted by name
 and label values, so a golden file can be diffed.
@@ -34,7 +35,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import CollectorRegistry
 from prometheus_client.samples import Sample
 
-from exporter import __version__
+from exporter.build import BuildInfo, read_build_info
 from exporter.collectors.base import Collector, CollectorUnavailable, PartialCollection
 
 log = logging.getLogger(__name__)
@@ -204,9 +205,13 @@ class UmbrellaCollector:
     again: it reports success 0 until it returns, so hung calls never pile up threads.
     """
 
-    def __init__(self, collectors: Sequence[Collector], timeout_seconds: float = 10.0) -> None:
+    def __init__(
+        self, collectors: Sequence[Collector], timeout_seconds: float = 10.0, build: BuildInfo | None = None
+    ) -> None:
         self._slots = [_Slot(c) for c in collectors]
         self._timeout = timeout_seconds
+        # Read once here, never per scrape (no file reads or programs on the scrape path).
+        self._build = read_build_info() if build is None else build
         self._pool = ThreadPoolExecutor(max_workers=max(2, len(collectors) + 2), thread_name_prefix="collector")
         self._lock = threading.Lock()
 
@@ -287,9 +292,11 @@ class UmbrellaCollector:
             duration.add_metric([name], outcome.duration_seconds)
 
         build = GaugeMetricFamily(
-            "ccl_exporter_build_info", "Version of ccl-health-exporter; always 1.", labels=["version"]
+            "ccl_exporter_build_info",
+            "Version and source revision of ccl-health-exporter and the Python it runs on; always 1.",
+            labels=["version", "revision", "python_version"],
         )
-        build.add_metric([__version__], 1.0)
+        build.add_metric([self._build.version, self._build.revision, self._build.python_version], 1.0)
         yield build
         yield success
         yield duration

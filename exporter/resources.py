@@ -2,9 +2,10 @@
 
 ``NodeResources`` holds the node's shared resources: its host paths (sysfs root, pod logs, ...),
 one NVML handle, one kubelet pod-resources client, one pod-metadata source (one list/watch of
-the node's pods against the API server, however many collectors label series with jobs) and
-the clock. Every collector factory takes ``(settings, resources)``; no collector opens, starts
-or closes a shared resource itself.
+the node's pods against the API server, however many collectors label series with jobs), one
+topology source (GPUs and NICs on the PCI tree), the clock, and for the lifecycle hooks the
+node's name, the API they write through and the feed of NCCL verdicts. Every collector factory
+takes ``(settings, resources)``; no collector opens, starts or closes a shared resource itself.
 
 ``real_node_resources`` builds them for this node from the flags, and
 ``exporter.sim.resources.simulated_node_resources`` for the simulated node of
@@ -19,11 +20,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from exporter.config import HostPaths
-from exporter.sources.kube import KubePodCache, PodMetadataSource
+from exporter.fabric_verdicts import VerdictFeed
+from exporter.sources.kube import KubePodCache, PodMetadataSource, in_cluster_api
 from exporter.sources.nvml import NvmlBackend, PynvmlBackend
 from exporter.sources.podresources import PodResourcesClient
+from exporter.sources.topology import TopologySource
 
 
 class NodeResources:
@@ -38,14 +42,22 @@ class NodeResources:
         pod_metadata: Callable[[], PodMetadataSource],
         nvml_collected: bool = True,
         clock: Callable[[], float] = time.time,
+        node_name: str = "",
+        kube_api: Callable[[], Any] = in_cluster_api,
     ) -> None:
         self.paths = paths
         self.nvml = nvml
         self.pod_resources = pod_resources
         self.clock = clock  # wall clock: result files' ages, probe start times
+        # For the lifecycle hooks: this node's name, a factory of the CoreV1Api they write through
+        # (called in their own thread), and the NCCL verdicts as the NCCL collector reaches them.
+        self.node_name = node_name
+        self.kube_api = kube_api
+        self.verdict_feed = VerdictFeed()
         self._make_pod_metadata = pod_metadata
         self._pod_metadata: PodMetadataSource | None = None
         self._nvml_collected = nvml_collected
+        self._topology: TopologySource | None = None
         self._lock = threading.Lock()
         self._started = False
         self._closed = False
@@ -59,6 +71,15 @@ class NodeResources:
                 if self._started:
                     _call(self._pod_metadata, "start")
             return self._pod_metadata
+
+    @property
+    def topology(self) -> TopologySource:
+        """Where the node's GPUs and RDMA NICs sit on the PCI tree (sysfs, GPUs from NVML when the nvml
+        collector runs); one source, walked once and again when the node changes."""
+        with self._lock:
+            if self._topology is None:
+                self._topology = TopologySource(self.paths.sysfs, self.nvml_if_collected())
+            return self._topology
 
     def nvml_if_collected(self) -> NvmlBackend | None:
         """NVML for what other collectors add from it (a GPU's index on ``ccl_gpu_pod_info``, the
@@ -111,4 +132,5 @@ def real_node_resources(paths: HostPaths, node_name: str, *, nvml_collected: boo
         pod_resources=PodResourcesClient(paths.pod_resources),
         pod_metadata=lambda: KubePodCache(node_name),
         nvml_collected=nvml_collected,
+        node_name=node_name,
     )

@@ -1,4 +1,5 @@
-"""A real kubelet pod-resources gRPC server on a unix socket, answering ``List`` with a table."""
+"""A real kubelet pod-resources gRPC server on a unix socket, answering ``List`` with a table of
+device-plugin devices and Dynamic Resource Allocation claims."""
 
 from __future__ import annotations
 
@@ -14,10 +15,28 @@ from exporter.sources.podresources_v1 import api_pb2, api_pb2_grpc
 
 
 @dataclass
+class ClaimDevice:
+    """One device a DRA driver allocated for a claim (the driver/pool/device triplet and its CDI names)."""
+
+    driver: str
+    pool: str
+    device: str
+    cdi_devices: Sequence[str] = ()
+
+
+@dataclass
+class Claim:
+    namespace: str
+    name: str
+    devices: list[ClaimDevice]
+
+
+@dataclass
 class Container:
     name: str
     devices: dict[str, list[str]] = field(default_factory=dict)  # resource name → device ids
     cpu_ids: Sequence[int] = ()
+    claims: list[Claim] = field(default_factory=list)  # Dynamic Resource Allocation (kubelet 1.34+)
 
 
 @dataclass
@@ -47,6 +66,22 @@ class TableLister(api_pb2_grpc.PodResourcesListerServicer):
                             name=c.name,
                             devices=[api_pb2.ContainerDevices(resource_name=r, device_ids=ids) for r, ids in c.devices.items()],
                             cpu_ids=list(c.cpu_ids),
+                            dynamic_resources=[
+                                api_pb2.DynamicResource(
+                                    claim_name=claim.name,
+                                    claim_namespace=claim.namespace,
+                                    claim_resources=[
+                                        api_pb2.ClaimResource(
+                                            cdi_devices=[api_pb2.CDIDevice(name=n) for n in d.cdi_devices],
+                                            driver_name=d.driver,
+                                            pool_name=d.pool,
+                                            device_name=d.device,
+                                        )
+                                        for d in claim.devices
+                                    ],
+                                )
+                                for claim in c.claims
+                            ],
                         )
                         for c in pod.containers
                     ],

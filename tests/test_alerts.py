@@ -287,3 +287,25 @@ def test_one_fallback_incident_pages_once_with_the_job_named(shipped_alertmanage
     silenced, _ = _settled(lambda: _suppressed_and_active(amtool, url, "silenced"), (pages, want_active - pages))
     assert silenced == pages
     assert _suppressed_and_active(amtool, url, "inhibited")[0] == want_inhibited
+
+
+def test_one_base_url_moves_every_runbook_link(tmp_path: Path) -> None:
+    """RUNBOOK_BASE_URL (or --runbook-base-url) is the one place: rules and promtool tests follow it."""
+    promtool = require_tool("promtool")
+    sys.path.insert(0, str(REPO / "alerts"))
+    try:
+        import sync
+    finally:
+        sys.path.remove(str(REPO / "alerts"))
+    base = "https://runbooks.internal.test/ccl/"
+    (tmp_path / "tests").mkdir()
+    rules_text = sync.with_runbook_urls(RULES_FILE.read_text(), base)
+    (tmp_path / RULES_FILE.name).write_text(rules_text)
+    for test in sorted(TESTS_DIR.glob("*.yaml")):
+        (tmp_path / "tests" / test.name).write_text(sync.with_expected_runbook_urls(test.read_text(), base))
+    urls = re.findall(r"runbook_url: (\S+)", rules_text + "".join(p.read_text() for p in (tmp_path / "tests").iterdir()))
+    assert urls and all(re.fullmatch(re.escape(base) + r"Ccl[A-Za-z]+\.md", url) for url in urls)
+    assert all(url.startswith(sync.RUNBOOK_BASE_URL) for url in re.findall(r"runbook_url: (\S+)", RULES_FILE.read_text()))
+    result = subprocess.run([promtool, "test", "rules", *sorted(p.name for p in (tmp_path / "tests").iterdir())],
+                            capture_output=True, text=True, timeout=300, cwd=tmp_path / "tests")
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -20,13 +20,13 @@ def config(argv: list[str], environ: dict[str, str] | None = None):  # type: ign
 
 def test_defaults() -> None:
     cfg = config([])
-    assert cfg.listen_address == "0.0.0.0:9400"
+    assert cfg.listen_address == "0.0.0.0:19400"
     assert str(cfg.sysfs) == "/sys"
     assert "rdma" in cfg.enabled_collectors
 
 
 def test_simulate_listens_on_loopback() -> None:
-    assert config(["--simulate"]).listen_address == "127.0.0.1:9400"
+    assert config(["--simulate"]).listen_address == "127.0.0.1:19400"
     assert config(["--simulate", "--web.listen-address", ":9500"]).listen_address == ":9500"
 
 
@@ -50,8 +50,8 @@ def test_bad_values_are_clear_errors() -> None:
         config([], {env_name("--simulate"): "maybe"})
 
 
-@pytest.mark.parametrize(("address", "expected"), [("0.0.0.0:9400", ("0.0.0.0", 9400)), (":80", ("0.0.0.0", 80)),
-                                                    ("[::1]:9400", ("::1", 9400))])
+@pytest.mark.parametrize(("address", "expected"), [("0.0.0.0:19400", ("0.0.0.0", 19400)), (":80", ("0.0.0.0", 80)),
+                                                    ("[::1]:19400", ("::1", 19400))])
 def test_parse_listen_address(address: str, expected: tuple[str, int]) -> None:
     assert parse_listen_address(address) == expected
 

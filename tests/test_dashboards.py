@@ -128,6 +128,7 @@ STATE_PANELS: dict[tuple[str, str, str | None], set[int] | set[str]] = {
         {fallback + 2 * gdr for fallback in BOOLEAN for gdr in BOOLEAN},
     ("ccl-training-job.json", "Pods and nodes (TCP fallback, GPUDirect off)", "verdict"): set(VERDICTS),
     ("ccl-training-job.json", "Probe success", None): BOOLEAN,
+    ("ccl-training-job.json", "Transport verdict", "verdict"): set(VERDICTS),
     ("ccl-node-fabric.json", "Port state (logical / physical)", "State"): PORT_STATE_VALUES,
     ("ccl-node-fabric.json", "NVLink state", "State"): BOOLEAN,
     ("ccl-node-fabric.json", "Collectors", "Status"): BOOLEAN,

@@ -59,6 +59,9 @@ def test_degrades_clearly_without_nvidia_smi_torch_or_gpu(fake_lib: Path, tmp_pa
     # here torch is absent or CPU-only: either way the NCCL step is skipped with its reason
     assert rows["NCCL init"][0] == "SKIPPED" and ("torch" in rows["NCCL init"][1])
     assert rows["ccl-exporter analyze"] == ("SKIPPED", "no NCCL log to analyze")
+    # no GPU job can run, so neither can the NCCL Inspector's: skipped, saying why
+    assert rows["NCCL Inspector"][0] == "SKIPPED" and "no GPU job can run here" in rows["NCCL Inspector"][1]
+    assert rows["Inspector records"] == ("SKIPPED", "no Inspector output")
     metrics = (out / "ccl-nvml-metrics.txt").read_text()
     assert ('ccl_gpu_info{gpu="0",name="NVIDIA H200",pci_bus_id="00000000:18:00.0",'
             'uuid="GPU-fa4e0000-0000-4000-8000-000000000000"} 1.0') in metrics
@@ -95,3 +98,77 @@ def test_analyzes_a_given_nccl_log_or_says_analyze_is_missing(fake_lib: Path, tm
     else:
         assert rows["ccl-exporter analyze"] == (
             "SKIPPED", "this build of ccl-exporter has no analyze command; the log is kept")
+
+
+def smi_topo(classes: dict[tuple[int, int], str]) -> str:
+    """`nvidia-smi topo -m` as it prints an HGX node: GPU rows, NICn columns, the NIC Legend."""
+    header = "\t" + "\t".join([*(f"GPU{g}" for g in range(8)), *(f"NIC{n}" for n in range(10)),
+                               "CPU Affinity", "NUMA Affinity", "GPU NUMA ID"])
+    rows = []
+    for g in range(8):
+        cells = [" X " if h == g else "NV18" for h in range(8)] + [classes[(g, n)] for n in range(10)]
+        rows.append(f"GPU{g}\t" + "\t".join(cells) + f"\t{0 if g < 4 else 56}-{55 if g < 4 else 111}\t{g // 4}\t\tN/A")
+    legend = "\n".join(f"  NIC{n}: mlx5_{n}" for n in range(10))
+    return "\n".join([header, *rows, "", "Legend:", "", "  X    = Self", "", "NIC Legend:", "", legend, ""])
+
+
+def test_prints_our_affinity_matrix_next_to_nvidia_smi_topo(fake_lib: Path, tmp_path: Path) -> None:
+    """The fake NVML's GPUs sit at the simulated HGX node's bus ids; a sysfs tree of that node, and an
+    nvidia-smi whose topo -m agrees but for one cell."""
+    from exporter.sim.topology import SimTopology
+
+    SimTopology().setup(tmp_path / "node")
+    classes = {}
+    for g in range(8):
+        for n in range(10):
+            same_socket = (g < 4) == (n < 4 or n == 8)
+            classes[(g, n)] = "PIX" if g == n else ("NODE" if same_socket else "SYS")
+    classes[(2, 5)] = "NODE"  # a cell nvidia-smi says differently: flagged
+    smi = tmp_path / "nvidia-smi"
+    topo = tmp_path / "topo.txt"
+    topo.write_text(smi_topo(classes))
+    smi.write_text(FAKE_SMI.replace('  *) echo', f'  "topo -m") cat {topo} ;;\n  *) echo'))
+    smi.chmod(0o755)
+    out = tmp_path / "out"
+    done = run_check(out, fake_lib, "--nvidia-smi", str(smi), "--sysfs", str(tmp_path / "node" / "sys"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = summary_rows(out)
+    assert rows["ccl topology"] == ("OK", "8 GPUs x 10 NICs, 80 classes known")
+    assert rows["topology compare"] == ("FAILED", "80 GPU/NIC pairs compared, 1 mismatches")
+    matrix = (out / "ccl-topology.txt").read_text().splitlines()
+    assert matrix[3].split("\t") == ["GPU0", "PIX", "NODE", "NODE", "NODE", "SYS", "SYS", "SYS", "SYS", "NODE", "SYS",
+                                     "0", "mlx5_0"]
+    compare = (out / "topology-compare.txt").read_text()
+    assert "GPU2 mlx5_5: SYS | NODE  <-- differs" in compare
+    assert "GPU7 mlx5_7: PIX | PIX\n" in compare
+
+
+def test_topology_step_says_what_it_skipped_without_gpus(tmp_path: Path) -> None:
+    import ctypes.util
+
+    if ctypes.util.find_library("nvidia-ml"):
+        pytest.skip("a real libnvidia-ml is installed on this machine")
+    out = tmp_path / "out"
+    env = {**os.environ, "LD_LIBRARY_PATH": str(tmp_path)}  # no libnvidia-ml here
+    done = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), "--nvidia-smi", str(tmp_path / "none"),
+                           "--sysfs", str(tmp_path)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = summary_rows(out)
+    assert rows["ccl topology"][0] == "SKIPPED" and "NVML" in rows["ccl topology"][1]
+    assert rows["topology compare"] == ("SKIPPED", "no GPU/NIC matrix of ours")
+
+
+def test_reads_given_inspector_output_as_the_exporter_does(fake_lib: Path, tmp_path: Path) -> None:
+    """A job's Inspector dump folder (here the fixtures of every format version) is read by the
+    exporter's own parser; the bus bandwidth of its counters matches the records'."""
+    out = tmp_path / "out"
+    dump = REPO / "tests" / "fixtures" / "inspector"
+    done = run_check(out, fake_lib, "--nvidia-smi", str(tmp_path / "none"), "--inspector-dir", str(dump))
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = summary_rows(out)
+    assert rows["NCCL Inspector"][0] == "SKIPPED" and "reading the given output" in rows["NCCL Inspector"][1]
+    status, detail = rows["Inspector records"]
+    assert status == "OK" and detail.startswith("16 operations"), detail
+    records = (out / "inspector-records.txt").read_text()
+    assert "all_reduce inter_node ge_1GB" in records and "nccl-2.30-json.log: {" in records
+    assert "nccl-2.28-json.log: {" in done.stdout  # the records are printed too

@@ -1,23 +1,20 @@
 """Job attribution from pod labels, and the pod list/watch cache.
 
 No Kubernetes API server can run here, so the cache is tested with the real ``kubernetes``
-client against a recorded-response HTTP server on 127.0.0.1 that answers the node-filtered
-pod list and a watch stream (newline-delimited JSON events, chunked, as the API server sends
-them). The seam is only the ``CoreV1Api`` the cache is given.
+client against a recorded-response HTTP server on 127.0.0.1 (tests/kube_api.py) that answers
+the node-filtered pod list and a watch stream (newline-delimited JSON events, chunked, as the
+API server sends them). The seam is only the ``CoreV1Api`` the cache is given.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlparse
 
 import pytest
 
 from exporter.sources.kube import KubePodCache, PodMetadata, attribute_job
+from tests.kube_api import ApiState, RecordedApiServer, api_for, wait_for
 
 CONTROLLER = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "llama", "controller": True,
               "uid": "6f1e2d3c-0000-4000-8000-000000000001"}
@@ -79,86 +76,23 @@ ETL["spec"]["hostNetwork"] = True
 NAMESPACES = [{"metadata": {"name": "research", "labels": {"ccl-health.io/expected-network": "socket"}}}]
 
 
-class RecordedApi(BaseHTTPRequestHandler):
-    """Answers GET /api/v1/pods (list, then watch) from recorded JSON; logs each query."""
-
-    protocol_version = "HTTP/1.1"
-    queries: list[dict[str, list[str]]] = []
-    release = threading.Event()
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-    def send_json(self, document: dict) -> None:
-        body = json.dumps(document).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        url = urlparse(self.path)
-        query = parse_qs(url.query)
-        type(self).queries.append(query)
-        if url.path == "/api/v1/namespaces":
-            self.send_json({"kind": "NamespaceList", "apiVersion": "v1", "metadata": {"resourceVersion": "9"},
-                            "items": NAMESPACES if query.get("labelSelector") == ["ccl-health.io/expected-network"]
-                            else []})
-            return
-        if url.path != "/api/v1/pods":
-            self.send_error(404)
-            return
-        if query.get("watch") != ["true"]:
-            self.send_json({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "100"},
-                            "items": [LLAMA, BERT, ETL]})
-            return
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        modified = pod("research", "bert-0", "u2", {"volcano.sh/job-name": "bert-v2"}, "104")
-        for event in ({"type": "ADDED", "object": RESNET}, {"type": "MODIFIED", "object": modified},
-                      {"type": "DELETED", "object": LLAMA}):
-            data = (json.dumps(event) + "\n").encode()
-            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-            self.wfile.flush()
-        type(self).release.wait(5)  # hold the watch open like the API server does
-        self.wfile.write(b"0\r\n\r\n")
+MODIFIED_BERT = pod("research", "bert-0", "u2", {"volcano.sh/job-name": "bert-v2"}, "104")
+WATCH_EVENTS = [{"type": "ADDED", "object": RESNET}, {"type": "MODIFIED", "object": MODIFIED_BERT},
+                {"type": "DELETED", "object": LLAMA}]
 
 
 @pytest.fixture
 def recorded_api():  # type: ignore[no-untyped-def]
-    RecordedApi.queries = []
-    RecordedApi.release = threading.Event()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), RecordedApi)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    RecordedApi.release.set()
-    server.shutdown()
-    server.server_close()
+    """The recorded API (tests/kube_api.py): the list holds LLAMA, BERT and ETL, the watch then adds
+    RESNET, relabels BERT and deletes LLAMA."""
+    server = RecordedApiServer(ApiState(pods=[LLAMA, BERT, ETL], namespaces=NAMESPACES,
+                                        watch_events=WATCH_EVENTS)).start()
+    yield server
+    server.stop()
 
 
-def api_for(host: str):  # type: ignore[no-untyped-def]
-    from kubernetes import client
-
-    configuration = client.Configuration()
-    configuration.host = host
-    return lambda: client.CoreV1Api(client.ApiClient(configuration))
-
-
-def wait_for(predicate, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
-
-
-def test_cache_lists_and_watches_this_nodes_pods(recorded_api: str) -> None:
-    cache = KubePodCache("gpu-node-7", api_factory=api_for(recorded_api), watch_seconds=5)
+def test_cache_lists_and_watches_this_nodes_pods(recorded_api: RecordedApiServer) -> None:
+    cache = KubePodCache("gpu-node-7", api_factory=recorded_api.api_factory(), watch_seconds=5)
     cache.start()
     try:
         assert wait_for(lambda: cache.lookup("vision", "resnet-0") is not None)
@@ -173,7 +107,7 @@ def test_cache_lists_and_watches_this_nodes_pods(recorded_api: str) -> None:
         assert [p.name for p in cache.pods()] == ["etl-0", "bert-0", "resnet-0"]
     finally:
         cache.close()
-    pod_queries = [q for q in RecordedApi.queries if "fieldSelector" in q]
+    pod_queries = [q for q in recorded_api.state.queries if "fieldSelector" in q]
     listing, watching = pod_queries[0], pod_queries[1]
     assert listing["fieldSelector"] == ["spec.nodeName=gpu-node-7"]
     assert watching["fieldSelector"] == ["spec.nodeName=gpu-node-7"]
@@ -241,3 +175,27 @@ def test_a_static_pod_is_known_by_the_uid_its_log_folder_carries() -> None:
     record = pod_metadata_from_object(mirror)
     assert record is not None and record.uid == "9a8b7c6d5e4f"
     assert pod_metadata_from_object(LLAMA).uid == "u1"  # everyone else: the API's UID
+
+
+def test_the_fabric_readiness_gate_and_its_condition_are_read_from_the_pod() -> None:
+    """The lifecycle hooks act on pods that carry the gate, and compare with the condition already there."""
+    from kubernetes import client
+
+    from exporter.sources.kube import FABRIC_READY_CONDITION, PodCondition, pod_metadata_from_object
+
+    gated = pod("training", "llama-worker-1", "u9", {}, "8")
+    gated["spec"]["readinessGates"] = [{"conditionType": "example.com/other"}, {"conditionType": FABRIC_READY_CONDITION}]
+    gated["status"]["conditions"] = [
+        {"type": "Ready", "status": "False"},
+        {"type": FABRIC_READY_CONDITION, "status": "False", "reason": "TcpFallback", "message": "on Socket",
+         "lastTransitionTime": "2026-06-01T10:00:00Z"},
+    ]
+    record = pod_metadata_from_object(gated)
+    assert record is not None and record.fabric_ready_gate
+    assert record.fabric_ready == PodCondition("False", "TcpFallback", "on Socket", "2026-06-01T10:00:00Z")
+    plain = pod_metadata_from_object(LLAMA)
+    assert plain is not None and not plain.fabric_ready_gate and plain.fabric_ready is None
+    # The same through the client's objects (what the watch hands over).
+    from_object = pod_metadata_from_object(client.V1Pod.from_dict(gated))
+    assert from_object is not None and from_object.fabric_ready_gate
+    assert from_object.fabric_ready == record.fabric_ready

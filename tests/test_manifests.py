@@ -56,6 +56,26 @@ def _checkov() -> str:
                        ".venv-scan/bin/pip install checkov==3.3.30)")
 
 
+def scan(folder: Path, framework: str = "kubernetes") -> dict:  # type: ignore[type-arg]
+    """checkov's report on ``folder``: nothing failed, and every finding it skipped (an accepted
+    one) carries the reason it was accepted for."""
+    result = subprocess.run(
+        [_checkov(), "--directory", str(folder), "--framework", framework, "--compact", "--skip-download",
+         "--output", "json"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "BC_SKIP_MAPPING": "TRUE"},
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = yaml.safe_load(result.stdout)
+    assert report["summary"]["failed"] == 0
+    skipped = report["results"]["skipped_checks"]
+    assert len(skipped) == report["summary"]["skipped"]
+    for check in skipped:
+        reason = (check["check_result"].get("suppress_comment") or "").strip()
+        # checkov's own text for a suppression without one.
+        assert reason and reason != "No comment provided", f"{check['check_id']} on {check['resource']} has no reason"
+    return report  # type: ignore[no-any-return]
+
+
 IDLE_PROBES = MANIFESTS / "overlays" / "idle-probes"
 
 
@@ -237,7 +257,7 @@ def test_daemonset_is_unprivileged_with_read_only_host_mounts(objects: list[dict
     assert volumes["state"]["hostPath"]["type"] == "DirectoryOrCreate"
     assert {v["hostPath"]["path"] for v in volumes.values()} == {
         "/sys", "/var/log/pods", "/var/log/nccl", "/var/lib/kubelet/pod-resources",
-        "/var/lib/ccl-exporter/probe-results", "/var/lib/ccl-exporter/state"}
+        "/var/lib/ccl-exporter/probe-results", "/var/lib/ccl-exporter/state", "/var/log/nccl-inspector"}
     resources = container["resources"]
     assert resources["requests"] and resources["limits"]
     assert "nvidia.com/gpu" not in {**resources["requests"], **resources["limits"]}, "never take GPUs from jobs"
@@ -245,7 +265,7 @@ def test_daemonset_is_unprivileged_with_read_only_host_mounts(objects: list[dict
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
     assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility"
-    assert container["ports"] == [{"name": "metrics", "containerPort": 9400, "protocol": "TCP"}]
+    assert container["ports"] == [{"name": "metrics", "containerPort": 19400, "protocol": "TCP"}]
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
@@ -260,7 +280,8 @@ def test_daemonset_args_are_flags_the_exporter_accepts(objects: list[dict]) -> N
     args = [a.replace("$(NODE_NAME)", "gpu-node-1") for a in container["args"]]
     parsed = build_parser(environ={}).parse_args(args)
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
-    for path in (parsed.sysfs, parsed.pod_logs, parsed.nccl_debug_files, parsed.probe_results, parsed.state):
+    for path in (parsed.sysfs, parsed.pod_logs, parsed.nccl_debug_files, parsed.probe_results, parsed.state,
+                 parsed.nccl_inspector):
         assert str(path) in mounts, f"{path} is not mounted"
     assert str(Path(parsed.pod_resources).parent) in mounts
     assert parsed.node_name == "gpu-node-1"
@@ -278,25 +299,24 @@ def test_dashboards_are_shipped_to_the_grafana_sidecar(objects: list[dict]) -> N
 
 
 def test_checkov_finds_nothing_unexplained(rendered: str, tmp_path: Path) -> None:
-    checkov = _checkov()
     (tmp_path / "k8s").mkdir()
     (tmp_path / "k8s" / "rendered.yaml").write_text(rendered)
     (tmp_path / "k8s" / "idle-probes.yaml").write_text(_render(IDLE_PROBES))
     (tmp_path / "docker").mkdir()
     shutil.copy(REPO / "Dockerfile", tmp_path / "docker" / "Dockerfile")
     for folder, framework in (("k8s", "kubernetes"), ("docker", "dockerfile")):
-        result = subprocess.run(
-            [checkov, "--directory", str(tmp_path / folder), "--framework", framework, "--compact", "--quiet",
-             "--skip-download", "--output", "json"],
-            capture_output=True, text=True, timeout=300, env={**os.environ, "BC_SKIP_MAPPING": "TRUE"},
-        )
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-        report = yaml.safe_load(result.stdout)
-        summary = report["summary"]
-        assert summary["failed"] == 0
-        assert summary["passed"] > 10, "the scanner checked something"
-        for skipped in report["results"].get("skipped_checks", []):
-            assert skipped.get("suppress_comment", "").strip(), f"{skipped['check_id']} skipped without a reason"
+        report = scan(tmp_path / folder, framework)
+        assert report["summary"]["passed"] > 10, "the scanner checked something"
+
+
+def test_the_scan_rejects_a_finding_accepted_without_a_reason(objects: list[dict], tmp_path: Path) -> None:  # type: ignore[type-arg]
+    copies = yaml.safe_load(yaml.safe_dump(objects))
+    annotations = _one(copies, "DaemonSet")["metadata"]["annotations"]
+    (key,) = [k for k, v in annotations.items() if k.startswith("checkov.io/skip") and v.startswith("CKV_K8S_43=")]
+    annotations[key] = "CKV_K8S_43"
+    (tmp_path / "rendered.yaml").write_text(yaml.safe_dump_all(copies))
+    with pytest.raises(AssertionError, match="CKV_K8S_43 on DaemonSet.* has no reason"):
+        scan(tmp_path)
 
 
 def test_every_checkov_suppression_has_a_reason(objects: list[dict]) -> None:  # type: ignore[type-arg]
@@ -357,3 +377,39 @@ def test_idle_probe_overlay_changes_only_what_the_probe_needs(objects: list[dict
     assert all(volumes[name]["emptyDir"].get("sizeLimit") for name in ("dshm", "scratch")), "bounded scratch"
     base_pod = _one(objects, "DaemonSet")["spec"]["template"]["spec"]
     assert [v for v in pod["volumes"] if "hostPath" in v] == base_pod["volumes"], "no new host path"
+
+
+# ---- manifests/overlays/kube-prometheus-stack ----
+
+KUBE_PROMETHEUS_STACK = MANIFESTS / "overlays" / "kube-prometheus-stack"
+SELECTED_BY_RELEASE = {"PodMonitor", "PrometheusRule"}
+
+
+def _without_release(obj: dict) -> dict:  # type: ignore[type-arg]
+    copy = yaml.safe_load(yaml.safe_dump(obj))
+    copy["metadata"]["labels"].pop("release", None)
+    return copy  # type: ignore[no-any-return]
+
+
+def test_kube_prometheus_stack_overlay_adds_only_the_release_label(objects: list[dict]) -> None:  # type: ignore[type-arg]
+    """What kube-prometheus-stack's Prometheus selects by (release: <its release name>) is on the
+    PodMonitor and the PrometheusRule, and nothing else changes."""
+    stack = _documents(_render(KUBE_PROMETHEUS_STACK))
+    for obj in stack:
+        if obj["kind"] in CORE_KINDS:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        elif obj["kind"] in CRD_SCHEMAS:
+            jsonschema.validate(obj, CRD_SCHEMAS[obj["kind"]])
+    labelled = {o["kind"] for o in stack if o["metadata"].get("labels", {}).get("release") == "kube-prometheus-stack"}
+    assert labelled == SELECTED_BY_RELEASE
+    assert sorted(map(yaml.safe_dump, map(_without_release, stack))) == sorted(map(yaml.safe_dump, objects))
+
+
+def test_the_documented_release_overlay_sets_another_release_name(tmp_path: Path) -> None:
+    """docs/deploy.md shows an overlay for a kube-prometheus-stack installed under another name."""
+    overlay = yaml.safe_load(_yaml_block_with(REPO / "docs" / "deploy.md", "value: monitoring-stack"))
+    overlay["resources"] = [os.path.relpath(KUBE_PROMETHEUS_STACK, tmp_path)]
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
+    rendered = _documents(_render(tmp_path))
+    releases = {o["kind"]: o["metadata"]["labels"].get("release") for o in rendered if o["kind"] in SELECTED_BY_RELEASE}
+    assert releases == {"PodMonitor": "monitoring-stack", "PrometheusRule": "monitoring-stack"}

@@ -168,3 +168,26 @@ def test_parity_catches_a_difference(fixture_tree) -> None:  # type: ignore[no-u
     counter.write_text("2\n")
     problems = list(compare(node_text, our_metrics(sysfs)))
     assert problems == ["node_infiniband_symbol_error_total{'device': 'mlx5_0', 'port': '1'}: node_exporter 1, ours 2.0"]
+
+
+def test_rule_tests_use_the_labels_node_exporter_prints(fixture_tree) -> None:  # type: ignore[no-untyped-def]
+    """alerts/tests/node-exporter-test.yaml feeds the rules node_infiniband_* series by hand; each
+    must carry exactly the labels the real node_exporter gives that family (plus the target
+    labels instance, job and node of a scrape), and exist in its output."""
+    import re
+
+    from tests.conftest import REPO
+
+    binary = require_tool("prometheus-node-exporter")
+    real: dict[str, set[str]] = {}
+    for name, labels in samples(node_exporter_metrics(binary, fixture_tree("sysfs_rdma"))):
+        real.setdefault(name, set()).update(key for key, _ in labels)
+    target = {"instance", "job", "node"}
+    used = re.findall(r"series: '(node_infiniband_\w+)\{([^}]*)\}'",
+                      (REPO / "alerts" / "tests" / "node-exporter-test.yaml").read_text())
+    assert {name for name, _ in used} >= {"node_infiniband_info", "node_infiniband_state_id",
+                                          "node_infiniband_port_data_transmitted_bytes_total"}
+    for name, body in used:
+        assert name in real, f"node_exporter prints no {name}"
+        labels = set(re.findall(r'(\w+)="', body)) - target
+        assert labels == real[name], f"{name}: the test uses {sorted(labels)}, node_exporter {sorted(real[name])}"

@@ -72,8 +72,8 @@ def test_source_reads_every_gpu_and_link_with_exact_values(fake_lib: Path) -> No
     first, second = result["reads"]
     assert first["problems"] == [] and second["problems"] == []
     assert [g["gpu"] for g in first["gpus"]][:2] == [
-        {"index": 0, "uuid": uuid(0), "name": "NVIDIA H200", "pci_bus_id": "00000000:18:00.0"},
-        {"index": 1, "uuid": uuid(1), "name": "NVIDIA H200", "pci_bus_id": "00000000:2A:00.0"},
+        {"index": 0, "uuid": uuid(0), "name": "NVIDIA H200", "pci_bus_id": "00000000:18:00.0", "minor": GPUS - 1},
+        {"index": 1, "uuid": uuid(1), "name": "NVIDIA H200", "pci_bus_id": "00000000:2A:00.0", "minor": GPUS - 2},
     ]
     assert all(len(g["links"]) == LINKS for g in second["gpus"]) and len(second["gpus"]) == GPUS
     # Field-values call 1 was discovery (link count), so the reads are calls 2 and 3.

@@ -688,3 +688,42 @@ def test_infinite_saved_offset_is_dropped(tmp_path: Path) -> None:
     second = PodLogTailer(pods, None, state)
     assert nccl(1) in all_lines(drain(second, 2))
     assert second.stats.events["state_invalid"] == 1
+
+
+def test_a_tailer_with_its_own_selection_reads_its_files_lines_and_state_only(tmp_path: Path) -> None:
+    """A second tailer (the NCCL Inspector's JSON Lines) on the same kind of folder: only the
+    files its name test accepts (in sub-folders too), only lines with its needle, offsets in its
+    own state file; the NCCL tailer's state is not touched."""
+    root, state = tmp_path / "inspector", tmp_path / "state"
+    record = '{"header":{"id":"0x1"},"coll_perf":{"coll":"AllReduce"}}'
+    folder = root / "ml_llama-0"
+    append(folder / "llama-0-pid7.log", f"{record}\nnot a record\n")
+    append(folder / "rank1" / "llama-0-pid8.log", f"{record}\n")
+    append(folder / "nccl_inspector_metrics_GPU-1.prom", 'nccl_bus_bandwidth_gbs{coll_perf="x"} 1\n')
+    selection = podlogs.TailSelection(
+        needle=b'_perf"', debug_file_name=lambda name: name.endswith(".log"), state_file_name="inspector-state.json"
+    )
+    tailer = PodLogTailer(None, root, state, pod_known=None, selection=selection)
+    batch = tailer.poll()
+    assert {k.name: v for k, v in batch.lines.items()} == {"llama-0-pid7.log": [record], "rank1/llama-0-pid8.log": [record]}
+    assert tailer.save_state()
+    assert sorted(p.name for p in state.iterdir()) == ["inspector-state.json"]
+    append(folder / "llama-0-pid7.log", f"{record}\n")
+    again = PodLogTailer(None, root, state, selection=selection)
+    assert [line for lines in again.poll().lines.values() for line in lines] == [record]
+    # The NCCL tailer on its default selection reads none of these lines (no "NCCL" in them).
+    assert all_lines([PodLogTailer(None, root, state).poll()]) == []
+
+
+def test_start_bytes_zero_follows_what_is_there_at_the_first_start_from_its_end(tmp_path: Path) -> None:
+    """History written before the first start (no saved state) is skipped and counted; what is
+    written afterwards, and files that appear later, are read whole."""
+    root = tmp_path / "nccl"
+    old = root / "ml_llama-0" / "a.log"
+    append(old, "".join(nccl(n) + "\n" for n in range(5)) + "host-0:41:41 [0] NCCL INFO unfini")
+    tailer = PodLogTailer(None, root, limits=TailLimits(start_bytes=0))
+    assert all_lines([tailer.poll()]) == []
+    assert tailer.stats.skipped_bytes["initial_cap"] == old.stat().st_size
+    append(old, "shed\n" + nccl(9) + "\n")
+    append(root / "ml_llama-0" / "b.log", nccl(10) + "\n")
+    assert sorted(all_lines(drain(tailer, 2))) == sorted([nccl(9), nccl(10)])

@@ -36,10 +36,10 @@ PODS = [
     Pod("kube-system", "coredns-1", [Container("coredns", {})]),
 ]
 EXPECTED = [
-    {"gpu": "0", "uuid": uuid(0), "namespace": "ml-training", "pod": "llama-worker-0", "container": "trainer", "resource": "nvidia.com/gpu", "job_name": "", "job_kind": "", "host_network": ""},
-    {"gpu": "1", "uuid": uuid(1), "namespace": "ml-training", "pod": "llama-worker-0", "container": "trainer", "resource": "nvidia.com/gpu", "job_name": "", "job_kind": "", "host_network": ""},
-    {"gpu": "2", "uuid": uuid(2), "namespace": "ml-training", "pod": "llama-worker-1", "container": "trainer", "resource": "nvidia.com/gpu.shared", "job_name": "", "job_kind": "", "host_network": ""},
-    {"gpu": "", "uuid": MIG, "namespace": "inference", "pod": "llm-0", "container": "server", "resource": "nvidia.com/mig-1g.18gb", "job_name": "", "job_kind": "", "host_network": ""},
+    {"gpu": "0", "uuid": uuid(0), "namespace": "ml-training", "pod": "llama-worker-0", "container": "trainer", "resource": "nvidia.com/gpu", "job_name": "", "job_kind": "", "host_network": "", "source": "device_plugin"},
+    {"gpu": "1", "uuid": uuid(1), "namespace": "ml-training", "pod": "llama-worker-0", "container": "trainer", "resource": "nvidia.com/gpu", "job_name": "", "job_kind": "", "host_network": "", "source": "device_plugin"},
+    {"gpu": "2", "uuid": uuid(2), "namespace": "ml-training", "pod": "llama-worker-1", "container": "trainer", "resource": "nvidia.com/gpu.shared", "job_name": "", "job_kind": "", "host_network": "", "source": "device_plugin"},
+    {"gpu": "", "uuid": MIG, "namespace": "inference", "pod": "llm-0", "container": "server", "resource": "nvidia.com/mig-1g.18gb", "job_name": "", "job_kind": "", "host_network": "", "source": "device_plugin"},
 ]
 
 
@@ -160,3 +160,25 @@ def test_gpu_pod_info_names_the_training_job() -> None:
     # host_network tells the rules that cAdvisor's network counters of that pod are the host's.
     assert labels == [("llama-worker-0", "llama", "PyTorchJob", "0", "false"), ("mpi-launcher-0", "mpi", "MPIJob", "", "true"),
                       ("unknown-0", "", "", "", "")]
+
+
+def test_dra_gpus_are_attributed_like_device_plugin_ones(
+    fake_lib: Path, socket_dir: Path, exporter_process: type[ExporterProcess]
+) -> None:
+    """NVIDIA's DRA driver names a GPU gpu-<minor>; the real pynvml on the fake library finds its UUID and
+    index by the minor number (which the fake numbers backwards: minor 6 is NVML index 1 of 8)."""
+    from tests.podresources_server import Claim, ClaimDevice
+
+    pods = [Pod("ml", "dra-worker-0", [Container("trainer", claims=[
+        Claim("ml", "gpus", [ClaimDevice("gpu.nvidia.com", "node-1", "gpu-6", ["k8s.gpu.nvidia.com/device=gpu-6"])]),
+    ])])]
+    sock = socket_dir / "kubelet.sock"
+    with serve_pod_resources(sock, TableLister(pods)):
+        proc = exporter_process("--collector.disable-defaults", "--collector.nvml", "--collector.podresources",
+                                "--path.pod-resources", str(sock), env=fake_nvml_env(fake_lib))
+        body = proc.metrics()
+        promtool_check(body)
+        assert series(samples(body), "ccl_gpu_pod_info") == [
+            {"gpu": "1", "uuid": uuid(1), "namespace": "ml", "pod": "dra-worker-0", "container": "trainer",
+             "resource": "gpu.nvidia.com", "job_name": "", "job_kind": "", "host_network": "", "source": "dra"},
+        ]

@@ -20,6 +20,8 @@ from exporter.probe.formulas import align_size, algbw, busbw, busbw_factor, form
         ("alltoall", 16, 0.9375),
         ("broadcast", 2, 1.0),
         ("broadcast", 64, 1.0),
+        ("reduce", 8, 1.0),
+        ("sendrecv", 2, 1.0),
     ],
 )
 def test_busbw_factor(collective: str, nranks: int, factor: float) -> None:
@@ -33,7 +35,7 @@ def test_busbw_from_time() -> None:
     assert busbw("all_reduce", size, 0.05, 16) == pytest.approx(size / 0.05 * 1.875)
 
 
-@pytest.mark.parametrize("bad", [("all_reduce", 0), ("reduce", 4), ("nonsense", 2)])
+@pytest.mark.parametrize("bad", [("all_reduce", 0), ("reduce", 0), ("nonsense", 2)])
 def test_busbw_factor_rejects(bad: tuple[str, int]) -> None:
     with pytest.raises(ValueError):
         busbw_factor(*bad)

@@ -103,7 +103,7 @@ def test_closing_the_collectors_leaves_the_shared_resources_open(tmp_path: Path)
     pods = CountingPods()
     node = resources(tmp_path, pods)
     collectors = every_collector(node)
-    assert [c.name for c in collectors] == ["rdma", "nvml", "podresources", "nccl", "probe"]
+    assert [c.name for c in collectors] == ["rdma", "nvml", "podresources", "nccl", "inspector", "probe", "topology"]
     for collector in collectors:
         close_collector(collector)
     assert pods.closed == 0 and node.nvml.closed == 0 and node.pod_resources.closed == 0  # type: ignore[attr-defined]
@@ -116,6 +116,8 @@ def test_nvml_switched_off_reaches_no_other_collector(tmp_path: Path) -> None:
     assert "nvml" not in collectors
     assert collectors["podresources"]._nvml is None
     assert collectors["nccl"]._gpu_inventory._nvml is None
+    assert node.topology._nvml is None, "no GPUs from NVML on the topology either"
+    assert collectors["topology"]._source is node.topology is collectors["nccl"]._topology, "one topology source"
 
 
 def test_the_simulated_node_offers_its_own_nvml_pods_and_tree(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ import pytest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 
+from exporter.build import read_build_info
 from exporter.collectors.base import CollectorUnavailable
 from exporter.collectors.rdma import RdmaCollector
 from exporter.registry import MAX_LABEL_VALUE_CHARS
@@ -123,7 +124,9 @@ async def test_killing_the_rdma_reader_leaves_other_metrics(app_client, fixture_
     text = await response.text()
     assert value(text, "ccl_exporter_collector_success", collector="rdma") == 0.0
     assert value(text, "ccl_test_other", x="a") == 1.0
-    assert value(text, "ccl_exporter_build_info", version=__import__("exporter").__version__) == 1.0
+    build = read_build_info()
+    assert value(text, "ccl_exporter_build_info", version=build.version, revision=build.revision,
+                 python_version=build.python_version) == 1.0
     assert "process_resident_memory_bytes" in text
 
 

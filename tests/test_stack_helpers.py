@@ -62,11 +62,11 @@ def test_parse_timestamp() -> None:
 
 
 def test_configs_scrape_like_the_podmonitor_and_stay_on_loopback() -> None:
-    config = prometheus_config([ScrapeTarget("127.0.0.1:9400", {"node": "n1"})], [], "127.0.0.1:9093",
+    config = prometheus_config([ScrapeTarget("127.0.0.1:19400", {"node": "n1"})], [], "127.0.0.1:9093",
                                Intervals(scrape_seconds=30, evaluation_seconds=30))
     job = config["scrape_configs"][0]
     assert job["job_name"] == "ccl-exporter" and job["honor_labels"] is True
-    assert job["static_configs"] == [{"targets": ["127.0.0.1:9400"], "labels": {"node": "n1"}}]
+    assert job["static_configs"] == [{"targets": ["127.0.0.1:19400"], "labels": {"node": "n1"}}]
     assert config["global"]["scrape_timeout"] == "10000ms"
     route = alertmanager_config("http://127.0.0.1:1/alerts", Intervals.shipped())["route"]
     assert route["group_wait"] == "10000ms"  # the critical route of alerts/alertmanager.yml

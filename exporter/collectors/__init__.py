@@ -7,6 +7,15 @@ from exporter.collectors.base import CollectorSpec
 
 def all_collectors() -> tuple[CollectorSpec, ...]:
     """Every collector the exporter knows, in exposition order."""
-    from exporter.collectors import nccl, nvml, podresources, probe, rdma
+    from exporter.collectors import inspector, lifecycle, nccl, nvml, podresources, probe, rdma, topology
 
-    return (rdma.SPEC, nvml.SPEC, podresources.SPEC, nccl.SPEC, probe.SPEC)
+    return (
+        rdma.SPEC,
+        nvml.SPEC,
+        podresources.SPEC,
+        nccl.SPEC,
+        inspector.SPEC,
+        probe.SPEC,
+        topology.SPEC,
+        lifecycle.SPEC,
+    )

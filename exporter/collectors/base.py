@@ -9,6 +9,7 @@ failures and reports ``ccl_exporter_collector_success`` / ``..._duration_seconds
 from __future__ import annotations
 
 import argparse
+import asyncio
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -48,6 +49,14 @@ class BackgroundCollector(Collector, Protocol):
     """
 
     def run(self) -> Awaitable[None]: ...
+
+
+async def run_every(seconds: float, step: Callable[[], object]) -> None:
+    """The ``run`` of a collector that polls its source: ``step`` in a worker thread (it reads
+    files), then a pause of ``seconds``, for ever (until the server cancels it)."""
+    while True:
+        await asyncio.to_thread(step)
+        await asyncio.sleep(seconds)
 
 
 def no_settings(args: argparse.Namespace) -> None:

@@ -126,6 +126,8 @@ class ConnectionEvent(NamedTuple):
     mnnvl: bool  # P2P/MNNVL: NVLink across nodes
     ids_are_devices: bool
     via: str  # the transport text after "via "
+    net_device: int | None = None  # NET/<net>/<dev>: the index of the network's device (NET/IB : Using [i])
+    proxy_rank: int | None = None  # NET/<net>/<dev>(<rank>): PXN, the rank whose GPU talks to that device
 
     @property
     def logging_rank(self) -> int:
@@ -141,6 +143,7 @@ class CommInitEvent(NamedTuple):
     # Abort line: it only tells the communicator's size and the logging rank)
     phase: str | None
     gpu_id: str | None = None  # the GPU as channel lines of the same version name it (see below)
+    bus_id: str | None = None  # the GPU's PCI address as NCCL's busId ("18000" = 0000:18:00.0), 2.5+
 
 
 class CommNodesEvent(NamedTuple):

@@ -161,6 +161,7 @@ class Communicator:
         "network_line",
         "rank_process",
         "rank_gpu",
+        "rank_bus",
         "nvls_channels",
         "connections",
         "order",
@@ -179,6 +180,7 @@ class Communicator:
         self.network_line: str | None = None
         self.rank_process: dict[int, Process] = {}
         self.rank_gpu: dict[int, str] = {}  # from init lines, in the channel lines' GPU naming
+        self.rank_bus: dict[int, str] = {}  # from init lines: the rank's GPU as NCCL's busId (2.5+)
         self.nvls_channels: dict[int, int] = {}  # rank -> NVLS channels
         self.connections: set[ConnectionKey] = set()
         self.order = order

@@ -124,7 +124,10 @@ _USING_NETWORK_RE = re.compile(
     r"(?:Using (?:network|internal Network)|Assigned NET plugin) (?P<name>.+?)(?: to comm)?$"
 )
 _IB_USING_RE = re.compile(r"NET/IB ?: Using(?P<devs>.*?)(?:; OOB (?P<oob>\S+))?$")
-_IB_DEVICE_RE = re.compile(r"\[(?P<i>\d+)\] ?(?P<dev>[^\s:=\[\]{},]+):(?P<port>\d+)/(?P<link>[A-Za-z/]+)")
+# [0]mlx5_0:1/IB; 2.27+ may add the rail (":1:3/IB") or an empty rail and the plane (":1::2/IB")
+_IB_DEVICE_RE = re.compile(
+    r"\[(?P<i>\d+)\] ?(?P<dev>[^\s:=\[\]{},]+):(?P<port>\d+)(?::\d{0,4}(?::\d{1,4})?)?/(?P<link>[A-Za-z/]+)"
+)
 _SOCKET_USING_RE = re.compile(r"NET/Socket ?: Using(?P<ifs>.*)$")
 _SOCKET_IF_RE = re.compile(r"\[\d+\](?P<if>[^\s:\[\]]+):(?P<addr>[^\s<]+)")
 _BOOTSTRAP_RE = re.compile(r"Bootstrap ?: Using (?:\[\d+\])?(?P<if>[^\s:]+):(?P<addr>[^\s<]+)")
@@ -134,7 +137,7 @@ _CONN_RE = re.compile(
     r" -> (?P<dst>\d{1,7})(?:\[(?P<dstid>[0-9a-fA-F]{1,16})\])?(?: \[(?P<dir>send|receive)\])? via (?P<via>.+)$"
 )
 _NET_VIA_RE = re.compile(
-    r"NET/(?P<net>.{1,64}?)/(?P<dev>\d{1,4})(?:\((?P<proxy>\d+)\))?(?P<gdr>/GDRDMA)?(?:\(PCI\))?(?:/Shared)?(?:\s|$)"
+    r"NET/(?P<net>.{1,64}?)/(?P<dev>\d{1,4})(?:\((?P<proxy>\d{1,7})\))?(?P<gdr>/GDRDMA)?(?:\(PCI\))?(?:/Shared)?(?:\s|$)"
 )
 _COLLNET_RE = re.compile(
     r"Coll(?:Net)? (?P<ch>\d{1,4})(?:/(?P<conn>\d{1,4}))? : (?P<rank>\d{1,7}) \[(?P<dir>send|receive)\]"
@@ -208,7 +211,15 @@ def _connection(m: re.Match[str]) -> ConnectionEvent | None:
         n = _NET_VIA_RE.match(via)
         if n is None:
             return None
-        return connection(kind="net", network=n.group("net"), gdr=n.group("gdr") is not None, mnnvl=False)
+        proxy = n.group("proxy")
+        return connection(
+            kind="net",
+            network=n.group("net"),
+            gdr=n.group("gdr") is not None,
+            mnnvl=False,
+            net_device=int(n.group("dev")),
+            proxy_rank=int(proxy) if proxy is not None else None,
+        )
     if via.startswith("P2P/"):
         return connection(kind="p2p", network=None, gdr=False, mnnvl=via.startswith("P2P/MNNVL"))
     if via.startswith("SHM/") or via.startswith("direct shared memory"):
@@ -290,6 +301,7 @@ def parse_message(message: str) -> Event | None:
                 comm_id=cid.group("id").lower() if cid else None,
                 phase="END" if ended else (phase.group("phase") if phase else None),
                 gpu_id=gpu_id,
+                bus_id=bus.group(1).lower() if bus else None,
             )
         n = _NNODES_RE.search(message)
         if n is not None:

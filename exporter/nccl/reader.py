@@ -14,6 +14,10 @@ from exporter.nccl.networks import RDMA, is_libfabric, network_class
 from exporter.nccl.state import Limits, StreamState, SummarizeEvicted
 from exporter.nccl.verdict import NcclWarning, Verdict
 
+# A line the reader can use holds one of these: "NCCL " (every record the logger writes), or for a
+# bare message body (its prefix stripped by whoever shipped the log) one of the others; any other
+# line is dropped at once by ``feed``. ``ccl-exporter analyze`` skips, unread, lines holding none.
+LINE_NEEDLES = ("NCCL ", " via ", "Using", "comm ", " Pid ")
 _MEMO_ENTRIES = 4096  # parsed messages remembered per stream (cleared when full)
 _MEMO_MESSAGE_CHARS = 512  # longer messages are parsed every time
 # What each remembered fact costs, in bytes (CPython 3.11, measured with tracemalloc; the parser
@@ -78,7 +82,7 @@ class StreamReader(StreamState):
             self._count("long_lines")
             line = line[:limit]
         marker = line.find("NCCL ")
-        if marker < 0:
+        if marker < 0:  # LINE_NEEDLES, spelled out: the test of every line
             if " via " not in line and "Using" not in line and "comm " not in line and " Pid " not in line:
                 return
         elif (
@@ -289,6 +293,8 @@ class StreamReader(StreamState):
         if event.gpu_id is not None and (event.rank in comm.rank_gpu or len(comm.rank_gpu) < self.limits.max_ranks):
             if comm.rank_gpu.setdefault(event.rank, event.gpu_id) != event.gpu_id:
                 comm.mixed = True
+        if event.bus_id is not None and (event.rank in comm.rank_bus or len(comm.rank_bus) < self.limits.max_ranks):
+            comm.rank_bus.setdefault(event.rank, event.bus_id)
         process.named_comm = True
         self._point(process, event.pointer, comm)
         for rank, nranks in thread.pending_ranks:
@@ -388,7 +394,7 @@ class StreamReader(StreamState):
     def approx_bytes(self) -> int:
         """What this analyzer holds, estimated from the counts of what it remembers (see _BYTES_*)."""
         rank_facts = sum(
-            len(c.rank_process) + len(c.rank_gpu) + len(c.nvls_channels) + len(c.pointer_refs)
+            len(c.rank_process) + len(c.rank_gpu) + len(c.rank_bus) + len(c.nvls_channels) + len(c.pointer_refs)
             for c in self.communicators.values()
         )
         rank_facts += len(self.loose_ranks) + len(self.test_ranks)

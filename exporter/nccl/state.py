@@ -226,6 +226,8 @@ class StreamState:
             new.nvls_channels.setdefault(rank, channels)
         for rank, gpu in old.rank_gpu.items():
             new.rank_gpu.setdefault(rank, gpu)
+        for rank, bus in old.rank_bus.items():
+            new.rank_bus.setdefault(rank, bus)
         for conn_key in old.connections:
             connection = self.connections.get(conn_key)
             if connection is not None:

@@ -63,6 +63,11 @@ def shown_network(name: str | None, cls: str | None) -> str:
 # Which connection lines are whose
 
 
+def attribute_connections(state: StreamState) -> dict[str, list[Connection]]:
+    """Connection lines by the communicator they belong to, as the verdict attributes them."""
+    return _attribute(state, state.process_nodes()[1])
+
+
 def _attribute(state: StreamState, nodes_of: dict[int, NodeKey]) -> dict[str, list[Connection]]:
     """Connection lines by the communicator they belong to (UNATTRIBUTED: one the log never names)."""
     buckets: dict[str, list[Connection]] = {}
@@ -154,6 +159,7 @@ def _conclude(
     multi = True if tally.tcp_inter is not None else span.multi
     network = _comm_network(comm, conns, span.processes)
     inter_node_tcp, reason = _judge(key, comm, span, multi, tally.tcp_inter, network)
+    no_gdr = _without_gdr(tally.no_gdr_inter, network.cls)
     summary = CommunicatorSummary(
         comm_id=key,
         nranks=span.nranks,
@@ -164,7 +170,8 @@ def _conclude(
         gdr=_gdr(tally.rdma_gdr, network.cls, span.processes),
         inter_node_tcp=inter_node_tcp,
         network_class=network.cls,
-        gdr_disabled=_gdr_disabled(tally.transports, network.cls),
+        gdr_disabled=no_gdr is not None,
+        gdr_disabled_line=no_gdr.cited if no_gdr is not None else None,
     )
     return CommFacts(summary, [reason] if reason else [], multi)
 
@@ -175,6 +182,7 @@ class _Tally(NamedTuple):
     transports: Counter[tuple[str, str, str]]  # (transport, scope, gdr "1"/"0"/"") -> connection lines
     tcp_inter: Connection | None  # the first inter-node line on a TCP-class network
     rdma_gdr: set[bool]  # /GDRDMA shown or not, on lines of RDMA-class networks and CollNet
+    no_gdr_inter: dict[str, Connection]  # transport -> its first inter-node line without GPUDirect RDMA
 
 
 def _tally(comm: Communicator | None, conns: list[Connection], span: Span) -> _Tally:
@@ -183,9 +191,12 @@ def _tally(comm: Communicator | None, conns: list[Connection], span: Span) -> _T
     transports: Counter[tuple[str, str, str]] = Counter()
     tcp_inter: Connection | None = None
     rdma_gdr: set[bool] = set()
+    no_gdr_inter: dict[str, Connection] = {}
     for c in conns:
         counted = _counted_as(c.event, span)
         transports[counted] += 1
+        if counted[1] == INTER and counted[2] == "0":
+            no_gdr_inter.setdefault(counted[0], c)
         if c.event.kind == "collnet":
             rdma_gdr.add(c.event.gdr)
         elif c.event.kind == "net":
@@ -196,7 +207,7 @@ def _tally(comm: Communicator | None, conns: list[Connection], span: Span) -> _T
                 rdma_gdr.add(c.event.gdr)
     if comm is not None and comm.nvls_channels:
         transports[("nvls", UNKNOWN if comm.mnnvl else INTRA, "")] += sum(comm.nvls_channels.values())
-    return _Tally(transports, tcp_inter, rdma_gdr)
+    return _Tally(transports, tcp_inter, rdma_gdr, no_gdr_inter)
 
 
 def _counted_as(event: ConnectionEvent, span: Span) -> tuple[str, str, str]:
@@ -296,15 +307,14 @@ def _gdr(rdma_gdr: set[bool], cls: str | None, processes: list[Process]) -> bool
     return "mixed" if len(flags) > 1 else next(iter(flags))
 
 
-def _gdr_disabled(transports: Counter[tuple[str, str, str]], cls: str | None) -> bool:
-    """An inter-node connection runs on an RDMA-class network without GPUDirect RDMA: a NET/IB line,
-    or a net plugin or CollNet line when the communicator's network is RDMA-class."""
-    return any(
-        scope == INTER
-        and gdr == "0"
-        and (transport == "net_ib" or (cls == RDMA and transport in ("net_plugin", "collnet")))
-        for transport, scope, gdr in transports
-    )
+def _without_gdr(no_gdr_inter: dict[str, Connection], cls: str | None) -> Connection | None:
+    """The line that shows an inter-node connection on an RDMA-class network without GPUDirect RDMA
+    (a NET/IB line, or a net plugin or CollNet line when the communicator's network is RDMA-class);
+    None when there is none."""
+    for transport, connection in no_gdr_inter.items():
+        if transport == "net_ib" or (cls == RDMA and transport in ("net_plugin", "collnet")):
+            return connection
+    return None
 
 
 def _version(processes: list[Process], log_version: str | None) -> str | None:

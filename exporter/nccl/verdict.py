@@ -39,6 +39,7 @@ class CommunicatorSummary:
     # An inter-node connection runs on an RDMA-class network without GPUDirect RDMA (NET/IB, or a
     # net plugin or CollNet when the network is RDMA-class): ccl_nccl_gdr_disabled. Not in to_json.
     gdr_disabled: bool = False
+    gdr_disabled_line: str | None = None  # the line that shows it (cited as reasons cite lines). Not in to_json.
 
     def to_json(self) -> dict[str, Any]:
         return {

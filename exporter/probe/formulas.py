@@ -6,7 +6,8 @@ Definitions follow NVIDIA/nccl-tests ``doc/PERFORMANCE.md``:
   the gathered output, for reduce_scatter the input, for alltoall one rank's send buffer).
 * ``algbw = S / t`` with ``t`` the time of one operation.
 * ``busbw = algbw x factor``: ``2(n-1)/n`` for all_reduce, ``(n-1)/n`` for all_gather,
-  reduce_scatter and alltoall, ``1`` for broadcast. busbw is the number comparable to the
+  reduce_scatter and alltoall, ``1`` for broadcast (and for reduce and sendrecv, which jobs run
+  and the probe does not). busbw is the number comparable to the
   hardware bottleneck (NVLink, PCIe, network) whatever the rank count.
 
 Units here are bytes and bytes/second; the table printer shows GB/s with GB = 1e9 bytes, as
@@ -22,6 +23,8 @@ from exporter.results import COLLECTIVES, MAX_SWEEP_POINTS
 # Collectives whose buffer is split into one chunk per rank: sizes are rounded to a multiple
 # of (type size x ranks), as nccl-tests does.
 CHUNKED = frozenset({"all_gather", "reduce_scatter", "alltoall"})
+# Collectives whose bus traffic is their buffer once (nccl-tests' broadcast, reduce, sendrecv).
+FACTOR_ONE = frozenset({"broadcast", "reduce", "sendrecv"})
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMG]?)(?:i?B)?\s*$", re.IGNORECASE)
 _MULTIPLIER = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
@@ -38,7 +41,7 @@ def busbw_factor(collective: str, nranks: int) -> float:
         return 2.0 * (nranks - 1) / nranks
     if collective in CHUNKED:
         return (nranks - 1) / nranks
-    if collective == "broadcast":
+    if collective in FACTOR_ONE:
         return 1.0
     raise ValueError(f"unknown collective {collective!r} (known: {', '.join(COLLECTIVES)})")
 

@@ -5,7 +5,7 @@ tests and the fleet benchmark can change what the simulated node shows while rea
 Prometheus and Alertmanager watch it. They exist only with ``--simulate``, only act on the
 simulated folder tree, and answer only requests from loopback addresses. A POST that a web
 page made (its ``Origin``, or ``Referer`` when there is no ``Origin``, is anything but this
-exporter's own loopback origin, e.g. ``http://127.0.0.1:9400``) is refused, so a page open in
+exporter's own loopback origin, e.g. ``http://127.0.0.1:19400``) is refused, so a page open in
 a browser cannot drive the node; command-line clients send neither header. Namespace, pod,
 container and job names must be Kubernetes names (DNS-1123), so none can reach outside
 the simulated tree.
@@ -29,13 +29,16 @@ Actions:
 - ``gpu-release`` / ``gpu-assign`` ``[namespace= pod= container=]``: the simulated GPUs are freed
   (no pod holds them, no traffic) or handed to a pod (default: the simulated training pod).
 - ``nvlink-down`` / ``nvlink-up`` ``gpu=<index> link=<index>``: one NVLink goes inactive or back.
-- ``nccl-job-start`` ``namespace= pod= job_name= [network=IB|Socket] [nnodes=2] [gdr=true]``: a
-  training pod (PyTorchJob labels) starts and NCCL's init lines land in its log.
+- ``nccl-job-start`` ``namespace= pod= job_name= [network=IB|Socket] [nnodes=2] [gdr=true]
+  [rails=aligned|crossed]``: a training pod (PyTorchJob labels) starts and NCCL's init lines land
+  in its log; ``rails=crossed``: each GPU's inter-node channels use a NIC on the other socket.
 - ``nccl-job-restart`` ``namespace= pod= [network=Socket] [gdr=false] [placement=shown|open]``: the pod's
   container restarts and NCCL comes back on ``network`` -- by default the silent fallback to TCP
   sockets; ``placement=open``: an NCCL 2.18 log that does not show which nodes the communicator spans.
 - ``nccl-job-stop`` ``namespace= pod=``: the pod is deleted (its log folder goes away).
 - ``advance`` ``[seconds=1]``: advance the simulation immediately (besides its 1 s ticker).
+- ``kube-status``: what the lifecycle hooks (``--collector.lifecycle``) wrote to the simulated API:
+  each pod's ``ccl-health.io/fabric-ready`` condition, the pod Events, the node's conditions.
 """
 
 from __future__ import annotations
@@ -222,6 +225,9 @@ def nccl_job_start(node: SimulatedNode, params: Params) -> dict[str, Any]:
         nnodes = int(params.get("nnodes", "2"))
     except ValueError:
         raise ActionError("nnodes must be an integer") from None
+    rails = params.get("rails", "aligned")
+    if rails not in ("aligned", "crossed"):
+        raise ActionError("rails must be aligned or crossed")
     job = SimJob(
         namespace,
         pod,
@@ -229,9 +235,10 @@ def nccl_job_start(node: SimulatedNode, params: Params) -> dict[str, Any]:
         network=_network(params, "IB"),
         nnodes=max(1, nnodes),
         gdr=_flag(params, "gdr", True),
+        rails=rails,
     )
     _pod_logs(node).start_job(job)
-    return {"namespace": namespace, "pod": pod, "job_name": job_name, "network": job.network}
+    return {"namespace": namespace, "pod": pod, "job_name": job_name, "network": job.network, "rails": rails}
 
 
 def nccl_job_restart(node: SimulatedNode, params: Params) -> dict[str, Any]:
@@ -330,6 +337,13 @@ def advance(node: SimulatedNode, params: Params) -> dict[str, Any]:
     return {"elapsed_seconds": node.elapsed_seconds}
 
 
+def kube_status(node: SimulatedNode, params: Params) -> dict[str, Any]:
+    """What the lifecycle hooks wrote to the simulated API (changes nothing)."""
+    if node.kube is None:
+        raise ActionError("the simulated node has no API")
+    return node.kube.status()
+
+
 def builtin_actions() -> dict[str, ActionFunc]:
     return {
         "rdma-port-down": rdma_port_down,
@@ -347,6 +361,7 @@ def builtin_actions() -> dict[str, ActionFunc]:
         "nccl-job-restart": nccl_job_restart,
         "nccl-job-stop": nccl_job_stop,
         "advance": advance,
+        "kube-status": kube_status,
     }
 
 

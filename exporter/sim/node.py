@@ -12,6 +12,7 @@ from exporter.sim.clock import SimClock, job_activity
 from exporter.sim.paths import simulated_paths
 
 if TYPE_CHECKING:
+    from exporter.sim.kube import SimKube
     from exporter.sim.nvml import SimNvml
     from exporter.sources.kube import PodMetadataSource
 
@@ -32,6 +33,7 @@ class SimulatedNode:
     elapsed_seconds: float = 0.0
     nvml: SimNvml | None = None  # the simulated GPUs the NVML collectors read
     pod_metadata: PodMetadataSource | None = None  # its pods and their jobs (no API server here)
+    kube: SimKube | None = None  # what the lifecycle hooks write to (the API server's stand-in)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -82,22 +84,30 @@ class SimJobEnd:
 
 def default_node(root: Path, seed: int = 7, job_ends_after_seconds: float = 0.0) -> SimulatedNode:
     """The node ``serve --simulate`` runs: 8 NDR InfiniBand ports and 2 RoCE ports, 8 GPUs
-    with 18 NVLinks each, held by one training pod that the pod-resources socket reports, and
-    training pods whose logs carry NCCL output (one of them fell back to TCP), and probe /
-    pre-flight result files (one pod failed its pre-flight)."""
+    with 18 NVLinks each on an HGX-like PCI tree (each GPU beside one compute NIC, two sockets),
+    held by one training pod that the pod-resources socket reports with its NICs, and
+    training pods whose logs carry NCCL output (one of them fell back to TCP, one crossed its
+    rails) and whose NCCL Inspector writes per-collective timings, and probe / pre-flight result
+    files (one pod failed its pre-flight)."""
+    from exporter.sim.inspector import SimInspector
+    from exporter.sim.kube import SimKube
     from exporter.sim.nvml import SimNvml, SimPodResources
     from exporter.sim.podlogs import SimPodLogs
     from exporter.sim.probe import SimProbeResults
     from exporter.sim.rdma import SimRdma
+    from exporter.sim.topology import SimTopology
 
     node = SimulatedNode(root=root, seed=seed)
     node.parts.append(SimRdma(rng=node.rng))
+    node.parts.append(SimTopology())
     node.nvml = SimNvml(rng=node.rng)
     node.parts.append(node.nvml)
     node.parts.append(SimPodResources(node.nvml))
     pod_logs = SimPodLogs(rng=node.rng)
     node.parts.append(pod_logs)
     node.pod_metadata = pod_logs
+    node.parts.append(SimInspector(pod_logs, rng=node.rng))
+    node.kube = SimKube()
     node.parts.append(SimProbeResults())
     if job_ends_after_seconds > 0:
         node.parts.append(SimJobEnd(node.nvml, job_ends_after_seconds))

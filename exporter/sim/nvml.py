@@ -7,7 +7,10 @@ no compute processes, no pod-resources assignment) and ``assign`` hands them to 
 so the probe scheduler can be tried on "GPUs busy" and "GPUs idle".
 
 ``SimPodResources`` serves the kubelet pod-resources API for real: a gRPC server on
-``<simroot>/pod-resources/kubelet.sock`` answering ``List`` from ``SimNvml``'s assignments.
+``<simroot>/pod-resources/kubelet.sock`` answering ``List`` from ``SimNvml``'s assignments; a
+container holding GPUs also holds the devices ``nic_devices`` gives it (the training pod: the
+eight compute NICs through ``nvidia.com/hostdev``, by PCI address, as the SR-IOV/host-device
+plugin names them).
 """
 
 from __future__ import annotations
@@ -74,7 +77,9 @@ class SimNvml:
         self._rng = rng
         self._lock = threading.Lock()
         self._gpus = [
-            GpuIdentity(i, sim_gpu_uuid(i), GPU_NAME, _bus_id(GPU_BUSES[i % len(GPU_BUSES)] + 0x100 * (i // 8)))
+            GpuIdentity(
+                i, sim_gpu_uuid(i), GPU_NAME, _bus_id(GPU_BUSES[i % len(GPU_BUSES)] + 0x100 * (i // 8)), minor=i
+            )
             for i in range(gpu_count)
         ]
         self._links = {
@@ -185,11 +190,29 @@ class SimNvml:
             ]
 
 
+HOSTDEV_RESOURCE = "nvidia.com/hostdev"
+
+
+def rail_nics() -> list[tuple[str, str]]:
+    """(RDMA device, PCI address) of the compute NIC beside each GPU: mlx5_i at the bus after GPU
+    i's, below the same PCIe switch (``exporter.sim.topology`` lays the tree out)."""
+    return [(f"mlx5_{i}", f"0000:{bus + 1:02x}:00.0") for i, bus in enumerate(GPU_BUSES)]
+
+
+def training_nic_devices() -> dict[tuple[str, str, str], dict[str, list[str]]]:
+    """The training pod's compute NICs, by PCI address."""
+    addresses = [address for _, address in rail_nics()]
+    return {(TRAINING_NAMESPACE, TRAINING_POD, TRAINING_CONTAINER): {HOSTDEV_RESOURCE: addresses}}
+
+
 class SimPodResources:
     """The kubelet pod-resources API of the simulated node, over a real unix-socket gRPC server."""
 
-    def __init__(self, nvml: SimNvml) -> None:
+    def __init__(
+        self, nvml: SimNvml, nic_devices: dict[tuple[str, str, str], dict[str, list[str]]] | None = None
+    ) -> None:
         self._nvml = nvml
+        self.nic_devices = training_nic_devices() if nic_devices is None else nic_devices
         self._server: grpc.Server | None = None
         self.socket_path: Path | None = None
 
@@ -197,7 +220,7 @@ class SimPodResources:
         self.socket_path = simulated_paths(root).pod_resources
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="sim-podresources"))
-        api_pb2_grpc.add_PodResourcesListerServicer_to_server(_SimLister(self._nvml), server)
+        api_pb2_grpc.add_PodResourcesListerServicer_to_server(_SimLister(self._nvml, self.nic_devices), server)
         server.add_insecure_port(f"unix://{self.socket_path}")
         server.start()
         self._server = server
@@ -212,8 +235,9 @@ class SimPodResources:
 
 
 class _SimLister(api_pb2_grpc.PodResourcesListerServicer):
-    def __init__(self, nvml: SimNvml) -> None:
+    def __init__(self, nvml: SimNvml, nic_devices: dict[tuple[str, str, str], dict[str, list[str]]]) -> None:
         self._nvml = nvml
+        self._nic_devices = nic_devices
 
     def List(  # noqa: N802 - the gRPC method's name
         self, request: api_pb2.ListPodResourcesRequest, context: grpc.ServicerContext
@@ -223,11 +247,10 @@ class _SimLister(api_pb2_grpc.PodResourcesListerServicer):
             by_container.setdefault((a.namespace, a.pod, a.container), []).append(a.device_id)
         pods: dict[tuple[str, str], list[api_pb2.ContainerResources]] = {}
         for (namespace, pod, container), uuids in sorted(by_container.items()):
-            pods.setdefault((namespace, pod), []).append(
-                api_pb2.ContainerResources(
-                    name=container, devices=[api_pb2.ContainerDevices(resource_name=GPU_RESOURCE, device_ids=uuids)]
-                )
-            )
+            devices = [api_pb2.ContainerDevices(resource_name=GPU_RESOURCE, device_ids=uuids)]
+            for resource, ids in self._nic_devices.get((namespace, pod, container), {}).items():
+                devices.append(api_pb2.ContainerDevices(resource_name=resource, device_ids=ids))
+            pods.setdefault((namespace, pod), []).append(api_pb2.ContainerResources(name=container, devices=devices))
         return api_pb2.ListPodResourcesResponse(
             pod_resources=[
                 api_pb2.PodResources(name=pod, namespace=namespace, containers=containers)

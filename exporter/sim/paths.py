@@ -20,4 +20,5 @@ def simulated_paths(root: Path) -> HostPaths:
         state=root / "state",
         pod_resources=root / "pod-resources" / "kubelet.sock",
         probe_results=root / "probe-results",
+        nccl_inspector=root / "nccl-inspector",
     )

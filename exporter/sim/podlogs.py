@@ -8,7 +8,11 @@ kubelet does, with three pods:
   InfiniBand with GPUDirect RDMA — healthy;
 * ``research/bert-finetune-worker-0`` (PyTorchJob ``bert-finetune``): 2 nodes whose NCCL found
   no IB device and fell back to ``Socket`` — the silent TCP fallback;
-* ``vision/resnet-eval-0`` (batch Job ``resnet-eval``): one node, P2P over NVLink plus NVLS.
+* ``vision/resnet-eval-0`` (batch Job ``resnet-eval``): one node, P2P over NVLink plus NVLS;
+* ``nlp/gpt-neox-worker-0`` (PyTorchJob ``gpt-neox``): 2 nodes on InfiniBand with crossed rails:
+  each GPU's inter-node channels leave through a NIC on the other socket (``SYS``), where the
+  llama pod's leave through the NIC beside the GPU (``PIX``). Multus attached its NICs (its pod
+  carries a ``k8s.v1.cni.cncf.io/network-status`` annotation).
 
 Each tick appends ordinary training output (step lines) to the running pods. The part is
 also the simulated node's ``PodMetadataSource`` (there is no API server in simulate mode):
@@ -20,6 +24,7 @@ on another network.
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 import shutil
 import threading
@@ -27,9 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from exporter.sim.clock import SimClock, cri_timestamp
-from exporter.sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
+from exporter.sim.nvml import GPU_BUSES, TRAINING_NAMESPACE, TRAINING_POD, rail_nics
 from exporter.sim.paths import simulated_paths
 from exporter.sources.kube import EXPECTED_NETWORK_LABEL, PodMetadata, attribute_job
+from exporter.sources.multus import NETWORK_STATUS_ANNOTATION, attached_devices
 
 NCCL_VERSION = "2.21.5"
 CUDA_VERSION = "12.4"
@@ -69,6 +75,10 @@ class SimJob:
     # False: the log leaves placement open (NCCL 2.18, no nNodes line; an 8-rank communicator with
     # 4 ranks on each of two nodes, only this node's ranks in the log) -- what cluster context decides
     placement_shown: bool = True
+    # "aligned": GPU i's NET channels use NIC i (beside it); "crossed": NIC (i + 4) % 8, the other socket's
+    rails: str = "aligned"
+    # The pod's k8s.v1.cni.cncf.io/network-status annotation ("" when Multus attached nothing)
+    network_status: str = ""
     restarts: int = 0
     step: int = 0
     uid: str = field(default="")
@@ -77,6 +87,10 @@ class SimJob:
         if not self.uid:
             digest = hashlib.sha1(f"{self.namespace}/{self.pod}".encode()).hexdigest()
             self.uid = f"{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+
+    def nic_index(self, local: int) -> int:
+        """The NET device (the [i] of NET/IB : Using) local rank ``local`` sends through."""
+        return local if self.rails == "aligned" else (local + GPUS_PER_NODE // 2) % GPUS_PER_NODE
 
     @property
     def comm_id(self) -> str:
@@ -101,7 +115,7 @@ def nccl_init_lines_placement_open(job: SimJob) -> list[str]:
         comm = f"0x{0x55D4C0A1B000 + 0x1000 * local:x}"
         init = (
             f"comm {comm} rank {local} nranks {nranks} cudaDev {local} nvmlDev {local} busId "
-            f"{0x18 + 0x10 * local:x}000 commId {job.comm_id}"
+            f"{GPU_BUSES[local]:x}000 commId {job.comm_id}"
         )
         lines += [p + "Bootstrap : Using eth0:10.0.3.17<0>"]
         if job.network == "IB":
@@ -134,7 +148,7 @@ def nccl_init_lines(job: SimJob) -> list[str]:
         rank, pid = first + local, base_pid + local
         p = f"{host}:{pid}:{pid} [{local}] NCCL INFO "
         comm = f"0x{0x55D4C0A1B000 + 0x1000 * local:x}"
-        bus = f"{0x18 + 0x10 * local:x}000"
+        bus = f"{GPU_BUSES[local]:x}000"
         lines += [
             p + "cudaDriverVersion 12040",
             p + "Bootstrap : Using eth0:10.0.3.17<0>",
@@ -165,7 +179,7 @@ def nccl_init_lines(job: SimJob) -> list[str]:
             if local == GPUS_PER_NODE - 1 and job.nnodes > 1:
                 lines.append(
                     p + f"Channel {channel:02d}/0 : {rank}[{local}] -> {nxt}[0] [send] via "
-                    f"NET/{job.network}/{channel}{suffix}"
+                    f"NET/{job.network}/{_net_device(job, local, channel)}{suffix}"
                 )
             else:
                 lines.append(
@@ -174,7 +188,7 @@ def nccl_init_lines(job: SimJob) -> list[str]:
             if local == 0 and job.nnodes > 1:
                 lines.append(
                     p + f"Channel {channel:02d}/0 : {prev}[7] -> {rank}[{local}] [receive] via "
-                    f"NET/{job.network}/{channel}{suffix}"
+                    f"NET/{job.network}/{_net_device(job, local, channel)}{suffix}"
                 )
         lines.append(p + "Connected all rings")
         if job.nvls:
@@ -194,6 +208,34 @@ def nccl_init_lines(job: SimJob) -> list[str]:
     return lines
 
 
+def _net_device(job: SimJob, local: int, channel: int) -> int:
+    """The NET device index of a channel line: on IB the NIC of the rank's rail (eight devices
+    listed); on Socket the channel's, as before."""
+    return job.nic_index(local) if job.network == "IB" else channel
+
+
+def multus_network_status(nics: list[tuple[str, str]]) -> str:
+    """A network-status annotation as Multus writes it: the default network, then one SR-IOV
+    attachment per (RDMA device, PCI address) with its device-info."""
+    entries: list[dict[str, object]] = [{"name": "cbr0", "ips": ["10.244.1.73"], "default": True, "dns": {}}]
+    for i, (rdma, address) in enumerate(nics):
+        entries.append(
+            {
+                "name": f"nlp/rdma-rail-{i}",
+                "interface": f"net{i + 1}",
+                "ips": [f"192.168.{100 + i}.11"],
+                "mac": f"86:1d:96:ff:55:{i:02x}",
+                "dns": {},
+                "device-info": {
+                    "type": "pci",
+                    "version": "1.1.0",
+                    "pci": {"pci-address": address, "rdma-device": rdma},
+                },
+            }
+        )
+    return json.dumps(entries)
+
+
 def default_jobs() -> list[SimJob]:
     return [
         SimJob(TRAINING_NAMESPACE, TRAINING_POD, pytorchjob_labels("llama-70b"), network="IB", nnodes=2),
@@ -206,6 +248,15 @@ def default_jobs() -> list[SimJob]:
             gdr=False,
         ),
         SimJob("vision", "resnet-eval-0", batch_job_labels("resnet-eval"), network="IB", nnodes=1, nvls=True),
+        SimJob(
+            "nlp",
+            "gpt-neox-worker-0",
+            pytorchjob_labels("gpt-neox"),
+            network="IB",
+            nnodes=2,
+            rails="crossed",
+            network_status=multus_network_status(rail_nics()),
+        ),
     ]
 
 
@@ -296,6 +347,11 @@ class SimPodLogs:
             step_time = (12.4 if job.network == "Socket" and job.nnodes > 1 else 6.1) * self.rng.uniform(0.97, 1.03)
             self._append(job, [f"[rank0]: step {job.step} loss {loss:.4f} step_time {step_time:.2f}s"])
 
+    def running(self) -> list[SimJob]:
+        """The pods running now (what other simulated parts write output for)."""
+        with self._lock:
+            return list(self._running.values())
+
     # PodMetadataSource
     def lookup(self, namespace: str, pod: str) -> PodMetadata | None:
         with self._lock:
@@ -313,6 +369,8 @@ class SimPodLogs:
             job_kind,
             job.labels.get(EXPECTED_NETWORK_LABEL, ""),
             host_network=False,
+            attached_devices=attached_devices({NETWORK_STATUS_ANNOTATION: job.network_status}),
+            fabric_ready_gate=True,  # as if the webhook had added the readiness gate to every training pod
         )
 
     def is_authoritative(self) -> bool:

@@ -2,8 +2,9 @@
 
 The same ``NodeResources`` the real node gives its collectors, taken from the simulated node:
 its NVML (``SimNvml``), its pods (the simulated pod logs' own pod list; there is no API
-server), a client of its pod-resources socket (a real gRPC server), its folder tree and its
-clock. The collectors cannot tell the difference.
+server), a client of its pod-resources socket (a real gRPC server), its folder tree, its clock,
+and the API the lifecycle hooks write to (``SimKube``, which records the writes). The
+collectors cannot tell the difference.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from exporter.sources.podresources import PodResourcesClient
 
 def simulated_node_resources(node: SimulatedNode, *, nvml_collected: bool = True) -> NodeResources:
     """``node``'s resources; closing them leaves the node running (it is closed by its owner)."""
-    if node.nvml is None or node.pod_metadata is None:
-        raise ValueError("the simulated node has no NVML or no pod list (build it with default_node)")
-    pods = node.pod_metadata
+    if node.nvml is None or node.pod_metadata is None or node.kube is None:
+        raise ValueError("the simulated node has no NVML, pod list or API (build it with default_node)")
+    pods, kube = node.pod_metadata, node.kube
     return NodeResources(
         node.paths,
         nvml=node.nvml,
@@ -32,6 +33,8 @@ def simulated_node_resources(node: SimulatedNode, *, nvml_collected: bool = True
         pod_metadata=lambda: pods,
         nvml_collected=nvml_collected,
         clock=clock.now,
+        node_name=kube.node_name,
+        kube_api=lambda: kube,
     )
 
 

@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
+from exporter.sources.multus import AttachedDevice, attached_devices
+
 log = logging.getLogger(__name__)
 
 KUBEFLOW_JOB_NAME = "training.kubeflow.org/job-name"
@@ -37,6 +39,8 @@ KUEUE_POD_GROUP = "kueue.x-k8s.io/pod-group-name"
 TRAINER_PREFIX = "trainer.kubeflow.org/"
 # A pod, or its namespace, that runs on TCP on purpose says so; the pod's own label wins.
 EXPECTED_NETWORK_LABEL = "ccl-health.io/expected-network"
+# The pod readiness condition the lifecycle hooks write, and the readiness gate that waits for it.
+FABRIC_READY_CONDITION = "ccl-health.io/fabric-ready"
 MAX_LABEL_VALUE_CHARS = 63  # Kubernetes' own limit for a label value
 MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
 # What kubelet sets in every container; the Kubernetes client's in-cluster config reads them.
@@ -108,6 +112,16 @@ def attribute_job(
 
 
 @dataclass(frozen=True)
+class PodCondition:
+    """A pod or node condition as the API shows it (times as RFC 3339 text, "" when unset)."""
+
+    status: str  # "True", "False" or "Unknown"
+    reason: str = ""
+    message: str = ""
+    last_transition_time: str = ""
+
+
+@dataclass(frozen=True)
 class PodMetadata:
     namespace: str
     name: str
@@ -116,6 +130,11 @@ class PodMetadata:
     job_kind: str
     expected_network: str = ""  # the pod's ccl-health.io/expected-network label ("" when unset)
     host_network: bool | None = None  # spec.hostNetwork (None when the source does not say)
+    # Host devices Multus attached (its network-status annotation): SR-IOV VFs, RDMA NICs
+    attached_devices: tuple[AttachedDevice, ...] = ()
+    # spec.readinessGates names ccl-health.io/fabric-ready, and that condition in status (None: absent)
+    fabric_ready_gate: bool = False
+    fabric_ready: PodCondition | None = None
 
 
 def with_namespace_expectation(record: PodMetadata, namespace_labels: Mapping[str, str]) -> PodMetadata:
@@ -176,10 +195,55 @@ def pod_metadata_from_object(pod: Any) -> PodMetadata | None:
         raw = spec.get("hostNetwork") if isinstance(spec, Mapping) else getattr(spec, "host_network", None)
         host_network = bool(raw)  # absent means false in the API
     expected = str(labels.get(EXPECTED_NETWORK_LABEL) or "")[:MAX_LABEL_VALUE_CHARS]
+    gates = _items(spec, "readinessGates", "readiness_gates")
+    gate = any(_field(g, "conditionType", "condition_type") == FABRIC_READY_CONDITION for g in gates)
+    condition = find_condition(pod, FABRIC_READY_CONDITION)
     # A static pod's API object is its mirror pod, with a UID of its own; kubelet knows the pod (and
     # names its log folder) by the config hash, which the mirror pod carries in this annotation.
-    uid = str((field("annotations") or {}).get(MIRROR_POD_ANNOTATION) or field("uid") or "")
-    return PodMetadata(namespace, name, uid, job_name, job_kind, expected, host_network)
+    annotations = field("annotations") or {}
+    uid = str(annotations.get(MIRROR_POD_ANNOTATION) or field("uid") or "")
+    return PodMetadata(
+        namespace, name, uid, job_name, job_kind, expected, host_network, attached_devices(annotations), gate, condition
+    )
+
+
+def _field(obj: Any, key: str, attribute: str) -> Any:
+    """``obj[key]`` of a dict from JSON, ``obj.attribute`` of a client object; None when absent."""
+    return obj.get(key) if isinstance(obj, Mapping) else getattr(obj, attribute, None)
+
+
+def _items(obj: Any, key: str, attribute: str) -> list[Any]:
+    """The list at ``key`` (``attribute``) of ``obj``; empty when ``obj`` or the list is absent."""
+    found = None if obj is None else _field(obj, key, attribute)
+    return list(found) if isinstance(found, (list, tuple)) else []
+
+
+def _time_text(value: Any) -> str:
+    """An API time as RFC 3339 text: the client gives datetimes, JSON gives strings."""
+    if value is None:
+        return ""
+    if hasattr(value, "strftime"):
+        return str(value.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    return str(value)
+
+
+def find_condition(obj: Any, condition_type: str) -> PodCondition | None:
+    """The condition of that type in ``status.conditions`` of a pod or node (client object or dict)."""
+    status = _field(obj, "status", "status")
+    for condition in _items(status, "conditions", "conditions"):
+        if _field(condition, "type", "type") == condition_type:
+            return condition_from_object(condition)
+    return None
+
+
+def condition_from_object(condition: Any) -> PodCondition:
+    """A ``V1PodCondition`` / ``V1NodeCondition`` (or the same as a dict) → ``PodCondition``."""
+    return PodCondition(
+        status=str(_field(condition, "status", "status") or ""),
+        reason=str(_field(condition, "reason", "reason") or ""),
+        message=str(_field(condition, "message", "message") or ""),
+        last_transition_time=_time_text(_field(condition, "lastTransitionTime", "last_transition_time")),
+    )
 
 
 class NotInCluster(Exception):

@@ -3,9 +3,10 @@
 What is read, and how often:
 
 - Once per GPU (discovery, repeated for a GPU whose read failed): index, UUID, name, PCI bus
-  id, NVLink count (``NVML_FI_DEV_NVLINK_LINK_COUNT``), and per active link the remote end
-  (``nvmlDeviceGetNvLinkRemoteDeviceType`` + ``nvmlDeviceGetNvLinkRemotePciInfo_v2``). A
-  link that comes up later has its remote end read when it does.
+  id, minor number (``/dev/nvidia<minor>``), NVLink count (``NVML_FI_DEV_NVLINK_LINK_COUNT``),
+  and per active link the remote end (``nvmlDeviceGetNvLinkRemoteDeviceType`` +
+  ``nvmlDeviceGetNvLinkRemotePciInfo_v2``). A link that comes up later has its remote end read
+  when it does.
 - Every scrape: ONE ``nvmlDeviceGetFieldValues`` call per GPU holding, for every link
   (scopeId = link): state, speed (MB/s), data TX/RX (KiB), and the replay, recovery and CRC
   flit error counters; the CRC data counter uses NVML's per-link field ids, which exist for
@@ -73,6 +74,9 @@ class GpuIdentity:
     uuid: str
     name: str
     pci_bus_id: str
+    # The /dev/nvidia<minor> number (nvmlDeviceGetMinorNumber): how NVIDIA's DRA driver names a GPU
+    # ("gpu-<minor>"); None when NVML cannot say.
+    minor: int | None = None
 
 
 @dataclass(frozen=True)
@@ -333,10 +337,17 @@ class PynvmlBackend:
             uuid=_text(self._call("nvmlDeviceGetUUID", handle)),
             name=_text(self._call("nvmlDeviceGetName", handle)),
             pci_bus_id=_text(pci.busId),
+            minor=self._minor(handle),
         )
         link_count = self._link_count(handle)
         pairs, slots = field_request(link_count)
         return _Gpu(identity, handle, link_count, pairs, slots)
+
+    def _minor(self, handle: Any) -> int | None:
+        try:
+            return int(self._call("nvmlDeviceGetMinorNumber", handle))
+        except self._nvml().NVMLError:
+            return None
 
     def _link_count(self, handle: Any) -> int:
         nvml = self._nvml()

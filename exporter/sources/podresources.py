@@ -1,17 +1,27 @@
-"""Which pod holds which GPU: the kubelet pod-resources API (gRPC v1 ``List`` on a unix socket).
+"""Which pod holds which device: the kubelet pod-resources API (gRPC v1 ``List`` on a unix socket).
 
 The kubelet serves it on ``/var/lib/kubelet/pod-resources/kubelet.sock``; the exporter mounts
-that folder read-only. GPU resources are ``nvidia.com/gpu`` and its variants
-(``nvidia.com/gpu.shared`` for time-sliced GPUs, whose device ids carry a ``::<replica>``
-suffix) and the MIG resources ``nvidia.com/mig-<profile>`` (device ids are MIG UUIDs). For
-whole GPUs the device ids are GPU UUIDs, as NVML reports them.
+that folder read-only. One ``List`` answers for both ways devices reach containers:
+
+- device plugins (``ContainerDevices``): GPU resources are ``nvidia.com/gpu`` and its variants
+  (``nvidia.com/gpu.shared`` for time-sliced GPUs, whose device ids carry a ``::<replica>``
+  suffix) and the MIG resources ``nvidia.com/mig-<profile>`` (device ids are MIG UUIDs); for
+  whole GPUs the device ids are GPU UUIDs, as NVML reports them. Every other resource (SR-IOV
+  VFs, ``nvidia.com/hostdev``, RDMA shared devices, ...) is kept as a ``DeviceAssignment``;
+- Dynamic Resource Allocation (``DynamicResource``, Kubernetes 1.34+): each allocated device of
+  a claim as driver / pool / device name (and its CDI device names). Devices of NVIDIA's GPU
+  driver (``gpu.nvidia.com``, named ``gpu-<minor>``) count as GPUs; the rest are kept as
+  ``DynamicAssignment``.
+
+Whether a device is an RDMA NIC, and which, is the topology's to say (its PCI address or
+name), not this module's.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,9 +33,15 @@ log = logging.getLogger(__name__)
 DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+# DRA drivers whose devices are GPUs (NVIDIA's k8s-dra-driver-gpu names them gpu-<minor>).
+DRA_GPU_DRIVERS = frozenset({"gpu.nvidia.com"})
+# Where an assignment comes from (the ``source`` label).
+SOURCE_DEVICE_PLUGIN = "device_plugin"
+SOURCE_DRA = "dra"
 # A hostile or broken kubelet answer never grows memory without bound.
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 MAX_ASSIGNMENTS = 4096
+MAX_NAME_CHARS = 253
 
 
 class PodResourcesUnavailable(Exception):
@@ -40,11 +56,49 @@ class PodResourcesError(Exception):
 class GpuAssignment:
     """One GPU (or MIG instance) assigned to one container."""
 
-    device_id: str  # GPU UUID (time-slicing replica suffix removed) or MIG UUID
-    resource: str
+    # GPU UUID (time-slicing replica suffix removed) or MIG UUID; for a DRA GPU its device name
+    # (gpu-<minor>), which the collector turns into the UUID through NVML
+    device_id: str
+    resource: str  # the extended resource, or the DRA driver
     namespace: str
     pod: str
     container: str
+    source: str = SOURCE_DEVICE_PLUGIN
+
+
+@dataclass(frozen=True)
+class DeviceAssignment:
+    """One device of a device plugin's resource other than a GPU (an SR-IOV VF, a host device, ...)."""
+
+    resource: str
+    device_id: str  # what the plugin calls it: a PCI address for SR-IOV, an index for RDMA shared devices
+    namespace: str
+    pod: str
+    container: str
+
+
+@dataclass(frozen=True)
+class DynamicAssignment:
+    """One device a DRA claim gave a container (other than a GPU)."""
+
+    driver: str
+    pool: str
+    device: str
+    cdi_devices: tuple[str, ...]
+    claim: str  # <claim namespace>/<claim name>
+    namespace: str
+    pod: str
+    container: str
+
+
+@dataclass(frozen=True)
+class PodResourcesListing:
+    """One ``List`` answer, sorted, duplicates removed."""
+
+    gpus: tuple[GpuAssignment, ...] = ()
+    devices: tuple[DeviceAssignment, ...] = ()
+    dynamic: tuple[DynamicAssignment, ...] = ()
+    truncated: bool = False  # over MAX_ASSIGNMENTS: the rest was ignored
 
 
 def is_gpu_resource(resource_name: str) -> bool:
@@ -60,36 +114,81 @@ def gpu_device_id(device_id: str) -> str:
     return device_id.split("::", 1)[0]
 
 
-def assignments_from_response(response: object) -> list[GpuAssignment]:
-    """GPU assignments in a ``ListPodResourcesResponse``, sorted, duplicates removed."""
-    found: set[GpuAssignment] = set()
+@dataclass
+class _Collected:
+    gpus: set[GpuAssignment] = field(default_factory=set)
+    devices: set[DeviceAssignment] = field(default_factory=set)
+    dynamic: set[DynamicAssignment] = field(default_factory=set)
+
+    def full(self) -> bool:
+        return len(self.gpus) + len(self.devices) + len(self.dynamic) >= MAX_ASSIGNMENTS
+
+
+def _name(value: object) -> str:
+    return str(value)[:MAX_NAME_CHARS]
+
+
+def listing_from_response(response: object) -> PodResourcesListing:
+    """Every assignment in a ``ListPodResourcesResponse`` (device plugins and DRA)."""
+    found = _Collected()
+    truncated = False
     for pod in getattr(response, "pod_resources", ()):
         for container in pod.containers:
-            for devices in container.devices:
-                if not is_gpu_resource(devices.resource_name):
-                    continue
-                for device_id in devices.device_ids:
-                    if len(found) >= MAX_ASSIGNMENTS:
-                        log.warning("pod-resources answer has over %d GPU assignments; rest ignored", MAX_ASSIGNMENTS)
-                        return sorted(found, key=_order)
-                    found.add(
-                        GpuAssignment(
-                            device_id=gpu_device_id(device_id),
-                            resource=devices.resource_name,
-                            namespace=pod.namespace,
-                            pod=pod.name,
-                            container=container.name,
-                        )
-                    )
-    return sorted(found, key=_order)
+            where = (_name(pod.namespace), _name(pod.name), _name(container.name))
+            if not _add_devices(found, container, where) or not _add_dynamic(found, container, where):
+                truncated = True
+                break
+        if truncated:
+            log.warning("pod-resources answer has over %d assignments; rest ignored", MAX_ASSIGNMENTS)
+            break
+    return PodResourcesListing(
+        gpus=tuple(sorted(found.gpus, key=_order)),
+        devices=tuple(sorted(found.devices, key=lambda d: (d.namespace, d.pod, d.container, d.resource, d.device_id))),
+        dynamic=tuple(sorted(found.dynamic, key=lambda d: (d.namespace, d.pod, d.container, d.driver, d.device))),
+        truncated=truncated,
+    )
 
 
-def _order(a: GpuAssignment) -> tuple[str, str, str, str]:
-    return (a.device_id, a.namespace, a.pod, a.container)
+def _add_devices(found: _Collected, container: object, where: tuple[str, str, str]) -> bool:
+    namespace, pod, name = where
+    for devices in getattr(container, "devices", ()):
+        resource = _name(devices.resource_name)
+        for device_id in devices.device_ids:
+            if found.full():
+                return False
+            if is_gpu_resource(resource):
+                found.gpus.add(GpuAssignment(gpu_device_id(_name(device_id)), resource, namespace, pod, name))
+            else:
+                found.devices.add(DeviceAssignment(resource, _name(device_id), namespace, pod, name))
+    return True
+
+
+def _add_dynamic(found: _Collected, container: object, where: tuple[str, str, str]) -> bool:
+    namespace, pod, name = where
+    for claim in getattr(container, "dynamic_resources", ()):
+        claim_name = f"{_name(claim.claim_namespace)}/{_name(claim.claim_name)}"
+        for resource in claim.claim_resources:
+            if found.full():
+                return False
+            driver, device = _name(resource.driver_name), _name(resource.device_name)
+            if not device:
+                continue  # a DRA resource that is not a device (the API leaves device_name empty)
+            if driver in DRA_GPU_DRIVERS:
+                found.gpus.add(GpuAssignment(device, driver, namespace, pod, name, SOURCE_DRA))
+                continue
+            cdi = tuple(_name(c.name) for c in list(resource.cdi_devices)[:8])
+            found.dynamic.add(
+                DynamicAssignment(driver, _name(resource.pool_name), device, cdi, claim_name, namespace, pod, name)
+            )
+    return True
+
+
+def _order(a: GpuAssignment) -> tuple[str, str, str, str, str]:
+    return (a.device_id, a.namespace, a.pod, a.container, a.source)
 
 
 class PodResourcesClient:
-    """A long-lived channel to the kubelet socket; ``list_gpus`` is safe from any thread."""
+    """A long-lived channel to the kubelet socket; ``listing`` and ``list_gpus`` are safe from any thread."""
 
     def __init__(self, socket_path: Path = DEFAULT_SOCKET, timeout_seconds: float = 3.0) -> None:
         self._socket = socket_path
@@ -116,7 +215,11 @@ class PodResourcesClient:
         return self._stub
 
     def list_gpus(self) -> list[GpuAssignment]:
-        """Every GPU assignment on the node; raises PodResourcesUnavailable / PodResourcesError.
+        """Every GPU assignment on the node; raises PodResourcesUnavailable / PodResourcesError."""
+        return list(self.listing().gpus)
+
+    def listing(self) -> PodResourcesListing:
+        """Every assignment on the node; raises PodResourcesUnavailable / PodResourcesError.
 
         gRPC is loaded only once the socket exists: a node without one pays nothing for asking."""
         if not self._socket.exists():
@@ -135,7 +238,7 @@ class PodResourcesClient:
                 code = exc.code() if hasattr(exc, "code") else None
                 details = exc.details() if hasattr(exc, "details") else str(exc)
                 raise PodResourcesError(f"pod-resources List on {self._socket} failed: {code}: {details}") from exc
-        return assignments_from_response(response)
+        return listing_from_response(response)
 
     def _close_locked(self) -> None:
         channel, self._channel, self._stub = self._channel, None, None

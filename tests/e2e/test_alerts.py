@@ -176,3 +176,26 @@ def test_tcp_fallback_the_log_cannot_place_pages_from_the_jobs_nodes(start_clust
     assert cluster.prometheus.values(f'ccl_nccl_verdict{{{selector},verdict="unknown"}}') == [1.0]
     assert cluster.prometheus.values(f'ccl_nccl_tcp_fallback{{{selector}}}') == [0.0], "the log alone cannot tell"
     assert [a["labels"]["node"] for a in _alerts_named(cluster, "CclNcclTcpFallback")] == ["gpu-node-01"]
+
+
+def test_crossed_rails_raise_the_affinity_warning_for_that_pod_only(start_cluster) -> None:  # type: ignore[no-untyped-def]
+    """A pod whose GPUs send through the other socket's NICs (the simulator's crossed rails) on one node
+    of a healthy two-node fleet: CclNcclNicAffinityCrossed fires for its GPUs, naming the NIC beside
+    each; the training pod bound rail by rail (every GPU on its PIX NIC) stays silent."""
+    cluster = start_cluster(nodes=2, intervals=Intervals())
+    node = cluster.node("gpu-node-01")
+    node.act("nccl-job-start", namespace="nlp", pod="gpt-neox-worker-0", job_name="gpt-neox", network="IB",
+             rails="crossed")
+    want = {"namespace": "nlp", "pod": "gpt-neox-worker-0", "job_name": "gpt-neox", "node": "gpu-node-01"}
+    got = cluster.receiver.wait_alert("CclNcclNicAffinityCrossed", "firing", timeout=90, match=want)
+    assert got is not None, cluster.prometheus.alerts()
+    _, alert = got
+    labels = alert["labels"]
+    assert labels["severity"] == "warning" and labels["affinity"] == "SYS" and labels["gdr"] == "true"
+    nearest = f"mlx5_{labels['gpu']} (PIX)"
+    assert nearest in alert["annotations"]["description"], alert["annotations"]["description"]
+    assert labels["device"] != f"mlx5_{labels['gpu']}"
+    firing = _alerts_named(cluster, "CclNcclNicAffinityCrossed")
+    assert {(a["labels"]["node"], a["labels"]["pod"]) for a in firing} == {("gpu-node-01", "gpt-neox-worker-0")}
+    bound = cluster.prometheus.values(f'ccl_nccl_nic_affinity{{pod="{TRAINING_POD}",affinity="PIX"}}')
+    assert len(bound) == 4, "the bound pod's GPUs 0 and 7 on their PIX NICs, on both nodes (not vacuously quiet)"

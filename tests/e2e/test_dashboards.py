@@ -115,6 +115,9 @@ def set_the_scene(node: SimulatedExporter) -> None:
              gdr="false")
     # The job the training-job dashboard shows restarts onto TCP: NCCL warnings, fallback, all at once.
     node.act("nccl-job-restart", namespace=TRAINING_NAMESPACE, pod=TRAINING_POD, network="Socket")
+    # A second pod of that job stays on InfiniBand, rail by rail: the job's GPU -> NIC paths.
+    node.act("nccl-job-start", namespace=TRAINING_NAMESPACE, pod="llama-70b-worker-2", job_name="llama-70b",
+             network="IB")
 
 
 # Panels known to be empty for a reason outside this repository's dashboards, each with that reason.

@@ -307,6 +307,17 @@ nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int len
     return copy_string(text, uuid, length);
 }
 
+/* The /dev/nvidia<minor> number: reversed against the NVML index, so a caller that confuses the two
+ * (NVIDIA's DRA driver names GPUs gpu-<minor>) is caught. */
+nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor) {
+    count_call("nvmlDeviceGetMinorNumber");
+    nvmlReturn_t ret = check_device(device);
+    if (ret) return ret;
+    if (!minor) return NVML_ERROR_INVALID_ARGUMENT;
+    *minor = (unsigned int)(gpu_count - 1 - device->index);
+    return NVML_SUCCESS;
+}
+
 /* HGX-style bus numbers for the GPUs; NVSwitches sit on buses 0x05-0x08. */
 static const unsigned int gpu_buses[8] = {0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb};
 

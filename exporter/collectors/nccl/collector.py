@@ -13,7 +13,6 @@ tail offsets, and the head of a resumed stream is replayed only to rebuild the g
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import threading
 import time
@@ -23,18 +22,22 @@ from pathlib import Path
 
 from prometheus_client.metrics_core import Metric
 
-from exporter.collectors.base import CollectorSpec, CollectorUnavailable
+from exporter.collectors.base import CollectorSpec, CollectorUnavailable, run_every
 from exporter.collectors.nccl.families import NcclLimits, PodReport, Snapshot, nccl_families
+from exporter.collectors.nccl.nic_affinity import pod_nic_affinity
+from exporter.fabric_verdicts import PodFabric, VerdictFeed
 from exporter.flags import Flag
 from exporter.nccl import Limits, LogAnalyzer, Verdict
 from exporter.nccl.decision import with_node_context
 from exporter.nccl.networks import expected_network_class
+from exporter.nccl.nics import NicUse, nic_uses
 from exporter.resources import NodeResources
 from exporter.sources.gpu_inventory import GpuInventory, GpuInventorySource
 from exporter.sources.kube import NoPodMetadata, PodMetadata, PodMetadataSource
 from exporter.sources.podlogs import SOURCE_POD_LOG, PodLogTailer, StreamKey, TailLimits, pod_known_on_node
 from exporter.sources.podlogs.limits import StreamNote
 from exporter.sources.rdma import RdmaReading, read_rdma
+from exporter.sources.topology import Topology, TopologySource
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +69,7 @@ class _Stream:
     warnings_base: dict[str, int] = field(default_factory=dict)
     dropped_base: dict[str, int] = field(default_factory=dict)
     verdict: Verdict | None = None
+    nics: tuple[NicUse, ...] = ()  # which NIC each GPU's NET channels use, with the verdict
     dirty: bool = False
     removed_at: float | None = None  # files gone; kept for the grace period
     size: int = 0  # the analyzer's approx_bytes after its last lines
@@ -129,8 +133,11 @@ class NcclCollector:
         clock: Callable[[], float] = time.monotonic,
         rdma_reader: Callable[[Path], RdmaReading] = read_rdma,
         gpu_inventory: GpuInventorySource | None = None,
+        topology: TopologySource | None = None,
+        verdict_feed: VerdictFeed | None = None,
     ) -> None:
         self.tailer = tailer
+        self._topology = topology
         self.metadata: PodMetadataSource = metadata or NoPodMetadata()
         self._sysfs = sysfs
         self.grace_seconds = grace_seconds
@@ -145,6 +152,7 @@ class NcclCollector:
         self._dropped_retired: dict[str, int] = {}  # parser overflow of analyzers no longer held
         self._rdma: tuple[float, bool | None] | None = None
         self._gpu_inventory = gpu_inventory
+        self._verdict_feed = verdict_feed  # verdicts as they change, for the lifecycle hooks
         self._parser_bytes = 0
         self._last_save = clock()
         self._step_lock = threading.Lock()
@@ -153,9 +161,7 @@ class NcclCollector:
     # -- background ------------------------------------------------------------------
 
     async def run(self) -> None:
-        while True:
-            await asyncio.to_thread(self.step)
-            await asyncio.sleep(self.tick_seconds)
+        await run_every(self.tick_seconds, self.step)
 
     def close(self) -> None:
         self.save_state()
@@ -197,6 +203,8 @@ class NcclCollector:
                 self._last_save = now
                 self.tailer.save_state(self._notes())
             self._snapshot = self._build_snapshot()
+            if self._verdict_feed is not None and self._verdict_feed.subscribed:
+                self._verdict_feed.publish(pod_fabrics(self._snapshot))
             return self._snapshot
 
     def _new_stream(self, key: StreamKey) -> _Stream:
@@ -327,6 +335,7 @@ class NcclCollector:
     def _verdict(stream: _Stream) -> Verdict:
         if stream.dirty or stream.verdict is None:
             stream.verdict = stream.analyzer.result()
+            stream.nics = nic_uses(stream.analyzer)
             stream.dirty = False
         return stream.verdict
 
@@ -354,19 +363,25 @@ class NcclCollector:
                 job_pods.append((namespace, name))
         return gpus.held(job_pods)
 
-    def _pod_report(self, pod: _Pod, meta: PodMetadata | None, gpus: GpuInventory) -> PodReport:
+    def _pod_report(
+        self, pod: _Pod, meta: PodMetadata | None, gpus: GpuInventory, topology: Topology | None = None
+    ) -> PodReport:
         communicators: set[tuple[str, str, str, str, str, str]] = set()
         connections: dict[tuple[str, str, str, str], int] = {}
         has_nccl = inter_node_tcp = gdr_disabled = False
         warnings = dict(pod.retired_warnings)
         job_gpus = self._job_gpus_here(pod, meta, gpus)
         verdicts: set[str] = set()
+        reasons: dict[str, str] = {}  # verdict -> the first reason of a stream that reached it
+        gdr_reason = ""
         for stream in pod.streams.values():
             verdict = with_node_context(self._verdict(stream), gpus.total, job_gpus)
             warnings = _add_counts(warnings, stream.warnings())
             if verdict.verdict != "unknown" or verdict.communicators or verdict.network:
                 has_nccl = True
                 verdicts.add(verdict.verdict)
+                if verdict.reasons:
+                    reasons.setdefault(verdict.verdict, verdict.reasons[0])
             inter_node_tcp = inter_node_tcp or verdict.inter_node_tcp is True
             for comm in verdict.communicators:
                 comm_id = _label(comm.comm_id)
@@ -384,6 +399,12 @@ class NcclCollector:
                     slot = (comm_id, _label(transport), _label(scope) or "unknown", GDR_LABELS.get(gdr, "unknown"))
                     connections[slot] = connections.get(slot, 0) + int(count)
                 gdr_disabled = gdr_disabled or comm.gdr_disabled
+                if comm.gdr_disabled and not gdr_reason:
+                    gdr_reason = (
+                        f"communicator {comm.comm_id} connects nodes over {comm.network or 'RDMA'} without "
+                        f'GPUDirect RDMA: "{comm.gdr_disabled_line or ""}"'
+                    )
+        pod_verdict = next((v for v in _VERDICT_PRIORITY if v in verdicts), "unknown")
         return PodReport(
             namespace=pod.namespace,
             pod=pod.pod,
@@ -395,7 +416,15 @@ class NcclCollector:
             inter_node_tcp=inter_node_tcp,
             gdr_disabled=gdr_disabled,
             warnings=tuple(sorted(warnings.items())),
-            verdict=next((v for v in _VERDICT_PRIORITY if v in verdicts), "unknown"),
+            verdict=pod_verdict,
+            reason=reasons.get(pod_verdict, ""),
+            gdr_reason=gdr_reason,
+            nic_affinity=pod_nic_affinity(
+                pod.pod,
+                (use for stream in pod.streams.values() for use in stream.nics),
+                meta is not None and meta.host_network is True,
+                topology,
+            ),
         )
 
     def _silent_gpu_pods(self, gpus: GpuInventory) -> list[PodReport]:
@@ -442,11 +471,12 @@ class NcclCollector:
         analyzers = 0
         dropped = dict(self._dropped_retired)
         gpus = self._gpu_inventory.read() if self._gpu_inventory is not None else GpuInventory()
+        topology = self._topology.read() if self._topology is not None else None
         for pod in self._pods.values():
             analyzers += len(pod.streams)
             for stream in pod.streams.values():
                 dropped = _add_counts(dropped, {f"parser_{k}": v for k, v in stream.dropped().items()})
-            reports.append(self._pod_report(pod, self.metadata.lookup(pod.namespace, pod.pod), gpus))
+            reports.append(self._pod_report(pod, self.metadata.lookup(pod.namespace, pod.pod), gpus, topology))
         reports += self._silent_gpu_pods(gpus)
         stats = self.tailer.stats
         dropped = _add_counts(dropped, {f"tail_{k}": v for k, v in stats.events.items()})
@@ -477,6 +507,23 @@ class NcclCollector:
             raise CollectorUnavailable("no pod-log or NCCL debug-file folder: " + ", ".join(map(str, folders)))
 
     families = staticmethod(nccl_families)  # what collect() renders; also callable on any snapshot
+
+
+def pod_fabrics(snapshot: Snapshot) -> tuple[PodFabric, ...]:
+    """What the lifecycle hooks act on: each pod with NCCL output, its verdict and the line that decided it."""
+    return tuple(
+        PodFabric(
+            report.namespace,
+            report.pod,
+            report.verdict,
+            snapshot.node_has_active_rdma,
+            report.gdr_disabled,
+            report.reason,
+            report.gdr_reason,
+        )
+        for report in snapshot.pods
+        if report.has_nccl
+    )
 
 
 @dataclass(frozen=True)
@@ -513,7 +560,8 @@ def settings_from_args(args: argparse.Namespace) -> NcclSettings:
 def build_collector(settings: NcclSettings, resources: NodeResources) -> NcclCollector:
     """The collector ``serve`` runs: the tailer on the node's paths, reading only folders of pods
     on this node; the node's pod list for job attribution; GPU counts (NVML, pod-resources) for
-    the placement a log leaves open (a communicator larger than this node spans nodes)."""
+    the placement a log leaves open (a communicator larger than this node spans nodes); the
+    node's topology for the class of each NIC a GPU's NCCL traffic uses."""
     paths = resources.paths
     metadata = resources.pod_metadata
     tailer = PodLogTailer(
@@ -521,7 +569,14 @@ def build_collector(settings: NcclSettings, resources: NodeResources) -> NcclCol
     )
     gpus = GpuInventorySource(resources.nvml_if_collected(), resources.pod_resources)
     return NcclCollector(
-        tailer, paths.sysfs, metadata, grace_seconds=settings.grace_seconds, gpu_inventory=gpus, limits=settings.limits
+        tailer,
+        paths.sysfs,
+        metadata,
+        grace_seconds=settings.grace_seconds,
+        gpu_inventory=gpus,
+        limits=settings.limits,
+        topology=resources.topology,
+        verdict_feed=resources.verdict_feed,
     )
 
 

@@ -41,6 +41,10 @@ class PodReport:
     gdr_disabled: bool
     warnings: tuple[tuple[str, int], ...]
     verdict: str = "unknown"  # one of VERDICTS, with what the node knows (GPU counts) added
+    # gpu, device, affinity, gdr: the NIC each of the pod's GPUs sends NCCL traffic through
+    nic_affinity: tuple[tuple[str, str, str, str], ...] = ()
+    reason: str = ""  # why that verdict, quoting the deciding line (the first reason of a stream that decided it)
+    gdr_reason: str = ""  # the line that shows an inter-node RDMA connection without GPUDirect RDMA
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,14 @@ def nccl_families(snap: Snapshot, limits: NcclLimits) -> list[Metric]:
         "Series not exposed in this scrape because of the per-pod or per-node caps.",
         labels=["metric"],
     )
+    nic_affinity = GaugeMetricFamily(
+        "ccl_nccl_nic_affinity",
+        "The RDMA NIC (device) a GPU's NCCL network traffic leaves through, from the pod's NET channel lines, "
+        "and the class of their PCIe path (PIX, PXB, PHB, NODE, SYS as nvidia-smi topo -m; empty when sysfs "
+        "does not tell); always 1. gdr: true when those channels use GPUDirect RDMA, false when none does, "
+        "mixed. Compare with ccl_topology_gpu_nearest_nic_info.",
+        labels=["namespace", "pod", "job_name", "gpu", "device", "affinity", "gdr"],
+    )
     per_pod_cap = limits.max_communicator_series_per_pod
     budget = limits.max_communicator_series
     info_dropped = conn_dropped = warn_dropped = 0
@@ -128,6 +140,8 @@ def nccl_families(snap: Snapshot, limits: NcclLimits) -> list[Metric]:
         if report.has_nccl:
             fallback.add_metric(head, 1.0 if (report.inter_node_tcp and flag_fallback) else 0.0)
             gdr.add_metric(head, 1.0 if report.gdr_disabled else 0.0)
+        for gpu, device, cls, gdr_label in report.nic_affinity:
+            nic_affinity.add_metric([report.namespace, report.pod, report.job_name, gpu, device, cls, gdr_label], 1.0)
         allowed = min(per_pod_cap, max(budget, 0))
         shown = report.communicators[:allowed]
         info_dropped += len(report.communicators) - len(shown)
@@ -220,6 +234,7 @@ def nccl_families(snap: Snapshot, limits: NcclLimits) -> list[Metric]:
         ),
     ]
     out: list[Metric] = [info, verdict_family, connections, fallback, gdr, warnings, series_dropped, expected]
+    out.append(nic_affinity)
     for family_type, metric_name, help_text, label, pairs in by_one_label:
         labelled = family_type(metric_name, help_text, labels=[label])
         for label_value, count in pairs:

@@ -68,10 +68,13 @@ each turn reads a fair share of the budget (between ``max_line_bytes`` and
 ``file_chunk_bytes``), and turns go round again while budget is left, so a lone busy stream
 may use all of it. An unfinished last line is never read again until its file grows (only
 the new bytes are read until a newline comes). Only lines containing ``NCCL`` are decoded
-and returned (every line the NCCL logger writes carries that word in its prefix). Stream
-counts are capped per pod and per source (pod logs and debug files never crowd each other
-out); the streams whose files were modified least recently are dropped first (their
-offsets are remembered, so a stream that comes back resumes where it was).
+and returned (every line the NCCL logger writes carries that word in its prefix); a tailer
+built with another ``TailSelection`` hands back the lines with its own needle, follows only the
+debug-folder files its name test accepts and keeps its offsets in its own state file (the NCCL
+Inspector's output is read that way). Stream counts are capped per pod and per source (pod
+logs and debug files never crowd each other out); the streams whose files were modified least
+recently are dropped first (their offsets are remembered, so a stream that comes back resumes
+where it was).
 
 The package, one module per concern (each uses only those before it): ``layout`` (where logs
 live, which pod a folder speaks for), ``limits`` (bounds, counters, a poll's result), ``cri``
@@ -98,7 +101,7 @@ from exporter.sources.podlogs.layout import (
     pod_log_compressed_generation,
     pod_log_generation,
 )
-from exporter.sources.podlogs.limits import TailBatch, TailLimits, TailStats
+from exporter.sources.podlogs.limits import TailBatch, TailLimits, TailSelection, TailStats
 from exporter.sources.podlogs.state import STATE_FILE_NAME, STATE_VERSION
 from exporter.sources.podlogs.tailer import PodLogTailer
 
@@ -123,6 +126,7 @@ __all__ = [
     "StreamKey",
     "TailBatch",
     "TailLimits",
+    "TailSelection",
     "TailStats",
     "extract_lines",
     "parse_debug_folder",

@@ -4,14 +4,21 @@ by ``cri``, the format's one reader)."""
 
 from __future__ import annotations
 
+import functools
 import re
 
 from exporter.sources.podlogs.cri import CRI_RE_BYTES, PARTIAL_TAG_SEARCH, CriJoiner
-from exporter.sources.podlogs.limits import TailLimits, TailStats
+from exporter.sources.podlogs.limits import NCCL_NEEDLE, TailLimits, TailStats
 
-NEEDLE = b"NCCL"
+NEEDLE = NCCL_NEEDLE
 # ``re``'s literal search scans about twice as fast as ``bytes.find`` for a short needle.
 NEEDLE_SEARCH = re.compile(re.escape(NEEDLE))
+
+
+@functools.lru_cache(maxsize=8)
+def needle_search(needle: bytes) -> re.Pattern[bytes]:
+    """The compiled literal search for ``needle`` (one per needle a tailer uses)."""
+    return NEEDLE_SEARCH if needle == NEEDLE else re.compile(re.escape(needle))
 
 
 def extract_lines(
@@ -21,8 +28,10 @@ def extract_lines(
     limits: TailLimits,
     stats: TailStats,
     stop: int | None = None,
+    needle: bytes = NEEDLE,
 ) -> list[str]:
-    """The lines of ``block[:stop]`` (complete lines only) that carry ``NCCL``, decoded.
+    """The lines of ``block[:stop]`` (complete lines only) that carry ``needle`` (``NCCL``
+    unless the tailer selects others), decoded.
 
     In a pod log (``cri``) a line is the message of a record, its pieces joined by ``joiner``
     from one call to the next; a line that is not a record is counted (``malformed_cri``) and
@@ -38,11 +47,13 @@ def extract_lines(
     """
     stop = len(block) if stop is None else stop
     if cri and (joiner.pending or PARTIAL_TAG_SEARCH.search(block, 0, stop) is not None):
-        return _extract_joining_pieces(block, stop, joiner, limits, stats)
-    return _extract_whole_lines(block, stop, cri, limits, stats)
+        return _extract_joining_pieces(block, stop, joiner, limits, stats, needle)
+    return _extract_whole_lines(block, stop, cri, limits, stats, needle)
 
 
-def _extract_whole_lines(block: bytes, stop: int, cri: bool, limits: TailLimits, stats: TailStats) -> list[str]:
+def _extract_whole_lines(
+    block: bytes, stop: int, cri: bool, limits: TailLimits, stats: TailStats, needle: bytes
+) -> list[str]:
     """The fast path of ``extract_lines``: every line is whole (no ``P`` record in the block)."""
     out: list[str] = []
     max_line = limits.max_line_bytes
@@ -50,8 +61,8 @@ def _extract_whole_lines(block: bytes, stop: int, cri: bool, limits: TailLimits,
     rfind, find = block.rfind, block.find
     malformed = 0
     line_end = -1
-    for needle in NEEDLE_SEARCH.finditer(block, 0, stop):
-        hit = needle.start()
+    for found in needle_search(needle).finditer(block, 0, stop):
+        hit = found.start()
         if hit < line_end:
             continue  # a second NCCL on a line already taken
         start = rfind(b"\n", 0, hit) + 1
@@ -67,11 +78,11 @@ def _extract_whole_lines(block: bytes, stop: int, cri: bool, limits: TailLimits,
                 malformed += 1
             else:
                 start = record.end()
-                if hit < start and find(NEEDLE, start, end) < 0:
-                    continue  # NCCL only in the record's framing
+                if hit < start and find(needle, start, end) < 0:
+                    continue  # the needle only in the record's framing
         if end - start > max_line:
-            if find(NEEDLE, start, start + max_line) < 0:
-                continue  # NCCL only beyond the cap
+            if find(needle, start, start + max_line) < 0:
+                continue  # the needle only beyond the cap
             stats.event("long_line")
             stats.skip("long_line", end - start - max_line)
             end = start + max_line
@@ -82,7 +93,7 @@ def _extract_whole_lines(block: bytes, stop: int, cri: bool, limits: TailLimits,
 
 
 def _extract_joining_pieces(
-    block: bytes, stop: int, joiner: CriJoiner[bytes], limits: TailLimits, stats: TailStats
+    block: bytes, stop: int, joiner: CriJoiner[bytes], limits: TailLimits, stats: TailStats, needle: bytes
 ) -> list[str]:
     """Record by record, ``P`` pieces joined with their ``F`` end by ``joiner``."""
     out: list[str] = []
@@ -90,14 +101,14 @@ def _extract_joining_pieces(
     partials = joiner.partials  # an entry per stream whose line is in pieces
     read = joiner.read
     for line in block[:stop].split(b"\n"):
-        if not partials and NEEDLE not in line and b" P" not in line:
-            continue  # no line in pieces, no P tag, no NCCL: nothing to join, nothing to hand on
+        if not partials and needle not in line and b" P" not in line:
+            continue  # no line in pieces, no P tag, no needle: nothing to join, nothing to hand on
         line = line.rstrip(b"\r")
         if not line:
             continue
         record = read(line)
         if record is None:  # not a record: taken whole
-            if NEEDLE not in line:
+            if needle not in line:
                 continue
             stats.event("malformed_cri")
             record = line[:max_line], max(0, len(line) - max_line), len(line) > max_line
@@ -105,7 +116,7 @@ def _extract_joining_pieces(
         if whole is None:
             if dropped:
                 stats.skip("long_line", dropped)  # of a piece, beyond the cap
-        elif NEEDLE in whole:
+        elif needle in whole:
             if cut:
                 stats.event("long_line")
                 stats.skip("long_line", dropped)

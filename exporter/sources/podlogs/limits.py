@@ -3,13 +3,29 @@ back (``TailBatch``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.sources.podlogs.layout import SOURCE_DEBUG_FILE, SOURCE_POD_LOG, StreamKey
+from exporter.sources.podlogs.layout import SOURCE_DEBUG_FILE, SOURCE_POD_LOG, StreamKey, is_debug_file_name
 
 # The caller's small note about a stream (its counters), saved with the stream's offsets as JSON.
 StreamNote = dict[str, Any]
+
+
+# Every line the NCCL logger writes carries this word in its prefix.
+NCCL_NEEDLE = b"NCCL"
+
+
+@dataclass(frozen=True)
+class TailSelection:
+    """What one tailer reads: the files of a debug-file folder it follows, the lines it hands
+    back (those containing ``needle``) and the name of its state file, so that a second tailer
+    (NCCL Inspector output, say) shares the code but neither the files nor the offsets."""
+
+    needle: bytes = NCCL_NEEDLE
+    debug_file_name: Callable[[str], bool] = is_debug_file_name
+    state_file_name: str = "podlogs-state.json"
 
 
 @dataclass(frozen=True)

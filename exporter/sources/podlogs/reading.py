@@ -11,18 +11,20 @@ from exporter.sources.podlogs.compressed import Compressed
 from exporter.sources.podlogs.cri import CriJoiner
 from exporter.sources.podlogs.extract import extract_lines
 from exporter.sources.podlogs.files import ROTATED_QUIET_SECONDS, File, read_at
-from exporter.sources.podlogs.limits import TailBatch, TailLimits, TailStats
+from exporter.sources.podlogs.limits import NCCL_NEEDLE, TailBatch, TailLimits, TailStats
 from exporter.sources.podlogs.stream import Stream
 
 log = logging.getLogger(__name__)
 
 
 class StreamReader:
-    """Reads streams for one tailer (``turn``), counting in ``stats``."""
+    """Reads streams for one tailer (``turn``), counting in ``stats``; hands back the lines
+    containing ``needle``."""
 
-    def __init__(self, limits: TailLimits, stats: TailStats) -> None:
+    def __init__(self, limits: TailLimits, stats: TailStats, needle: bytes = NCCL_NEEDLE) -> None:
         self.limits = limits
         self.stats = stats
+        self.needle = needle
 
     def turn(self, stream: Stream, budget: int, first_scan: bool, batch: TailBatch, now: float) -> int:
         """One turn of a stream: its bootstrap, then reading on in file order; bytes read."""
@@ -63,7 +65,9 @@ class StreamReader:
                 end = data.rfind(b"\n")
                 if end >= 0:
                     pieces: CriJoiner[bytes] = CriJoiner(self.limits.max_line_bytes)  # a replay joins within a file
-                    replay += extract_lines(data[: end + 1], stream.cri, pieces, self.limits, scratch)
+                    replay += extract_lines(
+                        data[: end + 1], stream.cri, pieces, self.limits, scratch, needle=self.needle
+                    )
             if replay:
                 batch.replayed[stream.key] = replay
             return used
@@ -78,7 +82,9 @@ class StreamReader:
         self.stats.bytes_read[stream.key.source] += used
         end = data.rfind(b"\n")
         if end >= 0:
-            lines = extract_lines(data[: end + 1], stream.cri, stream.joiner, self.limits, self.stats)
+            lines = extract_lines(
+                data[: end + 1], stream.cri, stream.joiner, self.limits, self.stats, needle=self.needle
+            )
             self._deliver(stream, lines, batch)
         stream.joiner.partials.clear()
         for tracked in ordered:
@@ -172,6 +178,7 @@ class StreamReader:
             self.limits,
             self.stats,
             stop=end + 1 - start,
+            needle=self.needle,
         )
         self._deliver(stream, lines, batch)
         return end + 1

@@ -151,8 +151,10 @@ class Scanner:
         stats: TailStats,
         pod_known: PodKnown | None,
         folders: FolderCache,
+        debug_file_name: Callable[[str], bool] = is_debug_file_name,
     ) -> None:
         self.pod_logs = pod_logs
+        self.debug_file_name = debug_file_name
         self.debug_files = debug_files
         self.limits = limits
         self.stats = stats
@@ -280,7 +282,7 @@ class Scanner:
                 if depth > 1:
                     seen.add(folder / name)
                     yield from self._walk(folder / name, now, depth - 1, seen, budget, f"{prefix}{name}/")
-            else:
+            elif self.debug_file_name(name):
                 yield prefix + name
 
     def _add_candidate(self, found: list[Candidate], key: StreamKey, path: Path, order: str) -> None:

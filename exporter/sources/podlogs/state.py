@@ -18,13 +18,13 @@ from exporter.sources.podlogs.compressed import find_compressed
 from exporter.sources.podlogs.cri import STREAMS, Partial
 from exporter.sources.podlogs.files import HEAD_BYTES, File, head_checksum
 from exporter.sources.podlogs.layout import StreamKey
-from exporter.sources.podlogs.limits import StreamNote, TailLimits, TailStats
+from exporter.sources.podlogs.limits import StreamNote, TailLimits, TailSelection, TailStats
 from exporter.sources.podlogs.scan import Candidate
 from exporter.sources.podlogs.stream import Stream
 
 log = logging.getLogger(__name__)
 
-STATE_FILE_NAME = "podlogs-state.json"
+STATE_FILE_NAME = TailSelection().state_file_name
 STATE_VERSION = 1
 _MAX_OFFSET = 1 << 62  # a saved offset beyond this is not a file offset
 _CRC_LIMIT = 1 << 32
@@ -85,8 +85,10 @@ class TailState:
     """The state file of one tailer: ``load`` at start, ``save`` now and then, ``restore`` a
     stream from what was loaded."""
 
-    def __init__(self, state_dir: Path | None, limits: TailLimits, stats: TailStats) -> None:
-        self.path = state_dir / STATE_FILE_NAME if state_dir is not None else None
+    def __init__(
+        self, state_dir: Path | None, limits: TailLimits, stats: TailStats, file_name: str = STATE_FILE_NAME
+    ) -> None:
+        self.path = state_dir / file_name if state_dir is not None else None
         self.limits = limits
         self.stats = stats
         self._save_failing = False

@@ -12,7 +12,7 @@ from pathlib import Path
 from exporter.sources.podlogs.cri import CriJoiner
 from exporter.sources.podlogs.files import File
 from exporter.sources.podlogs.layout import SOURCE_DEBUG_FILE, SOURCE_POD_LOG, SOURCES, PodKnown, StreamKey
-from exporter.sources.podlogs.limits import StreamNote, TailBatch, TailLimits, TailStats
+from exporter.sources.podlogs.limits import StreamNote, TailBatch, TailLimits, TailSelection, TailStats
 from exporter.sources.podlogs.reading import StreamReader
 from exporter.sources.podlogs.rotation import FileSync
 from exporter.sources.podlogs.scan import Candidate, FolderCache, Scanner, resolved
@@ -31,19 +31,23 @@ class PodLogTailer:
         limits: TailLimits | None = None,
         *,
         pod_known: PodKnown | None = None,
+        selection: TailSelection | None = None,
     ) -> None:
         self.pod_logs = pod_logs
         self.debug_files = debug_files
         self.state_dir = state_dir
         self.limits = limits or TailLimits()
         self.pod_known = pod_known
+        self.selection = selection or TailSelection()
         self.stats = TailStats()
         self._streams: dict[StreamKey, Stream] = {}
         self._folders = FolderCache(self.limits)
-        self._scanner = Scanner(pod_logs, debug_files, self.limits, self.stats, pod_known, self._folders)
-        self._state = TailState(state_dir, self.limits, self.stats)
+        self._scanner = Scanner(
+            pod_logs, debug_files, self.limits, self.stats, pod_known, self._folders, self.selection.debug_file_name
+        )
+        self._state = TailState(state_dir, self.limits, self.stats, self.selection.state_file_name)
         self._file_sync = FileSync(self.limits, self.stats, self._compressed_readers)
-        self._reader = StreamReader(self.limits, self.stats)
+        self._reader = StreamReader(self.limits, self.stats, self.selection.needle)
         self._first_scan = True
         self._saved = self._state.load()
         self._cursor: dict[str, StreamKey] = {}  # per source: the stream the next poll starts with

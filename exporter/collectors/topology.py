@@ -1,0 +1,105 @@
+"""Topology collector: ``ccl_topology_*`` — where GPUs and RDMA NICs sit, and how far apart.
+
+The GPU x NIC matrix in ``nvidia-smi topo -m`` classes (PIX, PXB, PHB, NODE, SYS), each GPU's
+nearest NIC(s), and each device's PCI placement (NUMA node, host bridge, PCIe switches, path).
+Read from sysfs by ``exporter.sources.topology`` once and again only when the node changes, never
+per scrape. A pair whose class sysfs does not tell is left out, never guessed; a device whose
+placement cannot be read marks the scrape partial and drops only its own series.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+
+from exporter.collectors.base import CollectorSpec, CollectorUnavailable, PartialCollection
+from exporter.resources import NodeResources
+from exporter.sources.topology import PciPlacement, Topology, TopologySource
+
+PLACEMENT_LABELS = ["pci_address", "numa_node", "host_bridge", "pci_switches", "pci_path"]
+
+
+def _numa(place: PciPlacement | None) -> str:
+    return "" if place is None or place.numa_node is None else str(place.numa_node)
+
+
+def _placement_values(place: PciPlacement) -> list[str]:
+    switches = "unknown" if place.switches is None else ",".join(place.switches)
+    return [place.address, _numa(place), place.host_bridge, switches, "/".join(place.path)]
+
+
+class TopologyCollector:
+    name = "topology"
+
+    def __init__(self, source: TopologySource) -> None:
+        self._source = source
+
+    def collect(self) -> Iterable[Metric]:
+        topology = self._source.read()
+        if not topology.gpus and not topology.nics:
+            reason = "; ".join(topology.problems[:3]) or "no GPU (NVML) and no RDMA device (sysfs class/infiniband)"
+            raise CollectorUnavailable(reason)
+        yield from self.families(topology)
+        if topology.problems:
+            raise PartialCollection("; ".join(topology.problems[:5]))
+
+    @staticmethod
+    def families(topology: Topology) -> list[Metric]:
+        pairs = GaugeMetricFamily(
+            "ccl_topology_gpu_nic_info",
+            "A GPU and an RDMA NIC of this node and the class of the PCIe path between them, as nvidia-smi "
+            "topo -m names it: PIX (one PCIe switch), PXB (several switches), PHB (the host bridge), NODE "
+            "(host bridges of one NUMA node), SYS (across NUMA nodes); always 1. numa_node is the NIC's, "
+            "gpu_numa_node the GPU's. Pairs sysfs does not tell are absent.",
+            labels=["gpu", "uuid", "device", "affinity", "numa_node", "gpu_numa_node"],
+        )
+        nearest = GaugeMetricFamily(
+            "ccl_topology_gpu_nearest_nic_info",
+            "The RDMA NIC(s) nearest to a GPU and their class; always 1. Absent for a GPU when the class "
+            "of any NIC to it is unknown.",
+            labels=["gpu", "uuid", "device", "affinity"],
+        )
+        gpu_pci = GaugeMetricFamily(
+            "ccl_topology_gpu_pci_info",
+            "Where a GPU sits on the PCI tree (sysfs); always 1. pci_switches: the upstream ports of the PCIe "
+            "switches above it, nearest first (empty: none; unknown: a bridge's class does not say), "
+            "pci_path: the PCI functions from the root port down to the GPU.",
+            labels=["gpu", "uuid"] + PLACEMENT_LABELS,
+        )
+        nic_pci = GaugeMetricFamily(
+            "ccl_topology_nic_pci_info",
+            "Where an RDMA NIC sits on the PCI tree (sysfs); always 1. Labels as on ccl_topology_gpu_pci_info.",
+            labels=["device"] + PLACEMENT_LABELS,
+        )
+        gpu_numa = {gpu.index: _numa(gpu.placement) for gpu in topology.gpus}
+        nic_numa = {nic.device: _numa(nic.placement) for nic in topology.nics}
+        for gpu in topology.gpus:
+            index = str(gpu.index)
+            if gpu.placement is not None:
+                gpu_pci.add_metric([index, gpu.uuid] + _placement_values(gpu.placement), 1.0)
+            for nic in topology.physical_nics:
+                cls = topology.affinity(gpu.index, nic.device)
+                if cls is not None:
+                    pairs.add_metric([index, gpu.uuid, nic.device, cls, nic_numa[nic.device], gpu_numa[gpu.index]], 1.0)
+            best = topology.nearest(gpu.index)
+            if best is not None:
+                cls, devices = best
+                for device in devices:
+                    nearest.add_metric([index, gpu.uuid, device, cls], 1.0)
+        for nic in topology.physical_nics:
+            if nic.placement is not None:
+                nic_pci.add_metric([nic.device] + _placement_values(nic.placement), 1.0)
+        return [pairs, nearest, gpu_pci, nic_pci]
+
+
+def build_collector(settings: None, resources: NodeResources) -> TopologyCollector:
+    return TopologyCollector(resources.topology)
+
+
+SPEC = CollectorSpec(
+    name="topology",
+    help="GPU x RDMA NIC affinity (nvidia-smi topo classes) and PCI placement from sysfs and NVML",
+    default_enabled=True,
+    factory=build_collector,
+)

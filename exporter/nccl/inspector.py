@@ -1,0 +1,315 @@
+"""NCCL Inspector output, pure: one JSON Lines record or one ``.prom`` file in, operations out.
+
+The NCCL Inspector (NVIDIA/nccl ``plugins/profiler/inspector``, ``ext-profiler/inspector``
+before 2.29.7) is a profiler plugin that writes, from inside the job, one record per collective
+(or point-to-point) operation it timed. Two output formats, each in the versions the plugin's
+history shows:
+
+* **JSON Lines** (``<dump dir>/<hostname>-pid<pid>.log``, one compact object per line,
+  ``inspector_output_format_version`` "v4.0" in every release so far)::
+
+    {"header":{"id":"0x7f8c496ae9f661","comm_name":"DP","rank":2,"n_ranks":8,"nnodes":1},
+     "metadata":{"inspector_output_format_version":"v4.0",...,"hostname":"node-a","pid":1639453},
+     "coll_perf":{"coll":"AllReduce","coll_sn":1407,"coll_msg_size_bytes":17179869184,
+                  "coll_exec_time_us":61974,"coll_timing_source":"kernel_gpu",
+                  "coll_algobw_gbs":277.210914,"coll_busbw_gbs":485.119099}}
+
+  ``comm_name`` from 2.30.3; ``p2p_perf`` records (``p2p``, ``p2p_peer`` and ``p2p_*`` twins
+  of the fields above) from 2.30.3; verbose mode adds ``event_trace_*`` objects. NCCL 2.28 and
+  2.29 write the last completed operation of each communicator per dump (a sample); 2.30 drains a
+  ring of every operation above ``NCCL_INSPECTOR_DUMP_MIN_SIZE_BYTES``.
+* **Prometheus text** (``nccl_inspector_metrics_<GPU UUID>.prom``, no HELP/TYPE), rewritten per
+  dump interval. Version 1 (2.29.3 to 2.29.7) has one line per metric and sampled operation, with
+  labels ``comm_id, hostname, rank, ..., nranks, n_nodes, collective, coll_sn, message_size``
+  (``"1.00GB"``). Version 5.1 (``version="v5.1"``, 2.30) has one line per metric and bucket
+  (communicator, collective, power-of-two message-size range ``"4-5GB"``, algorithm and protocol)
+  with the *mean* execution time and the *geometric mean* bus bandwidth of the interval's
+  operations, and no count.
+
+``message bytes`` in a record are per rank for AllGather and ReduceScatter; the nccl-tests size
+(the whole buffer, what the bus factor applies to) is that times the rank count, as the plugin
+computes its own bandwidths. No I/O, no clock: the caller reads the files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+
+# Inspector collective name -> (label value, the nccl-tests size is message bytes x nranks)
+COLLECTIVES: dict[str, tuple[str, bool]] = {
+    "AllReduce": ("all_reduce", False),
+    "AllGather": ("all_gather", True),
+    "AllGatherV": ("all_gather", True),
+    "ReduceScatter": ("reduce_scatter", True),
+    "Broadcast": ("broadcast", False),
+    "Reduce": ("reduce", False),
+    "All2All": ("alltoall", False),
+    "SendRecv": ("sendrecv", False),
+    "Send": ("send", False),
+    "Recv": ("recv", False),
+}
+COLLECTIVE_LABELS: tuple[str, ...] = tuple(sorted({label for label, _ in COLLECTIVES.values()}))
+
+# Size classes of an operation's nccl-tests size (decimal powers of ten; the upper bound is
+# exclusive). Small operations are latency-bound; bus bandwidth means something from ~10 MB up.
+SIZE_CLASSES: tuple[tuple[str, float], ...] = (
+    ("lt_1MB", 1e6),
+    ("1MB_10MB", 1e7),
+    ("10MB_100MB", 1e8),
+    ("100MB_1GB", 1e9),
+    ("ge_1GB", math.inf),
+)
+SIZE_CLASS_LABELS: tuple[str, ...] = tuple(name for name, _ in SIZE_CLASSES)
+# Communicator scope from the record's node count; the probe's scope label uses the same words.
+SCOPES = ("inter_node", "intra_node", "unknown")
+
+FORMAT_JSON = "json"
+FORMAT_PROM = "prom"
+FORMATS = (FORMAT_JSON, FORMAT_PROM)
+
+# Why a record or line was not taken (a fixed vocabulary: a label of the skipped counter).
+MALFORMED = "malformed"  # not JSON, not an object, not a metric line
+NOT_A_RECORD = "not_a_record"  # valid, but no operation in it
+INVALID_VALUE = "invalid_value"  # a field missing, of the wrong type or out of range
+NO_TIME = "no_time"  # an execution time of 0 (no bandwidth can be derived)
+UNKNOWN_COLLECTIVE = "unknown_collective"
+INCOMPLETE = "incomplete"  # a .prom bucket without both of its metrics
+SKIP_REASONS = (MALFORMED, NOT_A_RECORD, INVALID_VALUE, NO_TIME, UNKNOWN_COLLECTIVE, INCOMPLETE)
+
+_MAX_BYTES = 1 << 50  # a message above 1 PiB is not a message
+_MAX_MICROSECONDS = 1e10  # nor an operation of ~3 hours
+_MAX_RANKS = 1 << 20
+_MAX_GBS = 1e6  # 1 PB/s
+_MAX_PROM_LINE = 4096
+_MAX_PROM_LABELS = 32
+_SIZE_UNITS = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
+
+
+@dataclass(frozen=True)
+class Operation:
+    """What the Inspector timed: one operation (JSON, .prom v1), or the mean of a bucket of one
+    dump interval (.prom v5.1, ``mean`` True)."""
+
+    collective: str  # label value (COLLECTIVES)
+    nranks: int
+    nnodes: int | None
+    size_bytes: int  # the nccl-tests size: the whole buffer
+    seconds: float  # execution time (the bucket's mean for a .prom v5.1 bucket)
+    # The plugin's own bus bandwidth (bytes/s) when the record gives one: what a .prom bucket
+    # offers instead of a size (its geometric mean over the interval).
+    stated_bus_bandwidth: float | None = None
+    mean: bool = False
+    format: str = FORMAT_JSON  # the file it came from: its size is exact in JSON, bucketed in .prom
+
+    @property
+    def scope(self) -> str:
+        if self.nnodes is None:
+            return "unknown"
+        return "inter_node" if self.nnodes > 1 else "intra_node"
+
+    @property
+    def size_class(self) -> str:
+        return size_class(self.size_bytes)
+
+
+@dataclass
+class Parsed:
+    """The operations of a block of input, and what was skipped, by reason."""
+
+    operations: list[Operation] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)
+    version: str = ""  # the format version the input said it had (.prom)
+
+    def skip(self, reason: str, count: int = 1) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + count
+
+
+def size_class(size_bytes: float) -> str:
+    for name, upper in SIZE_CLASSES:
+        if size_bytes < upper:
+            return name
+    return SIZE_CLASSES[-1][0]
+
+
+def _integer(value: object, low: int, high: int) -> int | None:
+    if type(value) is not int or not low <= value <= high:
+        return None
+    return value
+
+
+def _number(value: object, low: float, high: float) -> float | None:
+    if type(value) not in (int, float):
+        return None
+    number = float(value)  # type: ignore[arg-type]  # int or float, checked above
+    return number if math.isfinite(number) and low <= number <= high else None
+
+
+def _buffer_bytes(name: str, message_bytes: int, nranks: int) -> tuple[str, int] | None:
+    known = COLLECTIVES.get(name)
+    if known is None:
+        return None
+    label, per_rank = known
+    return label, message_bytes * nranks if per_rank else message_bytes
+
+
+def parse_json_record(line: str) -> Operation | str:
+    """One line of an Inspector JSON Lines file: the operation, or why it was skipped (one of
+    ``SKIP_REASONS``). Never raises."""
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):
+        return MALFORMED
+    if not isinstance(record, dict):
+        return MALFORMED
+    header = record.get("header")
+    perf, prefix = record.get("coll_perf"), "coll"
+    if perf is None:
+        perf, prefix = record.get("p2p_perf"), "p2p"
+    if not isinstance(header, dict) or not isinstance(perf, dict):
+        return NOT_A_RECORD
+    nranks = _integer(header.get("n_ranks"), 1, _MAX_RANKS)
+    nnodes = _integer(header.get("nnodes", 0), 0, _MAX_RANKS)  # 0 or absent: not known
+    size = _integer(perf.get(f"{prefix}_msg_size_bytes"), 0, _MAX_BYTES)
+    micros = _number(perf.get(f"{prefix}_exec_time_us"), 0, _MAX_MICROSECONDS)
+    name = perf.get(prefix)
+    if nranks is None or nnodes is None or size is None or micros is None or not isinstance(name, str):
+        return INVALID_VALUE
+    stated = _number(perf.get(f"{prefix}_busbw_gbs"), 0, _MAX_GBS)
+    return _operation(name, nranks, nnodes, size, micros, stated)
+
+
+def _operation(
+    name: str,
+    nranks: int,
+    nnodes: int | None,
+    message_bytes: int,
+    micros: float,
+    stated_gbs: float | None,
+    mean: bool = False,
+    source: str = FORMAT_JSON,
+) -> Operation | str:
+    """The operation of checked values, or why it cannot be one."""
+    if micros == 0:
+        return NO_TIME
+    buffer = _buffer_bytes(name, message_bytes, nranks)
+    if buffer is None:
+        return UNKNOWN_COLLECTIVE
+    return Operation(
+        collective=buffer[0],
+        nranks=nranks,
+        nnodes=nnodes or None,
+        size_bytes=buffer[1],
+        seconds=micros / 1e6,
+        stated_bus_bandwidth=None if stated_gbs is None else stated_gbs * 1e9,
+        mean=mean,
+        format=source,
+    )
+
+
+# ---- Prometheus text -----------------------------------------------------------------------
+
+_PROM_LINE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\}[ \t]+(\S+)(?:[ \t]+\d+)?")
+_PROM_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"\s*(?:,|$)')
+_RANGE_SIZE = re.compile(r"(\d+)-\d+(B|KB|MB|GB|TB)")  # v5.1: "4-5GB" (1024-based, lower bound)
+_HUMAN_SIZE = re.compile(r"(\d+(?:\.\d+)?)(B|KB|MB|GB|TB)")  # v1: "512B", "1.00GB"
+# metric name -> (what it holds, whether it is a v5.1 bucket metric)
+_BUS = "bus_gbs"
+_TIME = "exec_us"
+_PROM_METRICS = {
+    "nccl_bus_bandwidth_gbs": _BUS,
+    "nccl_collective_exec_time_microseconds": _TIME,
+    "nccl_p2p_bus_bandwidth_gbs": _BUS,
+    "nccl_p2p_exec_time_microseconds": _TIME,
+}
+# Labels that tell one operation or bucket from another (the metric name aside).
+_PROM_IDENTITY = (
+    "comm_id",
+    "comm_name",
+    "rank",
+    "gpu",
+    "gpu_device_id",
+    "collective",
+    "p2p_operation",
+    "coll_sn",
+    "message_size",
+    "algo_proto",
+    "nranks",
+    "n_nodes",
+)
+
+
+def _prom_labels(text: str) -> dict[str, str] | None:
+    labels: dict[str, str] = {}
+    position = 0
+    while position < len(text):
+        match = _PROM_LABEL.match(text, position)
+        if match is None or len(labels) >= _MAX_PROM_LABELS:
+            return None
+        labels[match.group(1)] = match.group(2)
+        position = match.end()
+    return labels
+
+
+def _prom_size(text: str) -> int | None:
+    match = _RANGE_SIZE.fullmatch(text)
+    if match is not None:
+        return int(match.group(1)) * _SIZE_UNITS[match.group(2)]
+    match = _HUMAN_SIZE.fullmatch(text)
+    if match is not None:
+        return int(float(match.group(1)) * _SIZE_UNITS[match.group(2)])
+    return None
+
+
+def _prom_operation(labels: dict[str, str], values: dict[str, float]) -> Operation | str:
+    if _BUS not in values or _TIME not in values:
+        return INCOMPLETE
+    name = labels.get("collective") or labels.get("p2p_operation") or ""
+    nranks = int(labels["nranks"]) if labels.get("nranks", "").isdigit() else None
+    nnodes = int(labels["n_nodes"]) if labels.get("n_nodes", "").isdigit() else None
+    size = _prom_size(labels.get("message_size", ""))
+    micros, gbs = values[_TIME], values[_BUS]
+    if nranks is None or not 1 <= nranks <= _MAX_RANKS or size is None or size > _MAX_BYTES:
+        return INVALID_VALUE
+    if nnodes is not None and nnodes > _MAX_RANKS:
+        return INVALID_VALUE
+    if not (math.isfinite(micros) and 0 <= micros <= _MAX_MICROSECONDS and math.isfinite(gbs) and 0 <= gbs <= _MAX_GBS):
+        return INVALID_VALUE
+    return _operation(name, nranks, nnodes, size, micros, gbs, labels.get("version", "").startswith("v5"), FORMAT_PROM)
+
+
+def parse_prom(text: str) -> Parsed:
+    """The operations (v1) or interval means (v5.1) of one complete ``.prom`` file. Lines of
+    other metrics (``nccl_algorithm_bandwidth_gbs``), comments and blank lines are ignored; a
+    line that is not a metric line is skipped as malformed. Never raises."""
+    parsed = Parsed()
+    groups: dict[tuple[tuple[str, str], ...], tuple[dict[str, str], dict[str, float]]] = {}
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        match = _PROM_LINE.fullmatch(line.strip()) if len(line) <= _MAX_PROM_LINE else None
+        labels = _prom_labels(match.group(2)) if match is not None else None
+        if match is None or labels is None:
+            parsed.skip(MALFORMED)
+            continue
+        kind = _PROM_METRICS.get(match.group(1))
+        if kind is None:
+            continue
+        try:
+            value = float(match.group(3))
+        except ValueError:
+            parsed.skip(MALFORMED)
+            continue
+        parsed.version = parsed.version or labels.get("version", "v1")
+        identity = tuple((name, labels.get(name, "")) for name in _PROM_IDENTITY)
+        group = groups.setdefault(identity, (labels, {}))
+        group[1][kind] = value
+    for labels, values in groups.values():
+        operation = _prom_operation(labels, values)
+        if isinstance(operation, str):
+            parsed.skip(operation)
+        else:
+            parsed.operations.append(operation)
+    return parsed

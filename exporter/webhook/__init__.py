@@ -1,0 +1,6 @@
+"""``ccl-exporter webhook``: the mutating admission webhook that turns on what detection needs.
+
+``admission`` is the decision, pure (an AdmissionReview v1 request and a ``WebhookConfig`` in,
+the AdmissionReview response with one JSONPatch out); ``metrics`` counts every decision on the
+webhook's own registry; ``command`` is the command line and serves ``POST /mutate`` over HTTPS.
+"""

@@ -1,0 +1,88 @@
+"""The webhook's HTTPS server: ``POST /mutate``, ``GET /metrics``, ``GET /healthz`` on ``exporter.http``.
+
+The certificate and key come from ``WebConfigSource.from_tls_files``, which reads them again when
+they change on disk (a renewed certificate applies to new connections without a restart). The
+server answers an unknown path 404, another method 405, a body over ``--web.max-body-bytes`` 413
+and a malformed request 400; a review is decided in a worker thread, so a large pod never stalls
+other connections.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import AsyncIterator
+
+from exporter import __version__
+from exporter.config import parse_listen_address
+from exporter.http.guard import ConnectionLimits
+from exporter.http.messages import Request, Response
+from exporter.http.server import HttpServer
+from exporter.http.webconfig import WebConfigError, WebConfigSource
+from exporter.webhook.admission import WebhookConfig
+from exporter.webhook.metrics import Answer, WebhookService
+
+log = logging.getLogger("exporter.webhook")
+
+
+def _response(answer: Answer) -> Response:
+    return Response(answer.status, answer.body, answer.content_type)
+
+
+def webhook_server(service: WebhookService, web_config: WebConfigSource | None, max_body_bytes: int) -> HttpServer:
+    """The routes of the webhook on an ``HttpServer`` (not started)."""
+
+    async def mutate(request: Request) -> Response:
+        return _response(await asyncio.to_thread(service.mutate, request.body))
+
+    async def metrics(request: Request) -> Response:
+        return _response(service.render_metrics())
+
+    async def healthz(request: Request) -> Response:
+        return Response.text("ok\n")
+
+    routes = {("POST", "/mutate"): mutate, ("GET", "/metrics"): metrics, ("GET", "/healthz"): healthz}
+    return HttpServer(routes, limits=ConnectionLimits(), web_config=web_config, max_body_bytes=max_body_bytes)
+
+
+@contextlib.asynccontextmanager
+async def serving_webhook(
+    service: WebhookService, host: str, port: int, web_config: WebConfigSource | None, max_body_bytes: int
+) -> AsyncIterator[HttpServer]:
+    """The webhook listening on ``host:port`` (port 0: any) until the block ends."""
+    server = webhook_server(service, web_config, max_body_bytes)
+    await server.start(host, port)
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+def serve_forever(config: WebhookConfig, args: argparse.Namespace) -> int:
+    """Serve over HTTPS until SIGTERM or SIGINT; 1 when the certificate or the address is unusable."""
+    try:
+        web_config = WebConfigSource.from_tls_files(args.tls_cert_file, args.tls_key_file)
+    except WebConfigError as exc:
+        log.error("cannot use the TLS certificate and key: %s", exc)
+        return 1
+    host, port = parse_listen_address(str(args.listen_address))
+    service = WebhookService(config)
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        async with serving_webhook(service, host, port, web_config, int(args.max_body_bytes)):
+            log.info("ccl-exporter %s webhook listening on https://%s:%d/mutate", __version__, host, port)
+            await stop.wait()
+
+    try:
+        asyncio.run(serve())
+    except OSError as exc:  # the address is taken or not this host's
+        log.error("cannot listen on %s: %s", args.listen_address, exc.strerror or exc)
+        return 1
+    return 0

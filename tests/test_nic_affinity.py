@@ -1,0 +1,121 @@
+"""``ccl_nccl_nic_affinity``: the NIC each GPU's NCCL traffic uses, joined with the node's topology,
+on the simulated HGX node (one pod bound rail by rail, one with crossed rails)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from exporter.collectors.nccl import NcclCollector
+from exporter.sim.node import SimulatedNode, default_node
+from exporter.sim.podlogs import SimJob, SimPodLogs, pytorchjob_labels
+from exporter.sources.kube import PodMetadata
+from exporter.sources.podlogs import PodLogTailer
+from exporter.sources.topology import TopologySource
+from tests.test_nccl_collector import Clock, samples
+
+
+def sim(tmp_path: Path) -> tuple[SimulatedNode, SimPodLogs]:
+    node = default_node(tmp_path / "sim")
+    node.setup()
+    node.advance(1.0)
+    return node, next(p for p in node.parts if isinstance(p, SimPodLogs))
+
+
+def collector_on(node: SimulatedNode, pods: SimPodLogs, metadata: object = None) -> NcclCollector:
+    tailer = PodLogTailer(pods.pod_logs, node.root / "nccl", node.root / "state")
+    topology = TopologySource(node.sysfs, node.nvml)
+    return NcclCollector(tailer, node.sysfs, metadata or pods, clock=Clock(), topology=topology)  # type: ignore[arg-type]
+
+
+def affinity_rows(collector: NcclCollector) -> list[tuple[str, str, str, str, str]]:
+    return sorted(
+        (dict(labels)["pod"], dict(labels)["gpu"], dict(labels)["device"], dict(labels)["affinity"], dict(labels)["gdr"])
+        for (name, labels) in samples(collector)
+        if name == "ccl_nccl_nic_affinity"
+    )
+
+
+def test_the_rail_aligned_pod_uses_pix_nics_and_the_crossed_pod_sys_ones(tmp_path: Path) -> None:
+    node, pods = sim(tmp_path)
+    collector = collector_on(node, pods)
+    collector.step()
+    assert affinity_rows(collector) == [
+        ("gpt-neox-worker-0", "0", "mlx5_4", "SYS", "true"),
+        ("gpt-neox-worker-0", "7", "mlx5_3", "SYS", "true"),
+        ("llama-70b-worker-0", "0", "mlx5_0", "PIX", "true"),
+        ("llama-70b-worker-0", "7", "mlx5_7", "PIX", "true"),
+    ]
+    job = {dict(labels)["pod"]: dict(labels)["job_name"] for (name, labels) in samples(collector)
+           if name == "ccl_nccl_nic_affinity"}
+    assert job == {"gpt-neox-worker-0": "gpt-neox", "llama-70b-worker-0": "llama-70b"}
+
+
+def test_without_topology_no_affinity_is_claimed(tmp_path: Path) -> None:
+    node, pods = sim(tmp_path)
+    tailer = PodLogTailer(pods.pod_logs, node.root / "nccl", node.root / "state")
+    collector = NcclCollector(tailer, node.sysfs, pods, clock=Clock())
+    collector.step()
+    assert affinity_rows(collector) == []
+
+
+def test_a_gdr_less_restart_shows_gdr_false_on_the_same_nics(tmp_path: Path) -> None:
+    node, pods = sim(tmp_path)
+    collector = collector_on(node, pods)
+    collector.step()
+    pods.restart_job("ml-training", "llama-70b-worker-0", network="IB", gdr=False)
+    collector.step()
+    rows = [r for r in affinity_rows(collector) if r[0] == "llama-70b-worker-0"]
+    assert rows == [("llama-70b-worker-0", "0", "mlx5_0", "PIX", "false"),
+                    ("llama-70b-worker-0", "7", "mlx5_7", "PIX", "false")]
+
+
+class WithHostNetwork:
+    """The simulated pod list, with one pod on the host network."""
+
+    def __init__(self, pods: SimPodLogs, host_network_pod: str) -> None:
+        self._pods = pods
+        self._name = host_network_pod
+
+    def lookup(self, namespace: str, pod: str) -> PodMetadata | None:
+        meta = self._pods.lookup(namespace, pod)
+        if meta is not None and pod == self._name:
+            return PodMetadata(meta.namespace, meta.name, meta.uid, meta.job_name, meta.job_kind, host_network=True)
+        return meta
+
+    def is_authoritative(self) -> bool:
+        return True
+
+    def pods(self) -> list[PodMetadata]:
+        return self._pods.pods()
+
+
+def test_only_the_pods_own_processes_count(tmp_path: Path) -> None:
+    """An MPI launcher's log carries every node's lines: GPUs named by busIds of other hosts are not this
+    node's GPUs. A pod on the host network logs under the node's name: then every host counts."""
+    node, pods = sim(tmp_path)
+    launcher = SimJob("mpi", "launcher", pytorchjob_labels("mpi-run", "launcher"), network="IB", nnodes=2)
+    pods.start_job(launcher)
+    # The launcher prints its workers' lines: their host is a worker pod's name, not the launcher's.
+    path = pods._log_path(launcher)
+    text = path.read_text().replace("launcher:", "mpi-run-worker-1:")
+    path.write_text(text)
+    collector = collector_on(node, pods)
+    collector.step()
+    assert [r for r in affinity_rows(collector) if r[0] == "launcher"] == []
+    collector = collector_on(node, pods, WithHostNetwork(pods, "launcher"))
+    collector.step()
+    assert [r[1:4] for r in affinity_rows(collector) if r[0] == "launcher"] == [("0", "mlx5_0", "PIX"),
+                                                                               ("7", "mlx5_7", "PIX")]
+
+
+def test_device_names_a_log_invents_make_no_series(tmp_path: Path) -> None:
+    """A pod's log may print any device list; only RDMA devices this node has become label values."""
+    node, pods = sim(tmp_path)
+    job = SimJob("evil", "liar-0", pytorchjob_labels("liar"), network="IB", nnodes=2)
+    pods.start_job(job)
+    path = pods._log_path(job)
+    path.write_text(path.read_text().replace("]mlx5_0:1/IB", "]" + "x" * 5000 + ":1/IB"))
+    collector = collector_on(node, pods)
+    collector.step()
+    rows = [r for r in affinity_rows(collector) if r[0] == "liar-0"]
+    assert rows == [("liar-0", "7", "mlx5_7", "PIX", "true")], "GPU 0's device [0] is no NIC of this node"

@@ -1,0 +1,69 @@
+"""The webhook's request handling and its own /metrics (exporter/webhook/metrics.py), without a server."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from exporter.webhook.admission import WebhookConfig
+from exporter.webhook.metrics import WebhookService
+from tests.metrics_text import value
+from tests.test_webhook_admission import admission as review_request
+from tests.test_webhook_admission import gpu_pod
+
+
+def sample(service: WebhookService, name: str, **labels: str) -> float:
+    found = value(service.render_metrics().body.decode(), name, **labels)
+    assert found is not None, f"{name}{labels} not exposed"
+    return found
+
+
+def test_every_decision_is_counted() -> None:
+    service = WebhookService(WebhookConfig())
+    gpu = service.mutate(json.dumps(review_request(gpu_pod(annotations={"ccl-health.io/preflight": "true"}))).encode())
+    assert gpu.status == 200 and gpu.content_type == "application/json"
+    assert json.loads(gpu.body)["response"]["patchType"] == "JSONPatch"
+    cpu_pod = gpu_pod()
+    cpu_pod["spec"]["containers"][0]["resources"] = {}
+    assert service.mutate(json.dumps(review_request(cpu_pod)).encode()).status == 200
+    garbage = service.mutate(b"{not json")
+    assert garbage.status == 400 and garbage.body.count(b"\n") == 1 and garbage.body.startswith(b"body is not JSON")
+    assert sample(service, "ccl_webhook_admission_reviews_total", decision="mutated") == 1
+    assert sample(service, "ccl_webhook_admission_reviews_total", decision="no_gpu") == 1
+    assert sample(service, "ccl_webhook_admission_reviews_total", decision="malformed") == 1
+    assert sample(service, "ccl_webhook_admission_reviews_total", decision="error") == 0, "every decision is exposed"
+    assert sample(service, "ccl_webhook_mutations_total", change="preflight") == 1
+    assert sample(service, "ccl_webhook_mutations_total", change="readiness_gate") == 0
+    assert sample(service, "ccl_webhook_review_duration_seconds_count") == 3
+
+
+def test_a_failure_while_deciding_allows_the_pod_without_a_patch(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*_: object) -> None:
+        raise KeyError("a bug")
+
+    monkeypatch.setattr("exporter.webhook.metrics.review", broken)
+    service = WebhookService(WebhookConfig())
+    answer = service.mutate(json.dumps(review_request(gpu_pod())).encode())
+    assert answer.status == 200
+    assert json.loads(answer.body)["response"] == {"uid": "705ab4f5-6393-11e8-b7cc-42010a800002", "allowed": True}
+    assert sample(service, "ccl_webhook_admission_reviews_total", decision="error") == 1
+
+
+def test_two_services_do_not_share_counts() -> None:
+    first, second = WebhookService(WebhookConfig()), WebhookService(WebhookConfig())
+    first.mutate(b"[]")
+    assert sample(first, "ccl_webhook_admission_reviews_total", decision="malformed") == 1
+    assert sample(second, "ccl_webhook_admission_reviews_total", decision="malformed") == 0
+
+
+def test_the_exposition_passes_promtool() -> None:
+    import subprocess
+
+    from tests.conftest import require_tool
+
+    service = WebhookService(WebhookConfig())
+    service.mutate(json.dumps(review_request(gpu_pod())).encode())
+    result = subprocess.run([require_tool("promtool"), "check", "metrics"], input=service.render_metrics().body,
+                            capture_output=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
