@@ -59,7 +59,7 @@ from devtools.stack import (
     SimulatedExporter,
     duration_seconds,
     find_binary,
-    find_rules_file,
+    find_rule_files,
     make_healthy,
     prometheus_config,
 )
@@ -593,11 +593,15 @@ def _binaries() -> tuple[str, str]:
 
 
 def measure(
-    nodes: int, template: Sequence[TemplateSeries], rules_file: Path, cycles: int = 5, max_samples: int = MAX_SAMPLES
+    nodes: int,
+    template: Sequence[TemplateSeries],
+    rule_files: Sequence[Path],
+    cycles: int = 5,
+    max_samples: int = MAX_SAMPLES,
 ) -> FleetCost:
     started = time.monotonic()
     prometheus_binary, promtool = _binaries()
-    rules = yaml.safe_load(rules_file.read_text())
+    rules = {"groups": [group for path in rule_files for group in yaml.safe_load(path.read_text())["groups"]]}
     reads = RuleReads.of(rules, {series.name for series in template})
     planned = planned_samples(template, nodes, reads)
     if planned > max_samples:
@@ -651,17 +655,17 @@ def measure(
 
 def run(
     node_counts: Sequence[int] = NODE_COUNTS,
-    rules_file: Path | None = None,
+    rule_files: Sequence[Path] = (),
     cycles: int = 5,
     max_samples: int = MAX_SAMPLES,
     exporter_args: Sequence[str] = (),
 ) -> BenchResult:
-    rules_file = rules_file or find_rules_file()
-    if rules_file is None:
+    rule_files = list(rule_files) or find_rule_files()
+    if not rule_files:
         raise FileNotFoundError("alerts/ccl-health-rules.yaml not found (run from a source checkout)")
     exporter = exporter_template(extra_args=exporter_args)
     template = node_template(exporter)
-    fleets = [measure(nodes, template, rules_file, cycles, max_samples) for nodes in node_counts]
+    fleets = [measure(nodes, template, rule_files, cycles, max_samples) for nodes in node_counts]
     measured = [fleet for fleet in fleets if not fleet.skipped]
     groups = sorted({name for fleet in measured for name in fleet.groups})
     lines = [
@@ -695,7 +699,7 @@ def run(
     flags = f" (`serve --simulate {' '.join(exporter_args)}`)" if exporter_args else ""
     table = "\n".join(lines)
     markdown = f"""
-Rule evaluation per group and cycle (median of {cycles} cycles), rules from `{rules_file.name}`, on
+Rule evaluation per group and cycle (median of {cycles} cycles), rules from {" and ".join(f"`{p.name}`" for p in rule_files)}, on
 synthetic fleets of the exporter's real series shape{flags}: {exporter_series:,} exporter series per
 node, plus cAdvisor's and kube-state-metrics' ({len(template):,} in all), scraped every
 {SCRAPE_SECONDS:g} s from a server in the benchmark, with the history the rules read over ranges
@@ -723,7 +727,13 @@ that also runs the server and is shared with other work.
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", default=",".join(str(n) for n in NODE_COUNTS), help="comma-separated fleet sizes")
-    parser.add_argument("--rules", type=Path, default=None, help="rules file (default: alerts/ccl-health-rules.yaml)")
+    parser.add_argument(
+        "--rules",
+        type=Path,
+        action="append",
+        default=[],
+        help="a rule file, repeatable (default: alerts/ccl-health-rules.yaml and alerts/ccl-health-global-rules.yaml)",
+    )
     parser.add_argument("--cycles", type=int, default=5)
     parser.add_argument("--max-samples", type=int, default=MAX_SAMPLES, help="largest raw history to backfill")
     parser.add_argument(

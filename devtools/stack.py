@@ -35,7 +35,8 @@ from typing import Any
 PROMETHEUS_NAMES = ("prometheus",)
 ALERTMANAGER_NAMES = ("prometheus-alertmanager", "alertmanager")  # Debian name first, upstream second
 SCRAPE_JOB = "ccl-exporter"  # the scrape job our rules expect (up{job="ccl-exporter"})
-RULES_FILE = Path("alerts") / "ccl-health-rules.yaml"
+RULES_FILE = Path("alerts") / "ccl-health-rules.yaml"  # node-level rules
+GLOBAL_RULES_FILE = Path("alerts") / "ccl-health-global-rules.yaml"  # rules across nodes
 LOOPBACK = "127.0.0.1"
 
 
@@ -64,9 +65,18 @@ def port_if_free(port: int) -> int:
 
 
 def find_rules_file(start: Path | None = None) -> Path | None:
-    """Our alert rules: ``alerts/ccl-health-rules.yaml`` in the working folder or the source checkout."""
+    """Our node-level rules: ``alerts/ccl-health-rules.yaml`` in the working folder or the source checkout."""
     candidates = [(start or Path.cwd()) / RULES_FILE, Path(__file__).resolve().parents[1] / RULES_FILE]
     return next((path for path in candidates if path.is_file()), None)
+
+
+def find_rule_files(start: Path | None = None) -> list[Path]:
+    """All our rules, as one Prometheus loads them: the node-level file and the global one
+    (``alerts/ccl-health-global-rules.yaml`` beside it); [] when they are not found."""
+    rules = find_rules_file(start)
+    if rules is None or not (rules.parent / GLOBAL_RULES_FILE.name).is_file():
+        return []
+    return [rules, rules.parent / GLOBAL_RULES_FILE.name]
 
 
 OPERATOR_DEFAULT_INTERVAL_SECONDS = 30.0  # Prometheus Operator's scrapeInterval/evaluationInterval default

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from exporter.sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
-from devtools.stack import Intervals, Prometheus, SimulatedExporter, find_rules_file
+from devtools.stack import Intervals, Prometheus, SimulatedExporter, find_rule_files
 from tests.conftest import REPO
 
 DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
@@ -137,9 +137,9 @@ def hourly_probe_history(node: str, hours: int, now: float) -> str:
 
 def test_every_panel_query_returns_data(start_cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     assert DASHBOARDS, "no dashboards/*.json"
-    rules = find_rules_file(REPO)
-    assert rules is not None
-    cluster = start_cluster(nodes=3, intervals=Intervals(), rule_files=[rules], before_scrape=None,
+    rules = find_rule_files(REPO)
+    assert rules
+    cluster = start_cluster(nodes=3, intervals=Intervals(), rule_files=rules, before_scrape=None,
                             backfill=hourly_probe_history("gpu-node-01", 30, time.time()))
     # Port down and errors need a "before" sample to be a change: let the fleet run, then act.
     time.sleep(3)
