@@ -80,6 +80,7 @@ SLOWEST_RULES = 8
 _IDENTIFIER = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _WINDOW = re.compile(r"\[(\d+(?:ms|[smhdwy])(?:\d+(?:ms|[smhdwy]))*)(?::[^\]]*)?\]")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+_OFFSET = re.compile(r"\s*offset\s+(\d+(?:ms|[smhdwy])(?:\d+(?:ms|[smhdwy]))*)")
 _ROLE_POD = re.compile(r"^(?P<job>.+?)-(?P<role>master|worker|launcher|chief|evaluator)-\d+$")
 
 
@@ -352,6 +353,9 @@ def range_reads(expr: str) -> dict[str, float]:
     found: dict[str, float] = {}
     for window in _WINDOW.finditer(text):
         seconds = duration_seconds(window.group(1))
+        offset = _OFFSET.match(text, window.end())
+        if offset:  # the range ends that much earlier: history goes back that much further
+            seconds += duration_seconds(offset.group(1))
         before = text[: window.start()].rstrip()
         if before.endswith("}"):  # drop the selector's matchers
             before = before[: before.rindex("{")].rstrip()
