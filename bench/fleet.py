@@ -21,7 +21,7 @@ from pathlib import Path
 
 from bench.common import BenchResult
 from bench.proc import process_cpu_seconds, process_rss_bytes
-from devtools.stack import SCRAPE_JOB, Intervals, Stack, find_rules_file, start_exporters, stop_all
+from devtools.stack import SCRAPE_JOB, Intervals, Stack, find_rule_files, start_exporters, stop_all
 
 
 @dataclass
@@ -46,7 +46,7 @@ class FleetMeasurement:
 
 
 def measure(nodes: int = 32, seconds: float = 60.0, scrape_interval: float = 5.0) -> FleetMeasurement:
-    rules = find_rules_file()
+    rules = find_rule_files()
     # The simulator writes every counter file on each tick; tick with the scrape, not every second.
     exporters = start_exporters(nodes, extra_args=[f"--simulate.tick={scrape_interval:g}"])
     try:
@@ -55,7 +55,7 @@ def measure(nodes: int = 32, seconds: float = 60.0, scrape_interval: float = 5.0
             with Stack(
                 Path(workdir),
                 [e.target for e in exporters],
-                rule_files=[rules] if rules else [],
+                rule_files=rules,
                 intervals=intervals,
                 alerting=False,
             ) as stack:

@@ -267,6 +267,11 @@ def _rate(by: str, metric: str, *matchers: str) -> str:
     return f"sum by (cluster, {by}) (rate({_sel(metric, *matchers)}[$__rate_interval]))"
 
 
+def _nvlinks_down(*matchers: str) -> str:
+    """NVLinks down per GPU, from the per-GPU series the exporter keeps in either NVLink mode."""
+    return f"({_sel('ccl_nvlink_gpu_links', *matchers)} - {_sel('ccl_nvlink_gpu_links_active', *matchers)})"
+
+
 def _port_state(by: str, *matchers: str) -> str:
     """10 x logical state + physical state per port (see PORT_STATE)."""
     return (f"max by ({by}) ({_sel('ccl_rdma_port_state_id', *matchers)}) * 10"
@@ -356,7 +361,7 @@ def fleet() -> Dashboard:
                                   ORANGE, ("CclRdmaPortDown",)))
         .with_panel(_problem_stat("Nodes with NVLinks down",
                                   "count(count by (cluster, node) "
-                                  f"({_sel('ccl_nvlink_state', node)} == 0)) or vector(0)",
+                                  f"({_nvlinks_down(node)} > 0)) or vector(0)",
                                   "Nodes with at least one NVLink down. PCIe GPUs without NVLink count too; the "
                                   "alert only fires where other links of the node are up.",
                                   ORANGE, ("CclNvlinkDown",)))
@@ -384,8 +389,8 @@ def fleet() -> Dashboard:
                            + "[1h])) > 0",
                            value="Increase (1h)", columns_link=(TO_NODE,), alerts=("CclRdmaPortErrorsIncreasing",)))
         .with_panel(_table("NVLink errors rising (last hour)",
-                           "sum by (cluster, node, gpu, link, error) "
-                           f"(increase({_sel('ccl_nvlink_errors_total', node)}[1h])) > 0",
+                           "sum by (cluster, node, gpu, error) "
+                           f"(increase({_sel('ccl_nvlink_gpu_errors_total', node)}[1h])) > 0",
                            value="Increase (1h)", columns_link=(TO_NODE,), alerts=("CclNvlinkErrorsIncreasing",)))
         .with_panel(_table("Exporter collectors failing",
                            f"max by (cluster, node, collector) ({_sel('ccl_exporter_collector_success', node)}) == 0",
@@ -578,8 +583,16 @@ def node_fabric() -> Dashboard:
         .with_panel(_table("Pods holding GPUs",
                            f"max by (cluster, gpu, namespace, pod, container) ({_sel('ccl_gpu_pod_info', node)})",
                            value=None))
+        .with_panel(_table("NVLinks down per GPU", f"max by (cluster, gpu) {_nvlinks_down(node)}",
+                           value="Links down", alerts=("CclNvlinkDown",),
+                           description="Per GPU, in either NVLink mode of the exporter (per link or per GPU)."))
+        .with_panel(_timeseries("NVLink throughput per GPU", "Bps",
+                                (_rate("gpu", "ccl_nvlink_gpu_transmit_bytes_total", node), "GPU {{gpu}} tx"),
+                                (_rate("gpu", "ccl_nvlink_gpu_receive_bytes_total", node), "GPU {{gpu}} rx")))
         .with_panel(_table("NVLink state", f"min by (cluster, gpu, link) ({_sel('ccl_nvlink_state', node)})",
-                           value="State", states=NVLINK_STATE, alerts=("CclNvlinkDown",)))
+                           value="State", states=NVLINK_STATE, alerts=("CclNvlinkDown",),
+                           description="Per link; empty where the exporter runs with "
+                                       "--collector.nvml.nvlink-granularity=gpu."))
         .with_panel(_timeseries("NVLink errors", "cps",
                                 (_rate("gpu, link, error", "ccl_nvlink_errors_total", node) + " > 0",
                                  "GPU {{gpu}} link {{link}} {{error}}"),

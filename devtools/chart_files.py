@@ -1,9 +1,10 @@
 """Copy the rules and dashboards into the Helm chart: ``python -m devtools.chart_files``.
 
 Helm reads no file outside a chart's folder, so ``manifests/helm/ccl-health-exporter/files/``
-holds copies of ``alerts/ccl-health-rules.yaml`` and ``dashboards/*.json``, byte for byte. Run
-this after ``alerts/sync.py`` or ``dashboards/generate.py``; ``--check`` only reports drift
-(exit 1), which is what the tests run (``make chart-files`` does the copy).
+holds copies of ``alerts/ccl-health-rules.yaml``, ``alerts/ccl-health-global-rules.yaml`` and
+``dashboards/*.json``, byte for byte. Run this after ``alerts/sync.py`` or
+``dashboards/generate.py``; ``--check`` only reports drift (exit 1), which is what the tests run
+(``make chart-files`` does the copy).
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ CHART_FILES = CHART / "files"
 
 def wanted() -> dict[Path, bytes]:
     """Every file the chart's ``files/`` must hold, with its content."""
-    copies = {CHART_FILES / "ccl-health-rules.yaml": (REPO / "alerts" / "ccl-health-rules.yaml").read_bytes()}
+    copies = {
+        CHART_FILES / name: (REPO / "alerts" / name).read_bytes()
+        for name in ("ccl-health-rules.yaml", "ccl-health-global-rules.yaml")
+    }
     for dashboard in sorted((REPO / "dashboards").glob("*.json")):
         copies[CHART_FILES / "dashboards" / dashboard.name] = dashboard.read_bytes()
     return copies

@@ -43,7 +43,7 @@ from devtools.stack import (
     StaticMetricsServer,
     builtin_fallback_pods,
     find_binary,
-    find_rules_file,
+    find_rule_files,
     gpu_node_capacity_metrics,
     port_if_free,
 )
@@ -121,14 +121,16 @@ def wait_fabric_ready(
     return None
 
 
-def run_chain(exporter: SimulatedExporter, rules: Path, workdir: Path, timeout: float, stops: ExitStack) -> Timeline:
+def run_chain(
+    exporter: SimulatedExporter, rules: list[Path], workdir: Path, timeout: float, stops: ExitStack
+) -> Timeline:
     """Start the stack (its stops registered on ``stops``), make the job fall back, print the timeline."""
     kube_state_metrics = StaticMetricsServer(gpu_node_capacity_metrics([NODE]))
     stops.callback(kube_state_metrics.stop)
     stack = Stack(
         workdir,
         [exporter.target],
-        rule_files=[rules],
+        rule_files=rules,
         intervals=DEMO_INTERVALS,
         other_jobs={"kube-state-metrics": [ScrapeTarget(kube_state_metrics.address)]},
         prometheus_port=port_if_free(9090),
@@ -137,7 +139,7 @@ def run_chain(exporter: SimulatedExporter, rules: Path, workdir: Path, timeout: 
     stops.callback(stack.stop)
     stack.start()
     assert stack.prometheus is not None and stack.alertmanager is not None
-    say(f"Prometheus:   {stack.prometheus.url}/alerts  (rules: {rules})")
+    say(f"Prometheus:   {stack.prometheus.url}/alerts  (rules: {', '.join(map(str, rules))})")
     say(f"Alertmanager: {stack.alertmanager.url}/#/alerts")
     say(f"Webhook:      {stack.receiver.url if stack.receiver else ''}")
     say("Waiting for the first scrape (Prometheus takes ~5 s to discover its targets) ...")
@@ -228,8 +230,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--rules",
         type=Path,
+        action="append",
         default=None,
-        help="alert rules to load (default: alerts/ccl-health-rules.yaml of the working folder or the source checkout)",
+        help="alert rules to load, repeatable (default: alerts/ccl-health-rules.yaml and "
+        "alerts/ccl-health-global-rules.yaml of the working folder or the source checkout)",
     )
     args = parser.parse_args(argv)
     _stop_on_sigterm()
@@ -246,9 +250,10 @@ def main(argv: list[str] | None = None) -> int:
         show_nic_paths(exporter)
         missing = [] if not args.no_monitoring else ["--no-monitoring given"]
         missing += missing_parts() if not args.no_monitoring else []
-        rules = args.rules or find_rules_file()
-        if not missing and (rules is None or not rules.is_file()):
-            missing.append(f"{rules or 'alerts/ccl-health-rules.yaml'} (run from a source checkout, or pass --rules)")
+        rules: list[Path] = args.rules or find_rule_files()
+        absent = [path for path in rules if not path.is_file()] if rules else [Path("alerts/ccl-health-rules.yaml")]
+        if not missing and absent:
+            missing.append(f"{', '.join(map(str, absent))} (run from a source checkout, or pass --rules)")
         if missing:
             say(f"Skipped Prometheus, Alertmanager and the alert timeline: {', '.join(missing)} not available.")
             if not args.no_monitoring:
@@ -267,7 +272,6 @@ def main(argv: list[str] | None = None) -> int:
             say("Ctrl-C stops it.")
             _wait_forever()
         workdir = Path(stops.enter_context(tempfile.TemporaryDirectory(prefix="ccl-demo-")))
-        assert rules is not None
         timeline = run_chain(exporter, rules, workdir, args.timeout, stops)
         if args.exit_after_timeline:
             return 0 if timeline.complete else 1

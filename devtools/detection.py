@@ -22,7 +22,7 @@ from devtools.stack import (
     Stack,
     StaticMetricsServer,
     find_binary,
-    find_rules_file,
+    find_rule_files,
     gpu_node_capacity_metrics,
     make_healthy,
     start_exporters,
@@ -60,8 +60,8 @@ def measure_once(intervals: Intervals, workdir: Path, timeout: float = 400.0) ->
     for names in (PROMETHEUS_NAMES, ALERTMANAGER_NAMES):
         if find_binary(names) is None:
             raise FileNotFoundError(f"{names[0]} is not installed (apt-get install prometheus prometheus-alertmanager)")
-    rules = find_rules_file()
-    if rules is None:
+    rules = find_rule_files()
+    if not rules:
         raise FileNotFoundError("alerts/ccl-health-rules.yaml not found (run from a source checkout)")
     reference = workdir / "reference-rules.yml"
     workdir.mkdir(parents=True, exist_ok=True)
@@ -73,7 +73,7 @@ def measure_once(intervals: Intervals, workdir: Path, timeout: float = 400.0) ->
         stack = Stack(
             workdir,
             [e.target for e in exporters],
-            rule_files=[rules, reference],
+            rule_files=[*rules, reference],
             intervals=intervals,
             other_jobs={"kube-state-metrics": [ScrapeTarget(kube_state_metrics.address)]},
         )

@@ -35,7 +35,8 @@ from typing import Any
 PROMETHEUS_NAMES = ("prometheus",)
 ALERTMANAGER_NAMES = ("prometheus-alertmanager", "alertmanager")  # Debian name first, upstream second
 SCRAPE_JOB = "ccl-exporter"  # the scrape job our rules expect (up{job="ccl-exporter"})
-RULES_FILE = Path("alerts") / "ccl-health-rules.yaml"
+RULES_FILE = Path("alerts") / "ccl-health-rules.yaml"  # node-level rules
+GLOBAL_RULES_FILE = Path("alerts") / "ccl-health-global-rules.yaml"  # rules across nodes
 LOOPBACK = "127.0.0.1"
 
 
@@ -64,9 +65,18 @@ def port_if_free(port: int) -> int:
 
 
 def find_rules_file(start: Path | None = None) -> Path | None:
-    """Our alert rules: ``alerts/ccl-health-rules.yaml`` in the working folder or the source checkout."""
+    """Our node-level rules: ``alerts/ccl-health-rules.yaml`` in the working folder or the source checkout."""
     candidates = [(start or Path.cwd()) / RULES_FILE, Path(__file__).resolve().parents[1] / RULES_FILE]
     return next((path for path in candidates if path.is_file()), None)
+
+
+def find_rule_files(start: Path | None = None) -> list[Path]:
+    """All our rules, as one Prometheus loads them: the node-level file and the global one
+    (``alerts/ccl-health-global-rules.yaml`` beside it); [] when they are not found."""
+    rules = find_rules_file(start)
+    if rules is None or not (rules.parent / GLOBAL_RULES_FILE.name).is_file():
+        return []
+    return [rules, rules.parent / GLOBAL_RULES_FILE.name]
 
 
 OPERATOR_DEFAULT_INTERVAL_SECONDS = 30.0  # Prometheus Operator's scrapeInterval/evaluationInterval default
@@ -444,8 +454,11 @@ class ManagedProcess:
     """A server binary started on loopback with a generated config, logging to a file, stopped by PID."""
 
     name = "process"
+    ready_path = "/-/ready"  # answers 200 once the server is ready
 
-    def __init__(self, binary: str, workdir: Path, config: Mapping[str, Any], port: int | None = None) -> None:
+    def __init__(
+        self, binary: str, workdir: Path, config: Mapping[str, Any] | None = None, port: int | None = None
+    ) -> None:
         self.binary = binary
         self.workdir = workdir
         self.port = port or free_loopback_port()
@@ -454,10 +467,11 @@ class ManagedProcess:
         self.log_path = workdir / f"{self.name}.log"
         self.config_path = workdir / f"{self.name}.yml"
         self.proc: subprocess.Popen[bytes] | None = None
-        self.write_config(config)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if config is not None:
+            self.write_config(config)
 
     def write_config(self, config: Mapping[str, Any]) -> None:
-        self.workdir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(json.dumps(config, indent=2))  # JSON is valid YAML
 
     def own_flags(self) -> list[str]:
@@ -479,7 +493,7 @@ class ManagedProcess:
                 self.argv(), stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
         try:
-            if wait_answering(self.url + "/-/ready", self.proc, self.name, ready_timeout):
+            if wait_answering(self.url + self.ready_path, self.proc, self.name, ready_timeout):
                 return
         except RuntimeError as exc:
             raise RuntimeError(f"{exc}: {self.log_tail()}") from None
@@ -515,7 +529,67 @@ class Alertmanager(ManagedProcess):
         return list(http_json(self.url + "/api/v2/alerts") or [])
 
 
-class Prometheus(ManagedProcess):
+class QueryApi(ManagedProcess):
+    """A server that answers Prometheus' HTTP API under ``/api/v1``: Prometheus itself, and
+    VictoriaMetrics and vmalert (``devtools.vmstack``) for the parts each serves (queries;
+    alerts and rule groups)."""
+
+    def api(self, path: str, **params: str) -> Any:
+        query = urllib.parse.urlencode(params)
+        body = http_json(f"{self.url}/api/v1/{path}" + (f"?{query}" if query else ""))
+        if body.get("status") != "success":
+            raise RuntimeError(f"{self.name} {path}: {body}")
+        return body["data"]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        """Instant vector query; returns the result list (``[{"metric": {...}, "value": [t, "v"]}, ...]``)."""
+        data = self.api("query", query=expr)
+        result = data["result"]
+        if data["resultType"] == "scalar":
+            return [{"metric": {}, "value": result}]
+        return list(result)
+
+    def values(self, expr: str) -> list[float]:
+        return [float(sample["value"][1]) for sample in self.query(expr)]
+
+    def alerts(self) -> list[dict[str, Any]]:
+        return list(self.api("alerts")["alerts"] or [])  # vmalert answers null for none
+
+    def rule_groups(self) -> list[dict[str, Any]]:
+        return list(self.api("rules")["groups"] or [])
+
+    def wait_until(self, check: Callable[[], Any], timeout: float, what: str, poll: float = 0.1) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                value = check()
+            except (OSError, RuntimeError, ValueError):
+                value = None
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.name}: {what} not seen within {timeout}s")
+            time.sleep(poll)
+
+    def wait_alert(
+        self, alertname: str, state: str, timeout: float, match: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
+        """The first alert in /api/v1/alerts named ``alertname`` in ``state`` (pending/firing) with labels ``match``."""
+
+        def find() -> dict[str, Any] | None:
+            for alert in self.alerts():
+                if alert.get("state") == state and alert_matches(alert.get("labels", {}), alertname, match):
+                    return alert
+            return None
+
+        found = self.wait_until(find, timeout, f"alert {alertname} {state} {dict(match or {})}")
+        return found  # type: ignore[no-any-return]  # find() gives a dict or keeps waiting
+
+    def firing_alertnames(self) -> set[str]:
+        return {a["labels"]["alertname"] for a in self.alerts() if a.get("state") == "firing"}
+
+
+class Prometheus(QueryApi):
     name = "prometheus"
 
     def own_flags(self) -> list[str]:
@@ -543,66 +617,12 @@ class Prometheus(ManagedProcess):
     def reload(self) -> None:
         http_json(self.url + "/-/reload", data=b"")
 
-    def api(self, path: str, **params: str) -> Any:
-        query = urllib.parse.urlencode(params)
-        body = http_json(f"{self.url}/api/v1/{path}" + (f"?{query}" if query else ""))
-        if body.get("status") != "success":
-            raise RuntimeError(f"Prometheus {path}: {body}")
-        return body["data"]
-
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        """Instant vector query; returns the result list (``[{"metric": {...}, "value": [t, "v"]}, ...]``)."""
-        data = self.api("query", query=expr)
-        result = data["result"]
-        if data["resultType"] == "scalar":
-            return [{"metric": {}, "value": result}]
-        return list(result)
-
-    def values(self, expr: str) -> list[float]:
-        return [float(sample["value"][1]) for sample in self.query(expr)]
-
-    def alerts(self) -> list[dict[str, Any]]:
-        return list(self.api("alerts")["alerts"])
-
-    def rule_groups(self) -> list[dict[str, Any]]:
-        return list(self.api("rules")["groups"])
-
-    def wait_until(self, check: Callable[[], Any], timeout: float, what: str, poll: float = 0.1) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                value = check()
-            except (OSError, RuntimeError, ValueError):
-                value = None
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"Prometheus: {what} not seen within {timeout}s")
-            time.sleep(poll)
-
     def wait_targets_up(self, count: int, timeout: float = 60.0, job_name: str = SCRAPE_JOB) -> None:
         self.wait_until(
             lambda: len(self.values(f'up{{job="{job_name}"}} == 1')) >= count,
             timeout,
             f"{count} targets up",
         )
-
-    def wait_alert(
-        self, alertname: str, state: str, timeout: float, match: Mapping[str, str] | None = None
-    ) -> dict[str, Any]:
-        """The first alert in /api/v1/alerts named ``alertname`` in ``state`` (pending/firing) with labels ``match``."""
-
-        def find() -> dict[str, Any] | None:
-            for alert in self.alerts():
-                if alert.get("state") == state and alert_matches(alert.get("labels", {}), alertname, match):
-                    return alert
-            return None
-
-        found = self.wait_until(find, timeout, f"alert {alertname} {state} {dict(match or {})}")
-        return found  # type: ignore[no-any-return]  # find() gives a dict or keeps waiting
-
-    def firing_alertnames(self) -> set[str]:
-        return {a["labels"]["alertname"] for a in self.alerts() if a.get("state") == "firing"}
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """Which metric names PromQL expressions use, and which names the project knows.
 
 Known names come from one place: the metric reference, ``docs/metrics.md`` (every backticked
-``ccl_*`` name there), plus the recording rules defined in ``alerts/ccl-health-rules.yaml``,
-plus the few outside metrics listed in ``EXTERNAL_METRICS``.
+``ccl_*`` name there), plus the recording rules defined in ``alerts/ccl-health-rules.yaml`` and
+``alerts/ccl-health-global-rules.yaml``, plus the few outside metrics listed in ``EXTERNAL_METRICS``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
-RULES_FILE = REPO / "alerts" / "ccl-health-rules.yaml"
+RULES_FILE = REPO / "alerts" / "ccl-health-rules.yaml"  # node-level rules
+GLOBAL_RULES_FILE = REPO / "alerts" / "ccl-health-global-rules.yaml"  # rules across nodes
+RULE_FILES = (RULES_FILE, GLOBAL_RULES_FILE)
 METRICS_DOC = REPO / "docs" / "metrics.md"
 
 # Metrics from outside the exporter that rules may use, each for one reason:
@@ -51,9 +53,13 @@ def documented_metric_names() -> set[str]:
     return set(re.findall(r"`(ccl_[a-z0-9_]+)`", METRICS_DOC.read_text()))
 
 
+def groups() -> list[dict]:  # type: ignore[type-arg]
+    """Every rule group of both rule files, in file order."""
+    return [group for path in RULE_FILES for group in yaml.safe_load(path.read_text())["groups"]]
+
+
 def rules() -> list[dict]:  # type: ignore[type-arg]
-    doc = yaml.safe_load(RULES_FILE.read_text())
-    return [rule for group in doc["groups"] for rule in group["rules"]]
+    return [rule for group in groups() for rule in group["rules"]]
 
 
 def recording_rule_names() -> set[str]:

@@ -18,7 +18,10 @@ from devtools.stack import ALERTMANAGER_NAMES, Alertmanager, WebhookReceiver, fi
 from tests.conftest import REPO, require_tool
 from tests.promql_names import (
     EXTERNAL_METRICS,
+    GLOBAL_RULES_FILE,
+    RULE_FILES,
     RULES_FILE,
+    groups,
     documented_metric_names,
     recording_rule_names,
     referenced_names,
@@ -36,7 +39,8 @@ ALERTS = [rule for rule in rules() if "alert" in rule]
 
 def test_promtool_check_rules_is_clean() -> None:
     promtool = require_tool("promtool")
-    result = subprocess.run([promtool, "check", "rules", str(RULES_FILE)], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([promtool, "check", "rules", *map(str, RULE_FILES)], capture_output=True, text=True,
+                            timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
     # promtool prints lint warnings (e.g. unused labels) without failing; there must be none.
@@ -60,6 +64,7 @@ def test_a_broken_rule_fails_its_unit_test(tmp_path: Path) -> None:
     )
     (tmp_path / "alerts").mkdir()
     (tmp_path / "alerts" / RULES_FILE.name).write_text(broken)
+    (tmp_path / "alerts" / GLOBAL_RULES_FILE.name).write_text(GLOBAL_RULES_FILE.read_text())
     (tmp_path / "alerts" / "tests").mkdir()
     test_file = tmp_path / "alerts" / "tests" / "nccl-test.yaml"
     test_file.write_text((TESTS_DIR / "nccl-test.yaml").read_text())
@@ -117,13 +122,19 @@ def test_pod_level_alerts_name_namespace_pod_and_job() -> None:
 
 
 def test_tcp_fallback_is_critical_and_fast() -> None:
-    (fallback,) = [a for a in ALERTS if a["alert"] == "CclNcclTcpFallback"]
-    assert fallback["labels"]["severity"] == "critical"
-    assert fallback["for"] in ("0s", "15s")
-    (group,) = [g for g in yaml.safe_load(RULES_FILE.read_text())["groups"]
-                if any(r.get("alert") == "CclNcclTcpFallback" for r in g["rules"])]
-    assert group.get("interval") == "15s"
-    assert not any("record" in r for r in group["rules"]), "the fast group depends on no recording rule"
+    """Two rules, one per evidence: the log's in the node-level rules, the placement's (it counts
+    a job's nodes) in the global ones; each in a 15 s group that reads no recording rule."""
+    fallbacks = [a for a in ALERTS if a["alert"] == "CclNcclTcpFallback"]
+    assert len(fallbacks) == 2
+    for fallback in fallbacks:
+        assert fallback["labels"]["severity"] == "critical"
+        assert fallback["for"] in ("0s", "15s")
+    homes = [(path, group) for path in RULE_FILES for group in yaml.safe_load(path.read_text())["groups"]
+             if any(r.get("alert") == "CclNcclTcpFallback" for r in group["rules"])]
+    assert [path for path, _ in homes] == [RULES_FILE, GLOBAL_RULES_FILE]
+    for _, group in homes:
+        assert group.get("interval") == "15s"
+        assert not any("record" in r for r in group["rules"]), "the fast group depends on no recording rule"
 
 
 def test_rules_reference_only_known_metrics() -> None:
@@ -157,9 +168,10 @@ def test_runbook_urls_and_prometheus_rule_are_in_sync() -> None:
 
 
 def test_prometheus_rule_spec_equals_the_rules_file() -> None:
-    manifest = yaml.safe_load((REPO / "manifests" / "base" / "prometheusrule.yaml").read_text())
-    assert manifest["kind"] == "PrometheusRule"
-    assert manifest["spec"] == yaml.safe_load(RULES_FILE.read_text())
+    for name, rules_file in (("prometheusrule.yaml", RULES_FILE), ("prometheusrule-global.yaml", GLOBAL_RULES_FILE)):
+        manifest = yaml.safe_load((REPO / "manifests" / "base" / name).read_text())
+        assert manifest["kind"] == "PrometheusRule"
+        assert manifest["spec"] == yaml.safe_load(rules_file.read_text())
 
 
 def test_every_runbook_belongs_to_an_alert() -> None:
@@ -299,13 +311,17 @@ def test_one_base_url_moves_every_runbook_link(tmp_path: Path) -> None:
         sys.path.remove(str(REPO / "alerts"))
     base = "https://runbooks.internal.test/ccl/"
     (tmp_path / "tests").mkdir()
-    rules_text = sync.with_runbook_urls(RULES_FILE.read_text(), base)
-    (tmp_path / RULES_FILE.name).write_text(rules_text)
+    rules_text = ""
+    for rules_file in RULE_FILES:
+        text = sync.with_runbook_urls(rules_file.read_text(), base)
+        (tmp_path / rules_file.name).write_text(text)
+        rules_text += text
     for test in sorted(TESTS_DIR.glob("*.yaml")):
         (tmp_path / "tests" / test.name).write_text(sync.with_expected_runbook_urls(test.read_text(), base))
     urls = re.findall(r"runbook_url: (\S+)", rules_text + "".join(p.read_text() for p in (tmp_path / "tests").iterdir()))
     assert urls and all(re.fullmatch(re.escape(base) + r"Ccl[A-Za-z]+\.md", url) for url in urls)
-    assert all(url.startswith(sync.RUNBOOK_BASE_URL) for url in re.findall(r"runbook_url: (\S+)", RULES_FILE.read_text()))
+    shipped = "".join(path.read_text() for path in RULE_FILES)
+    assert all(url.startswith(sync.RUNBOOK_BASE_URL) for url in re.findall(r"runbook_url: (\S+)", shipped))
     result = subprocess.run([promtool, "test", "rules", *sorted(p.name for p in (tmp_path / "tests").iterdir())],
                             capture_output=True, text=True, timeout=300, cwd=tmp_path / "tests")
     assert result.returncode == 0, result.stdout + result.stderr

@@ -85,6 +85,13 @@ def one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     return found[0]
 
 
+RULE_FILES = {"ccl-health-rules": "node", "ccl-health-global-rules": "global"}  # PrometheusRule -> its half
+
+
+def prometheus_rules(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in objects if o["kind"] == "PrometheusRule"}
+
+
 def container(objects: list[dict[str, Any]]) -> dict[str, Any]:
     (only,) = one(objects, "DaemonSet")["spec"]["template"]["spec"]["containers"]
     return only  # type: ignore[no-any-return]
@@ -311,8 +318,9 @@ def test_non_default_values_reach_the_objects() -> None:
     assert endpoint["relabelings"][0] == {"sourceLabels": ["__meta_kubernetes_pod_node_name"],
                                           "targetLabel": "node", "action": "replace"}
     assert one(objects, "Service")["spec"]["ports"][0]["port"] == 19500
-    rule = one(objects, "PrometheusRule")
-    assert rule["metadata"]["labels"]["release"] == "monitoring-stack"
+    rules = prometheus_rules(objects)
+    assert set(rules) == set(RULE_FILES)
+    assert all(rule["metadata"]["labels"]["release"] == "monitoring-stack" for rule in rules.values())
     assert {m["metadata"]["namespace"] for m in objects if m["kind"] == "ConfigMap"} == {"grafana"}
     policy = one(objects, "NetworkPolicy")["spec"]
     assert policy["ingress"][0]["from"] == NON_DEFAULT["networkPolicy"]["scrapers"]
@@ -341,11 +349,18 @@ def test_web_config_secret_is_off_by_default() -> None:
 
 def test_runbook_base_url_moves_every_link() -> None:
     base = "https://wiki.internal/gpu/runbooks/"
-    rules = one(chart_objects({"prometheusRule": {"runbookBaseUrl": base}}), "PrometheusRule")
-    alerts = [r for g in rules["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    rules = prometheus_rules(chart_objects({"prometheusRule": {"runbookBaseUrl": base}})).values()
+    alerts = [r for rule in rules for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
     assert alerts
     for alert in alerts:
         assert alert["annotations"]["runbook_url"] == f"{base}{alert['alert']}.md"
+
+
+def test_global_rules_can_be_left_to_a_global_ruler() -> None:
+    """prometheusRule.globalRules=false: only the node-level rules, for a sharded Prometheus whose
+    cross-node rules run on Thanos Ruler, Mimir's ruler or vmalert."""
+    assert set(prometheus_rules(chart_objects({"prometheusRule": {"globalRules": False}}))) == {"ccl-health-rules"}
+    assert prometheus_rules(chart_objects({"prometheusRule": {"enabled": False}})) == {}
 
 
 def test_service_monitor_needs_the_service() -> None:
@@ -449,7 +464,8 @@ def test_the_schema_rejects_bad_values(values: dict[str, Any], complaint: str) -
 
 def test_the_chart_copies_equal_their_sources() -> None:
     assert chart_files.stale(chart_files.wanted()) == [], "run python -m devtools.chart_files"
-    assert (CHART / "files" / "ccl-health-rules.yaml").read_bytes() == (REPO / "alerts" / "ccl-health-rules.yaml").read_bytes()
+    for name in RULE_FILES:
+        assert (CHART / "files" / f"{name}.yaml").read_bytes() == (REPO / "alerts" / f"{name}.yaml").read_bytes()
     assert sorted(p.name for p in (CHART / "files" / "dashboards").iterdir()) == \
         sorted(p.name for p in (REPO / "dashboards").glob("*.json"))
 
@@ -466,8 +482,13 @@ def test_the_drift_check_sees_a_stale_copy() -> None:
 
 def test_rendered_rules_and_dashboards_equal_the_base_and_their_sources(kustomized: list[dict[str, Any]]) -> None:
     charted = chart_objects()
-    rules = yaml.safe_load((REPO / "alerts" / "ccl-health-rules.yaml").read_text())
-    assert one(charted, "PrometheusRule")["spec"] == rules == one(kustomized, "PrometheusRule")["spec"]
+    charted_rules, kustomized_rules = prometheus_rules(charted), prometheus_rules(kustomized)
+    assert set(charted_rules) == set(kustomized_rules) == set(RULE_FILES)
+    for name, half in RULE_FILES.items():
+        rules = yaml.safe_load((REPO / "alerts" / f"{name}.yaml").read_text())
+        assert charted_rules[name]["spec"] == rules == kustomized_rules[name]["spec"]
+        assert charted_rules[name]["metadata"]["labels"]["ccl-health.io/rules"] == half
+        assert kustomized_rules[name]["metadata"]["labels"]["ccl-health.io/rules"] == half
     maps = {m["metadata"]["name"]: m["data"] for m in charted if m["kind"] == "ConfigMap"}
     assert maps == {m["metadata"]["name"]: m["data"] for m in kustomized if m["kind"] == "ConfigMap"}
     for data in maps.values():

@@ -449,5 +449,5 @@ def test_the_documented_release_overlay_sets_another_release_name(tmp_path: Path
     overlay["resources"] = [os.path.relpath(KUBE_PROMETHEUS_STACK, tmp_path)]
     (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
     rendered = _documents(_render(tmp_path))
-    releases = {o["kind"]: o["metadata"]["labels"].get("release") for o in rendered if o["kind"] in SELECTED_BY_RELEASE}
-    assert releases == {"PodMonitor": "monitoring-stack", "PrometheusRule": "monitoring-stack"}
+    releases = {(o["kind"], o["metadata"]["labels"].get("release")) for o in rendered if o["kind"] in SELECTED_BY_RELEASE}
+    assert releases == {("PodMonitor", "monitoring-stack"), ("PrometheusRule", "monitoring-stack")}

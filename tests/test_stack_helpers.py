@@ -37,7 +37,7 @@ def test_compress_time_divides_for_windows_subquery_steps_and_group_intervals_on
         "    interval: 5m\n"
         "    rules:\n"
         "      - alert: A\n"
-        "        expr: rate(x_total[5m]) > 1 and max_over_time(y[7d:10m]) == 1 and z[1h:] > 0\n"
+        "        expr: rate(x_total[5m]) > 1 and max_over_time(y[7d:10m]) == 1 and z[1h:] > 0 and w[1h] offset 23h\n"
         "        for: 15m\n"
         "        labels: {severity: warning}\n"
         "        annotations: {summary: 'for: 15m in text stays'}\n"
@@ -46,6 +46,7 @@ def test_compress_time_divides_for_windows_subquery_steps_and_group_intervals_on
     assert "rate(x_total[5000ms])" in out
     assert "max_over_time(y[10080000ms:10000ms])" in out
     assert "z[60000ms:]" in out
+    assert "w[60000ms] offset 1380000ms" in out
     assert "        for: 15000ms\n" in out
     assert "'for: 15m in text stays'" in out
     assert "        for: 0s\n" in out, "for: 0s fires on first sight, compressed or not"

@@ -26,7 +26,7 @@ from devtools.stack import (
     StaticMetricsServer,
     WebhookReceiver,
     duration_seconds,
-    find_rules_file,
+    find_rule_files,
     gpu_node_capacity_metrics,
     make_healthy,
     start_exporters,
@@ -47,7 +47,7 @@ def _format(seconds: float) -> str:
 
 def compress_time(rules_text: str, factor: float, shortest_interval: float = 1.0) -> str:
     """Our rule file with every duration divided by ``factor``: ``for:`` clauses, range windows
-    ``[5m]``, subqueries ``[7d:10m]`` and the ``interval:`` of rule groups that set their own
+    ``[5m]``, subqueries ``[7d:10m]``, ``offset``s and the ``interval:`` of rule groups that set their own
     (never shorter than ``shortest_interval``, the test Prometheus's evaluation interval). With
     factor 60 an alert that needs 15 minutes in production needs 15 seconds here, while every
     expression, label and threshold stays the shipped one. Used with 1 s scrape and evaluation
@@ -67,15 +67,20 @@ def compress_time(rules_text: str, factor: float, shortest_interval: float = 1.0
         return match.group(1) + _format(seconds)
 
     text = re.sub(rf"\[({_DURATION})(:({_DURATION})?)?\]", window, rules_text)
+    text = re.sub(rf"\boffset ({_DURATION})\b", lambda m: "offset " + _format(duration_seconds(m.group(1)) / factor), text)
     return re.sub(rf"(?m)^(\s+(for|interval):\s*)({_DURATION})\s*$", clause, text)
 
 
-def compressed_rules(workdir: Path, factor: float = 60.0, shortest_interval: float = 1.0) -> Path:
-    rules = find_rules_file(REPO)
-    assert rules is not None, f"{RULES} is missing"
-    out = workdir / f"rules-compressed-x{factor:g}.yaml"
+def compressed_rules(workdir: Path, factor: float = 60.0, shortest_interval: float = 1.0) -> list[Path]:
+    """Both shipped rule files, time-compressed: [node-level rules, global rules]."""
+    rules = find_rule_files(REPO)
+    assert rules, f"{RULES} is missing"
     workdir.mkdir(parents=True, exist_ok=True)
-    out.write_text(compress_time(rules.read_text(), factor, shortest_interval))
+    out = []
+    for path in rules:
+        compressed = workdir / f"{path.stem}-compressed-x{factor:g}.yaml"
+        compressed.write_text(compress_time(path.read_text(), factor, shortest_interval))
+        out.append(compressed)
     return out
 
 
@@ -129,7 +134,7 @@ def cluster(
     prometheus_binary, alertmanager_binary = require_stack()
     intervals = intervals or Intervals()
     if rule_files is None:
-        rule_files = [compressed_rules(workdir, shortest_interval=intervals.evaluation_seconds)]
+        rule_files = compressed_rules(workdir, shortest_interval=intervals.evaluation_seconds)
     exporters = start_exporters(nodes, extra_args=exporter_args)
     kube_state_metrics = kubelet = None
     try:

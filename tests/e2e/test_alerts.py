@@ -36,13 +36,13 @@ def _alerts_named(cluster, alertname: str) -> list[dict]:  # type: ignore[no-unt
 
 def test_rdma_port_down_fires_for_that_port_and_resolves_when_it_is_back(start_cluster) -> None:  # type: ignore[no-untyped-def]
     cluster = start_cluster(nodes=2, intervals=Intervals())
-    # The rule only pages for ports seen ACTIVE before (a 7-day look-back, 10-minute steps: 168 min
-    # and 10 s here): let one look-back step pass with every port up.
+    # The rule only pages for ports seen ACTIVE before (a 7-day look-back at the hourly roll-ups:
+    # 168 min of roll-ups every minute here): let one roll-up record the port up.
     cluster.prometheus.wait_until(
         lambda: cluster.prometheus.values(
-            'max_over_time(node_device_port:ccl_rdma_port_active:bool{node="gpu-node-01",device="mlx5_2"}[168m:10s])'
+            'max_over_time(node_device_port:ccl_rdma_port_active:max1h{node="gpu-node-01",device="mlx5_2"}[168m])'
         ) == [1.0],
-        timeout=30, what="a look-back step with the port ACTIVE",
+        timeout=90, what="an hourly roll-up with the port ACTIVE",
     )
     node = cluster.node("gpu-node-01")
     node.act("rdma-port-down", device="mlx5_2")
@@ -127,11 +127,11 @@ def test_tcp_fallback_fires_with_the_job_named_and_resolves_when_the_job_is_gone
 
 
 def probe_history(node: str, peak: float, minutes: int, now: float) -> str:
-    """The node's probe peak, recorded once a minute for ``minutes`` (the compressed rules' baseline
-    samples hourly -> every minute over 7 days -> 168 minutes, and wants 24 points)."""
-    series = f'node:ccl_probe_bus_bandwidth_bytes_per_second:max{{node="{node}",collective="all_reduce",' \
+    """The node's hourly probe peaks (compressed: one a minute) for ``minutes`` (the compressed
+    rules' baseline reads 7 days -> 168 minutes of them, once they go back a day -> 24 minutes)."""
+    series = f'node:ccl_probe_bus_bandwidth_bytes_per_second:max1h{{node="{node}",collective="all_reduce",' \
              f'scope="inter_node",source="job"}}'
-    lines = ["# TYPE node:ccl_probe_bus_bandwidth_bytes_per_second:max gauge"]
+    lines = ["# TYPE node:ccl_probe_bus_bandwidth_bytes_per_second:max1h gauge"]
     lines += [f"{series} {peak:.6e} {int(now) - 60 * i}" for i in range(minutes, 1, -1)]
     return "\n".join(lines) + "\n# EOF\n"
 

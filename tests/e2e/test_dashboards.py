@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from exporter.sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
-from devtools.stack import Intervals, Prometheus, SimulatedExporter, find_rules_file
+from devtools.stack import Intervals, Prometheus, SimulatedExporter, find_rule_files
 from tests.conftest import REPO
 
 DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
@@ -126,20 +126,20 @@ KNOWN_GAPS: dict[str, str] = {}
 
 
 def hourly_probe_history(node: str, hours: int, now: float) -> str:
-    """A day and more of hourly probe peaks (backfilled), so the 7-day median panel has its 24 points."""
-    series = f'node:ccl_probe_bus_bandwidth_bytes_per_second:max{{node="{node}",collective="all_reduce",' \
+    """A day and more of hourly probe peaks (backfilled), so the 7-day median panel has a day of them."""
+    series = f'node:ccl_probe_bus_bandwidth_bytes_per_second:max1h{{node="{node}",collective="all_reduce",' \
              f'scope="inter_node",source="job"}}'
     top_of_hour = int(now) // 3600 * 3600
-    lines = ["# TYPE node:ccl_probe_bus_bandwidth_bytes_per_second:max gauge"]
+    lines = ["# TYPE node:ccl_probe_bus_bandwidth_bytes_per_second:max1h gauge"]
     lines += [f"{series} 3.5e11 {top_of_hour - 3600 * i}" for i in range(hours, 0, -1)]
     return "\n".join(lines) + "\n# EOF\n"
 
 
 def test_every_panel_query_returns_data(start_cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     assert DASHBOARDS, "no dashboards/*.json"
-    rules = find_rules_file(REPO)
-    assert rules is not None
-    cluster = start_cluster(nodes=3, intervals=Intervals(), rule_files=[rules], before_scrape=None,
+    rules = find_rule_files(REPO)
+    assert rules
+    cluster = start_cluster(nodes=3, intervals=Intervals(), rule_files=rules, before_scrape=None,
                             backfill=hourly_probe_history("gpu-node-01", 30, time.time()))
     # Port down and errors need a "before" sample to be a change: let the fleet run, then act.
     time.sleep(3)

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from devtools.detection import measure_once
-from devtools.stack import Intervals, duration_seconds, find_rules_file
+from devtools.stack import Intervals, duration_seconds, find_rule_files
 from tests.conftest import REPO
 from tests.e2e.harness import require_stack
 
@@ -24,9 +24,9 @@ PROMISE_SECONDS = 60.0
 
 
 def shipped_hold_seconds() -> float:
-    rules = find_rules_file(REPO)
-    assert rules is not None
-    for group in yaml.safe_load(rules.read_text())["groups"]:
+    rules = find_rule_files(REPO)
+    assert rules
+    for group in (group for path in rules for group in yaml.safe_load(path.read_text())["groups"]):
         for rule in group["rules"]:
             if rule.get("alert") == "CclNcclTcpFallback":
                 return duration_seconds(str(rule.get("for", "0s")))

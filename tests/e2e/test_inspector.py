@@ -17,7 +17,7 @@ from devtools.stack import (
     Intervals,
     ScrapeTarget,
     Stack,
-    find_rules_file,
+    find_rule_files,
     free_loopback_port,
     stop_process,
     wait_answering,
@@ -113,9 +113,9 @@ def test_bus_bandwidth_through_prometheus_matches_the_records(tmp_path: Path) ->
 def test_a_simulated_fleets_jobs_carry_their_names_and_their_networks_bandwidth(start_cluster) -> None:  # type: ignore[no-untyped-def]
     """serve --simulate: llama-70b (IB) and bert-finetune (TCP fallback) through the shipped
     recording rule, with namespace and job kind."""
-    rules = find_rules_file(REPO)
-    assert rules is not None
-    cluster = start_cluster(nodes=1, rule_files=[rules], before_scrape=None)
+    rules = find_rule_files(REPO)
+    assert rules
+    cluster = start_cluster(nodes=1, rule_files=rules, before_scrape=None)
     prometheus = cluster.prometheus
     rule = "job_name_collective:ccl_nccl_collective_bus_bandwidth_bytes_per_second:rate5m"
     query = f'{rule}{{collective="all_reduce",scope="inter_node",size_class="100MB_1GB"}}'

@@ -1,0 +1,756 @@
+"""Rule evaluation per group with a real Prometheus on synthetic fleets of 32, 256 and 1,000 nodes.
+
+The fleet is the exporter's real series shape: one ``ccl-exporter serve --simulate`` page (made
+healthy: the simulator's built-in TCP-fallback pod removed) is read twice to learn every series,
+its value and how fast each counter grows. A small HTTP server in this process then serves it
+for every node, live (counters growing at those rates), with each node's training pods named its
+own (jobs of ``NODES_PER_JOB`` nodes, pod names as operators make them), and beside it what a
+real cluster gives the same rules: cAdvisor's pod network series per node (``CADVISOR_PODS``
+pods, as the kubelet serves them) and kube-state-metrics' GPU capacity. Prometheus scrapes all of
+it every 15 s as our PodMonitor does (target labels ``node``, ``instance``, ``namespace``/``pod``
+of the exporter's pod, ``honor_labels``).
+
+History is what the rules read over ranges, at the rate it is written: before Prometheus starts,
+every series a rule reads over a range is backfilled over that range (the longest of any rule)
+with ``promtool tsdb create-blocks-from openmetrics``; once it runs, every recording rule read
+over a range gets that range of history at its group's interval (30 s, the Prometheus Operator's
+default, unless the group sets one), holding the values Prometheus just recorded, backfilled the
+same way while Prometheus runs (it loads new blocks within a minute and compacts them).
+
+While measuring, every group is evaluated each ``EVALUATION_SECONDS`` (what a rule costs does not
+depend on how often its group runs; the hourly groups would otherwise not run at all) and the
+``evaluationTime`` of each group and rule is read from ``/api/v1/rules``; the number reported is
+the median over ``--cycles`` cycles. Prometheus is the Debian 2.42 package, on the same 2 shared
+cores as the server feeding it.
+
+    python -m bench.rule_cost [--nodes 32,256,1000] [--rules FILE] [--cycles 5]
+
+Goal: every group under ``GOAL_MS`` per cycle at 1,000 nodes. The ratio is the slowest group at
+the largest fleet over that goal. A fleet whose backfill would exceed ``--max-samples`` is
+reported as not measured, not cut short.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from bench.common import BenchResult
+from devtools.stack import (
+    LOOPBACK,
+    SCRAPE_JOB,
+    Intervals,
+    Prometheus,
+    ScrapeTarget,
+    SimulatedExporter,
+    duration_seconds,
+    find_binary,
+    find_rule_files,
+    make_healthy,
+    prometheus_config,
+)
+
+NODE_COUNTS = (32, 256, 1000)
+GOAL_MS = 100.0
+SCRAPE_SECONDS = 15.0  # manifests/base/podmonitor.yaml
+GROUP_SECONDS = 30.0  # the Prometheus Operator's evaluationInterval default
+EVALUATION_SECONDS = 10.0  # how often every group runs while measuring
+# Ranges up to this long fill from live scrapes before measuring; longer ones are backfilled.
+LIVE_SECONDS = 300.0
+NODES_PER_JOB = 4
+CADVISOR_PODS = 30
+EXPORTER_NAMESPACE = "ccl-exporter"
+MAX_SAMPLES = 60_000_000
+SLOWEST_RULES = 8
+
+_IDENTIFIER = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_WINDOW = re.compile(r"\[(\d+(?:ms|[smhdwy])(?:\d+(?:ms|[smhdwy]))*)(?::[^\]]*)?\]")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+_OFFSET = re.compile(r"\s*offset\s+(\d+(?:ms|[smhdwy])(?:\d+(?:ms|[smhdwy]))*)")
+_ROLE_POD = re.compile(r"^(?P<job>.+?)-(?P<role>master|worker|launcher|chief|evaluator)-\d+$")
+
+
+def progress(message: str) -> None:
+    print(f"rule_cost: {message}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class TemplateSeries:
+    """One series of one node: sample name, labels, value, growth per second, and who serves
+    it: ``exporter`` (ours), ``kubelet`` (cAdvisor) or ``kube-state-metrics``."""
+
+    name: str
+    labels: tuple[tuple[str, str], ...]
+    value: float
+    per_second: float = 0.0
+    source: str = "exporter"
+
+
+# --------------------------------------------------------------------------------------------
+# One node's series
+
+
+def _parse_page(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Sample name and sorted labels -> value, from a text exposition page."""
+    found = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        head, _, rest = line.rpartition(" ")
+        name, _, labels = head.partition("{")
+        pairs = tuple(sorted((k, v.replace('\\"', '"').replace("\\\\", "\\")) for k, v in _LABEL.findall(labels)))
+        try:
+            found[(name.strip(), pairs)] = float(rest)
+        except ValueError:
+            continue
+    return found
+
+
+def exporter_template(seconds: float = 3.0, extra_args: Sequence[str] = ()) -> list[TemplateSeries]:
+    """Every series of a healthy simulated node, read twice ``seconds`` apart."""
+    exporter = SimulatedExporter("template", seed=1, extra_args=extra_args)
+    exporter.start()
+    try:
+        make_healthy([exporter])
+        time.sleep(2.0)  # the removed pod's series go
+        first, started = _parse_page(exporter.metrics()), time.monotonic()
+        time.sleep(seconds)
+        second, elapsed = _parse_page(exporter.metrics()), time.monotonic() - started
+    finally:
+        exporter.stop()
+    series = []
+    for (name, labels), value in sorted(second.items()):
+        grown = value - first.get((name, labels), value)
+        per_second = grown / elapsed if name.endswith("_total") and grown > 0 else 0.0
+        series.append(TemplateSeries(name, labels, value, per_second))
+    return series
+
+
+def node_template(exporter: Sequence[TemplateSeries]) -> list[TemplateSeries]:
+    """A node as Prometheus sees it: the exporter's series, kube-state-metrics' GPU capacity, and
+    cAdvisor's network series of the node's training pods and system pods (``CADVISOR_PODS`` in
+    all), each with a sandbox row and a container row, on eth0 and lo."""
+    pods = sorted(
+        {(dict(s.labels)["namespace"], dict(s.labels)["pod"]) for s in exporter if s.name == "ccl_gpu_pod_info"}
+    )
+    pods += [("kube-system", f"system-pod-{i}") for i in range(max(0, CADVISOR_PODS - len(pods)))]
+    series = list(exporter)
+    capacity = (("resource", "nvidia_com_gpu"), ("unit", "integer"))
+    series.append(TemplateSeries("kube_node_status_capacity", capacity, 8.0, source="kube-state-metrics"))
+    for direction in ("transmit", "receive"):
+        for namespace, pod in pods:
+            for container in ("", "main"):
+                for interface in ("eth0", "lo"):
+                    labels = (
+                        ("container", container),
+                        ("id", f"/kubepods/{pod}/{container}"),
+                        ("image", ""),
+                        ("interface", interface),
+                        ("name", ""),
+                        ("namespace", namespace),
+                        ("pod", pod),
+                    )
+                    name = f"container_network_{direction}_bytes_total"
+                    series.append(TemplateSeries(name, labels, 1e9, 1e4, source="kubelet"))
+    return series
+
+
+@dataclass(frozen=True)
+class Node:
+    """Node ``index`` of the fleet: its names, and how it labels the template's series."""
+
+    index: int
+
+    @property
+    def name(self) -> str:
+        return f"gpu-node-{self.index:04d}"
+
+    @property
+    def address(self) -> str:
+        return f"10.{self.index // 65536 % 256}.{self.index // 256 % 256}.{self.index % 256}"
+
+    @property
+    def exporter_pod(self) -> str:
+        return f"ccl-exporter-{self.index:05x}"
+
+    def job(self, job: str) -> str:
+        return f"{job}-{self.index // NODES_PER_JOB:04d}" if job else job
+
+    def pod(self, pod: str) -> str:
+        found = _ROLE_POD.match(pod)
+        if found:
+            return f"{self.job(found['job'])}-{found['role']}-{self.index % NODES_PER_JOB}"
+        return f"{pod}-{self.index:04d}"
+
+    def own_labels(self, series: TemplateSeries) -> dict[str, str]:
+        """The series' labels as the node's target serves them: its own pods, jobs, GPUs and
+        communicators; kube-state-metrics names the node itself."""
+        labels = dict(series.labels)
+        if "pod" in labels:
+            labels["pod"] = self.pod(labels["pod"])
+        if "job_name" in labels:
+            labels["job_name"] = self.job(labels["job_name"])
+        if "uuid" in labels:
+            labels["uuid"] = f"{labels['uuid'][:-4]}{self.index:04x}"
+        if "comm_id" in labels:
+            labels["comm_id"] = f"{labels['comm_id']}-{self.index // NODES_PER_JOB:04d}"
+        if series.source == "kube-state-metrics":
+            labels["node"] = self.name
+        return labels
+
+    def target_labels(self, source: str) -> dict[str, str]:
+        """What a scrape of the node's ``source`` adds (the PodMonitor's for ours)."""
+        if source == "exporter":
+            return {
+                "job": SCRAPE_JOB,
+                "instance": f"{self.address}:19400",
+                "node": self.name,
+                "namespace": EXPORTER_NAMESPACE,
+                "pod": self.exporter_pod,
+                "container": "exporter",
+            }
+        if source == "kubelet":
+            return {"job": "kubelet", "instance": f"{self.address}:10250", "node": self.name}
+        return {"job": source, "instance": "kube-state-metrics:8080"}
+
+    def stored_labels(self, series: TemplateSeries) -> dict[str, str]:
+        """The labels Prometheus stores: the target's, then the series' own (honor_labels)."""
+        return {**self.target_labels(series.source), **self.own_labels(series)}
+
+
+# --------------------------------------------------------------------------------------------
+# The fleet's targets, served live
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _series_text(name: str, labels: Mapping[str, str]) -> str:
+    return name + "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items())) + "}"
+
+
+@dataclass
+class Page:
+    """A target's page: constant lines, and counters (series text, value at ``origin``, per second)."""
+
+    constant: str
+    counters: list[tuple[str, float, float]]
+
+    def render(self, now: float, origin: float) -> bytes:
+        grown = "".join(
+            f"{text} {value + per_second * (now - origin):.15g}\n" for text, value, per_second in self.counters
+        )
+        return (self.constant + grown).encode()
+
+
+class FleetServer:
+    """Every node's exporter and kubelet, and one kube-state-metrics, on one loopback port:
+    ``/exporter/<index>``, ``/kubelet/<index>``, ``/kube-state-metrics``. Values at time ``t``
+    are the template's at ``origin`` plus growth, the same ones the backfilled history holds."""
+
+    def __init__(self, template: Sequence[TemplateSeries], nodes: int, origin: float) -> None:
+        self.origin = origin
+        self.nodes = [Node(i + 1) for i in range(nodes)]
+        self.pages: dict[str, Page] = {}
+        for node in self.nodes:
+            for source in ("exporter", "kubelet"):
+                self.pages[f"/{source}/{node.index}"] = self._page(node, [s for s in template if s.source == source])
+        ksm = [s for s in template if s.source == "kube-state-metrics"]
+        lines = [f"{_series_text(s.name, node.own_labels(s))} {s.value:.15g}\n" for node in self.nodes for s in ksm]
+        self.pages["/kube-state-metrics"] = Page("".join(lines), [])
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="fleet-server", daemon=True)
+        self.port = 0
+
+    @staticmethod
+    def _page(node: Node, series: Iterable[TemplateSeries]) -> Page:
+        constant, counters = [], []
+        for s in series:
+            text = _series_text(s.name, node.own_labels(s))
+            if s.per_second:
+                counters.append((text, s.value, s.per_second))
+            else:
+                constant.append(f"{text} {s.value:.15g}\n")
+        return Page("".join(constant), counters)
+
+    def targets(self) -> dict[str, list[ScrapeTarget]]:
+        """Scrape jobs: our exporter and the kubelet on every node, kube-state-metrics once."""
+        address = f"{LOOPBACK}:{self.port}"
+        jobs: dict[str, list[ScrapeTarget]] = {}
+        paths = [(node, source, f"/{source}/{node.index}") for node in self.nodes for source in ("exporter", "kubelet")]
+        paths.append((self.nodes[0], "kube-state-metrics", "/kube-state-metrics"))
+        for node, source, path in paths:
+            labels = node.target_labels(source)
+            job = labels.pop("job")  # the scrape job's name gives it
+            jobs.setdefault(job, []).append(ScrapeTarget(address, {**labels, "__metrics_path__": path}))
+        return jobs
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                path = head.split(b" ", 2)[1].decode().split("?", 1)[0]
+                page = self.pages.get(path)
+                body = page.render(time.time(), self.origin) if page else b"not found\n"
+                status = b"200 OK" if page else b"404 Not Found"
+                writer.write(
+                    b"HTTP/1.1 "
+                    + status
+                    + b"\r\nContent-Type: text/plain; version=0.0.4\r\n"
+                    + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
+            pass
+        finally:
+            writer.close()
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        server = self._loop.run_until_complete(asyncio.start_server(self._handle, LOOPBACK, 0))
+        self.port = server.sockets[0].getsockname()[1]
+        self._ready.set()
+        self._loop.run_forever()
+        server.close()
+        self._loop.run_until_complete(server.wait_closed())
+
+    def start(self) -> FleetServer:
+        self._thread.start()
+        self._ready.wait(10)
+        return self
+
+    def stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+# --------------------------------------------------------------------------------------------
+# What the rules read over ranges, and its history
+
+
+def range_reads(expr: str) -> dict[str, float]:
+    """The names ``expr`` reads over a range, with the seconds of history each needs: a range
+    selector's range (``x[5m]``), a subquery's range for every name inside it (``(...)[1h:5m]``,
+    plus the ranges inside). Names read without a range are left out."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    found: dict[str, float] = {}
+    for window in _WINDOW.finditer(text):
+        seconds = duration_seconds(window.group(1))
+        offset = _OFFSET.match(text, window.end())
+        if offset:  # the range ends that much earlier: history goes back that much further
+            seconds += duration_seconds(offset.group(1))
+        before = text[: window.start()].rstrip()
+        if before.endswith("}"):  # drop the selector's matchers
+            before = before[: before.rindex("{")].rstrip()
+        if before.endswith(")"):  # a subquery of an expression: everything in its parentheses
+            depth, start = 0, len(before)
+            for start in range(len(before) - 1, -1, -1):
+                depth += {")": 1, "(": -1}.get(before[start], 0)
+                if depth == 0:
+                    break
+            inner = before[start:]
+            for name in set(_IDENTIFIER.findall(inner)):
+                found[name] = max(found.get(name, 0.0), seconds + range_reads(inner).get(name, 0.0))
+        else:
+            name = _IDENTIFIER.findall(before)[-1]
+            found[name] = max(found.get(name, 0.0), seconds)
+    return found
+
+
+@dataclass
+class RuleReads:
+    """Per name, the longest range (seconds) any rule reads it over; each recording rule's
+    group interval."""
+
+    ranges: dict[str, float] = field(default_factory=dict)
+    recorded: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, rules: Mapping[str, Any], known: Iterable[str]) -> RuleReads:
+        reads = cls()
+        for group in rules["groups"]:
+            interval = duration_seconds(group["interval"]) if "interval" in group else GROUP_SECONDS
+            for rule in group["rules"]:
+                if "record" in rule:
+                    reads.recorded[rule["record"]] = interval
+        names = set(known) | set(reads.recorded)
+        for group in rules["groups"]:
+            for rule in group["rules"]:
+                for name, window in range_reads(str(rule["expr"])).items():
+                    if name in names:
+                        reads.ranges[name] = max(reads.ranges.get(name, 0.0), window)
+        return reads
+
+    def raw(self) -> dict[str, float]:
+        """Scraped series read over ranges longer than the live scrapes fill before measuring."""
+        return {n: w for n, w in self.ranges.items() if n not in self.recorded and w > LIVE_SECONDS}
+
+    def recorded_ranges(self) -> dict[str, float]:
+        return {name: window for name, window in self.ranges.items() if name in self.recorded}
+
+
+@dataclass
+class Written:
+    series: int = 0
+    samples: int = 0
+
+    def add(self, other: Written) -> None:
+        self.series += other.series
+        self.samples += other.samples
+
+
+def write_family(
+    out: TextIO,
+    name: str,
+    rows: Iterable[tuple[Mapping[str, str], float, float]],
+    times: Sequence[float],
+    origin: float,
+) -> Written:
+    """One family in OpenMetrics: ``rows`` of (labels, value at ``origin``, growth per second)."""
+    written = Written()
+    out.write(f"# TYPE {name} unknown\n")
+    stamps = [f" {t:.3f}\n" for t in times]
+    for labels, value, per_second in rows:
+        prefix = _series_text(name, labels) + " "
+        if per_second:
+            out.write(
+                "".join(
+                    f"{prefix}{value + per_second * (t - origin):.15g}{stamp}"
+                    for t, stamp in zip(times, stamps, strict=True)
+                )
+            )
+        else:
+            value_text = f"{value:.15g}"
+            out.write("".join(prefix + value_text + stamp for stamp in stamps))
+        written.series += 1
+        written.samples += len(times)
+    return written
+
+
+def _times(window: float, end: float, step: float) -> list[float]:
+    """Every ``step`` over ``window`` seconds, the last one at ``end``."""
+    return [end - i * step for i in range(int(window // step), -1, -1)]
+
+
+def raw_history(
+    out: TextIO, template: Sequence[TemplateSeries], nodes: int, ranges: Mapping[str, float], end: float, origin: float
+) -> Written:
+    """The fleet's series that rules read over a range, over that range until ``end``."""
+    written = Written()
+    fleet = [Node(i + 1) for i in range(nodes)]
+    for name, window in sorted(ranges.items()):
+        members = [s for s in template if s.name == name]
+        if members:
+            rows = ((node.stored_labels(s), s.value, s.per_second) for node in fleet for s in members)
+            written.add(write_family(out, name, rows, _times(window, end, SCRAPE_SECONDS), origin))
+    out.write("# EOF\n")
+    return written
+
+
+def planned_samples(template: Sequence[TemplateSeries], nodes: int, reads: RuleReads) -> int:
+    """Samples of raw history the fleet needs (recording rules' history is far smaller)."""
+    return sum(len(_times(reads.raw()[s.name], 0.0, SCRAPE_SECONDS)) * nodes for s in template if s.name in reads.raw())
+
+
+def backfill(promtool: str, source: Path, tsdb: Path) -> None:
+    started = time.monotonic()
+    done = subprocess.run(
+        [promtool, "tsdb", "create-blocks-from", "openmetrics", "--quiet", str(source), str(tsdb)],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"promtool backfill failed: {(done.stderr or done.stdout).strip()[-2000:]}")
+    progress(f"backfilled {source.stat().st_size / 2**20:.0f} MiB of OpenMetrics in {time.monotonic() - started:.0f} s")
+    source.unlink()
+
+
+# --------------------------------------------------------------------------------------------
+# Prometheus
+
+
+def rules_every(rules: Mapping[str, Any], path: Path) -> Path:
+    """The rules with each group's own ``interval`` removed (all run at the global one)."""
+    groups = [{k: v for k, v in group.items() if k != "interval"} for group in rules["groups"]]
+    path.write_text(yaml.safe_dump({"groups": groups}, sort_keys=False))
+    return path
+
+
+def own_metric(prometheus: Prometheus, name: str) -> float:
+    with urllib.request.urlopen(prometheus.url + "/metrics", timeout=30) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    return 0.0
+
+
+def recorded_history(prometheus: Prometheus, promtool: str, reads: RuleReads, workdir: Path) -> Written:
+    """History for the recording rules read over ranges: the values Prometheus records now, held
+    over the range at the group's interval up to just before it started, backfilled into its
+    TSDB while it runs; returns once it has loaded and compacted the new blocks."""
+    ranges = reads.recorded_ranges()
+    if not ranges:
+        return Written()
+    found: dict[str, list[dict[str, Any]]] = {}
+    deadline = time.monotonic() + 120.0
+    while set(ranges) - set(found) and time.monotonic() < deadline:
+        for name in sorted(set(ranges) - set(found)):
+            result = prometheus.query(f'{{__name__="{name}"}}')
+            if result:
+                found[name] = result
+        time.sleep(1.0)
+    progress(
+        f"recording rules with a range to backfill: {sorted(found)}; never recorded: {sorted(set(ranges) - set(found))}"
+    )
+    end = prometheus_started(prometheus) - 60.0
+    written = Written()
+    source = workdir / "recorded.om"
+    with source.open("w") as out:
+        for name, samples in sorted(found.items()):
+            rows = (
+                ({k: v for k, v in s["metric"].items() if k != "__name__"}, float(s["value"][1]), 0.0) for s in samples
+            )
+            written.add(write_family(out, name, rows, _times(ranges[name], end, reads.recorded[name]), end))
+        out.write("# EOF\n")
+    blocks = own_metric(prometheus, "prometheus_tsdb_blocks_loaded")
+    backfill(promtool, source, prometheus.workdir / "tsdb")
+    # Loaded within a minute, then compacted (2 h blocks into larger ones): wait for it to settle.
+    deadline, last, steady = time.monotonic() + 600.0, -1.0, 0
+    while time.monotonic() < deadline and steady < 3:
+        time.sleep(20.0)
+        now = own_metric(prometheus, "prometheus_tsdb_blocks_loaded")
+        steady = steady + 1 if now == last and now > blocks else 0
+        last = now
+    progress(f"Prometheus holds {last:.0f} blocks")
+    return written
+
+
+def prometheus_started(prometheus: Prometheus) -> float:
+    return own_metric(prometheus, "process_start_time_seconds")
+
+
+@dataclass
+class Cycles:
+    """Evaluation times (s) of each group and each rule, one entry per cycle."""
+
+    groups: dict[str, list[float]] = field(default_factory=dict)
+    rules: dict[str, list[float]] = field(default_factory=dict)  # "group/rule" -> times
+
+
+def group_costs(prometheus: Prometheus, cycles: int, timeout: float) -> Cycles:
+    """The next ``cycles`` evaluations of every group, from ``/api/v1/rules``."""
+    seen: dict[str, dict[str, dict[str, Any]]] = {}
+    first = {group["name"]: str(group.get("lastEvaluation", "")) for group in prometheus.rule_groups()}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for group in prometheus.rule_groups():
+            stamp = str(group.get("lastEvaluation", ""))
+            if stamp != first.get(group["name"]):
+                seen.setdefault(group["name"], {})[stamp] = group
+        if len(seen) == len(first) and all(len(times) >= cycles for times in seen.values()):
+            break
+        time.sleep(0.5)
+    found = Cycles()
+    for name, by_stamp in seen.items():
+        kept = [group for _, group in sorted(by_stamp.items())][:cycles]
+        found.groups[name] = [float(group.get("evaluationTime", 0.0)) for group in kept]
+        for group in kept:
+            for rule in group.get("rules", []):
+                found.rules.setdefault(f"{name}/{rule['name']}", []).append(float(rule.get("evaluationTime", 0.0)))
+    return found
+
+
+@dataclass
+class FleetCost:
+    nodes: int
+    groups: dict[str, float]  # group -> median evaluation (s) per cycle
+    rules: dict[str, float]  # "group/rule" -> median per cycle (a repeated name: its evaluations pooled)
+    head_series: float
+    backfilled_samples: int
+    seconds: float  # wall time for this fleet, set-up included
+    skipped: str = ""  # why this fleet was not measured
+
+
+def _binaries() -> tuple[str, str]:
+    prometheus_binary, promtool = find_binary(("prometheus",)), find_binary(("promtool",))
+    if not prometheus_binary or not promtool:
+        raise FileNotFoundError("prometheus and promtool are not installed (apt-get install prometheus)")
+    return prometheus_binary, promtool
+
+
+def measure(
+    nodes: int,
+    template: Sequence[TemplateSeries],
+    rule_files: Sequence[Path],
+    cycles: int = 5,
+    max_samples: int = MAX_SAMPLES,
+) -> FleetCost:
+    started = time.monotonic()
+    prometheus_binary, promtool = _binaries()
+    rules = {"groups": [group for path in rule_files for group in yaml.safe_load(path.read_text())["groups"]]}
+    reads = RuleReads.of(rules, {series.name for series in template})
+    planned = planned_samples(template, nodes, reads)
+    if planned > max_samples:
+        return FleetCost(nodes, {}, {}, 0.0, planned, 0.0, f"its history needs {planned / 1e6:.0f} M samples")
+    origin = time.time()
+    with tempfile.TemporaryDirectory(prefix="ccl-rule-cost-") as folder:
+        workdir = Path(folder)
+        server = FleetServer(template, nodes, origin).start()
+        try:
+            source = workdir / "raw.om"
+            with source.open("w") as out:
+                written = raw_history(out, template, nodes, reads.raw(), time.time() - SCRAPE_SECONDS, origin)
+            intervals = Intervals(scrape_seconds=SCRAPE_SECONDS, evaluation_seconds=EVALUATION_SECONDS)
+            jobs = server.targets()
+            config = prometheus_config(
+                jobs.pop(SCRAPE_JOB), [rules_every(rules, workdir / "rules.yaml")], None, intervals, other_jobs=jobs
+            )
+            prometheus = Prometheus(prometheus_binary, workdir / "prometheus", config)
+            backfill(promtool, source, prometheus.workdir / "tsdb")
+            prometheus.start(ready_timeout=600.0)
+            try:
+                prometheus.wait_until(
+                    lambda: prometheus.values("count(up == 1)") == [2.0 * nodes + 1],
+                    300.0,
+                    "every target scraped",
+                    poll=2.0,
+                )
+                written.add(recorded_history(prometheus, promtool, reads, workdir))
+                live = prometheus_started(prometheus) + LIVE_SECONDS - time.time()
+                if live > 0:
+                    progress(f"{live:.0f} s until {LIVE_SECONDS:g} s of scrapes fill the short ranges")
+                    time.sleep(live)
+                head = own_metric(prometheus, "prometheus_tsdb_head_series")
+                progress(
+                    f"{nodes} nodes: {head:,.0f} head series, {written.samples:,} samples backfilled; "
+                    f"measuring {cycles} cycles"
+                )
+                costs = group_costs(prometheus, cycles, timeout=EVALUATION_SECONDS * (cycles + 3) + 300.0)
+            finally:
+                prometheus.stop()
+        finally:
+            server.stop()
+    medians = {name: statistics.median(values) for name, values in costs.groups.items() if values}
+    rule_medians = {name: statistics.median(values) for name, values in costs.rules.items() if values}
+    return FleetCost(nodes, medians, rule_medians, head, written.samples, time.monotonic() - started)
+
+
+# --------------------------------------------------------------------------------------------
+# The benchmark
+
+
+def run(
+    node_counts: Sequence[int] = NODE_COUNTS,
+    rule_files: Sequence[Path] = (),
+    cycles: int = 5,
+    max_samples: int = MAX_SAMPLES,
+    exporter_args: Sequence[str] = (),
+) -> BenchResult:
+    rule_files = list(rule_files) or find_rule_files()
+    if not rule_files:
+        raise FileNotFoundError("alerts/ccl-health-rules.yaml not found (run from a source checkout)")
+    exporter = exporter_template(extra_args=exporter_args)
+    template = node_template(exporter)
+    fleets = [measure(nodes, template, rule_files, cycles, max_samples) for nodes in node_counts]
+    measured = [fleet for fleet in fleets if not fleet.skipped]
+    groups = sorted({name for fleet in measured for name in fleet.groups})
+    lines = [
+        "| group | " + " | ".join(f"{fleet.nodes:,} nodes" for fleet in fleets) + " |",
+        "|---|" + "---|" * len(fleets),
+    ]
+    for name in groups:
+        cells = [
+            "not measured" if fleet.skipped else f"{fleet.groups.get(name, 0.0) * 1000:.1f} ms" for fleet in fleets
+        ]
+        lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    lines.append(
+        "| Prometheus head series | "
+        + " | ".join(
+            f"not measured: {fleet.skipped}" if fleet.skipped else f"{fleet.head_series / 1e6:.2f} M"
+            for fleet in fleets
+        )
+        + " |"
+    )
+    lines.append(
+        "| samples backfilled | " + " | ".join(f"{fleet.backfilled_samples / 1e6:.1f} M" for fleet in fleets) + " |"
+    )
+    largest = measured[-1] if measured else None
+    if largest:
+        lines += ["", f"| slowest rules at {largest.nodes:,} nodes (group/rule) | per cycle |", "|---|---|"]
+        slow = sorted(largest.rules.items(), key=lambda item: -item[1])[:SLOWEST_RULES]
+        lines += [f"| `{name}` | {cost * 1000:.1f} ms |" for name, cost in slow]
+    slowest = max(largest.groups.items(), key=lambda item: item[1]) if largest and largest.groups else ("", 0.0)
+    ratio = slowest[1] * 1000 / GOAL_MS if largest else None
+    exporter_series = sum(1 for s in template if s.source == "exporter")
+    flags = f" (`serve --simulate {' '.join(exporter_args)}`)" if exporter_args else ""
+    table = "\n".join(lines)
+    markdown = f"""
+Rule evaluation per group and cycle (median of {cycles} cycles), rules from {" and ".join(f"`{p.name}`" for p in rule_files)}, on
+synthetic fleets of the exporter's real series shape{flags}: {exporter_series:,} exporter series per
+node, plus cAdvisor's and kube-state-metrics' ({len(template):,} in all), scraped every
+{SCRAPE_SECONDS:g} s from a server in the benchmark, with the history the rules read over ranges
+backfilled; one Prometheus, every group evaluated each {EVALUATION_SECONDS:g} s, on a 2-core machine
+that also runs the server and is shared with other work.
+
+{table}
+"""
+    nodes = ",".join(str(n) for n in node_counts)
+    return BenchResult(
+        title="Rule evaluation cost per group (synthetic fleets, one Prometheus)",
+        command=f"python -m bench.rule_cost --nodes {nodes}",
+        peer=f"the goal: every group under {GOAL_MS:g} ms per cycle at 1,000 nodes",
+        ratio=ratio,
+        summary=(
+            f"Slowest group at {largest.nodes:,} nodes: `{slowest[0]}` {slowest[1] * 1000:.1f} ms per cycle, "
+            f"{ratio:.2f}x the {GOAL_MS:g} ms goal."
+            if largest and ratio is not None
+            else "Nothing measured."
+        ),
+        markdown=markdown,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", default=",".join(str(n) for n in NODE_COUNTS), help="comma-separated fleet sizes")
+    parser.add_argument(
+        "--rules",
+        type=Path,
+        action="append",
+        default=[],
+        help="a rule file, repeatable (default: alerts/ccl-health-rules.yaml and alerts/ccl-health-global-rules.yaml)",
+    )
+    parser.add_argument("--cycles", type=int, default=5)
+    parser.add_argument("--max-samples", type=int, default=MAX_SAMPLES, help="largest raw history to backfill")
+    parser.add_argument(
+        "--exporter-arg",
+        action="append",
+        default=[],
+        help="a flag for the template's serve --simulate, e.g. --collector.nvml.nvlink-granularity=gpu",
+    )
+    args = parser.parse_args(argv)
+    counts = [int(n) for n in str(args.nodes).split(",") if n]
+    print(run(counts, args.rules, args.cycles, args.max_samples, args.exporter_arg).section())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

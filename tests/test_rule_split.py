@@ -1,0 +1,123 @@
+"""The rules as two files for shards and a global ruler, with `cluster` everywhere.
+
+``alerts/ccl-health-rules.yaml`` holds the node-level rules (each shard runs them on its own
+nodes), ``alerts/ccl-health-global-rules.yaml`` the rules across nodes (the global ruler runs
+them); a single Prometheus loads both. What the promtool tests cannot see is checked here from
+the rule text: every aggregation and join carries `cluster`, every node-level rule keeps the node
+(or the pod) it reads, each threshold lives in the one file that reads it, and the same text is
+accepted by vmalert. ``alerts/tests/clusters-test.yaml`` evaluates two clusters with the same
+names; ``tests/e2e/test_scale_out.py`` runs both files on shards and a global ruler.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+import yaml
+
+from tests.conftest import require_tool
+from tests.promql_names import GLOBAL_RULES_FILE, RULE_FILES, RULES_FILE, grouping_labels, groups, referenced_names
+
+# The labels a threshold constant is selected by: a join on only these, with a threshold, is the
+# one kind of join without `cluster` (the constants are the evaluating ruler's own).
+THRESHOLD_KEYS = {"counter", "error", "scope"}
+_SELECTOR = re.compile(r"\{([^{}]*)\}")
+
+
+def _rules(path):  # type: ignore[no-untyped-def]
+    return [rule for group in yaml.safe_load(path.read_text())["groups"] for rule in group["rules"]]
+
+
+def _name(rule) -> str:  # type: ignore[no-untyped-def]
+    return str(rule.get("alert") or rule.get("record"))
+
+
+@pytest.mark.parametrize("path", RULE_FILES, ids=lambda p: p.name)
+def test_every_aggregation_and_join_carries_cluster(path) -> None:  # type: ignore[no-untyped-def]
+    missing = []
+    for rule in _rules(path):
+        expr = rule["expr"]
+        for keyword, labels in grouping_labels(expr):
+            if keyword not in ("by", "on") or "cluster" in labels:
+                continue
+            if keyword == "on" and set(labels) <= THRESHOLD_KEYS and "ccl:threshold:" in expr:
+                continue
+            missing.append(f"{_name(rule)}: {keyword} ({', '.join(labels)})")
+        assert "without" not in [k for k, _ in grouping_labels(expr)], f"{_name(rule)}: `without` would keep cluster implicitly"
+    assert not missing, "\n".join(missing)
+
+
+def test_the_check_sees_a_join_without_cluster() -> None:
+    labels = grouping_labels("sum by (cluster, node) (x) and on (node) y > on (counter) group_left () ccl:threshold:z")
+    assert ("on", ["node"]) in labels and ("by", ["cluster", "node"]) in labels
+
+
+@pytest.mark.parametrize("path", RULE_FILES, ids=lambda p: p.name)
+def test_description_queries_select_the_alerts_cluster(path) -> None:  # type: ignore[no-untyped-def]
+    """A description that looks up the alert's node, namespace or pod does so in its cluster:
+    `{cluster=%q,...}` with `$labels.cluster` (empty on a single cluster: matches series
+    without the label)."""
+    for rule in _rules(path):
+        for text in rule.get("annotations", {}).values():
+            for call in re.findall(r'printf "((?:[^"\\]|\\.)*)"((?: (?:\$labels\.\w+|"[^"]*"))+)', text):
+                fmt, args = call[0], call[1].split()
+                for selector in _SELECTOR.findall(fmt):
+                    if "node=%q" in selector or "namespace=%q" in selector:
+                        assert selector.startswith("cluster=%q,"), f"{_name(rule)}: {{{selector}}}"
+                assert fmt.count("%q") == len(args), f"{_name(rule)}: {fmt!r} {args}"
+                assert args.count("$labels.cluster") == fmt.count("cluster=%q"), f"{_name(rule)}: {fmt!r} {args}"
+                for keyword, labels in grouping_labels(fmt):
+                    if keyword == "on":
+                        assert "cluster" in labels, f"{_name(rule)}: {fmt!r}"
+
+
+def test_node_level_rules_keep_the_node_they_read() -> None:
+    """What a shard can answer alone: every aggregation of the node-level rules keeps `node` or
+    `pod` (a pod is on one node), so no output mixes nodes."""
+    for rule in _rules(RULES_FILE):
+        for keyword, labels in grouping_labels(rule["expr"]):
+            if keyword == "by":
+                assert {"node", "pod"} & set(labels), f"{_name(rule)}: by ({', '.join(labels)}) mixes nodes"
+
+
+def test_rules_across_nodes_are_global() -> None:
+    """The node counts of jobs, the placement page, the job roll-ups and the exporter-absent alert
+    (kube-state-metrics' target with every node's `up`) are in the global file only."""
+    global_names = {_name(rule) for rule in _rules(GLOBAL_RULES_FILE)}
+    node_names = {_name(rule) for rule in _rules(RULES_FILE)}
+    for name in ("namespace_job_name:ccl_gpu_pod_nodes:count", "CclSuspectedTcpFallback", "CclExporterAbsent",
+                 "job_name:ccl_nccl_nodes:count", "CclJobBusBandwidthDegraded"):
+        assert name in global_names and name not in node_names, name
+    evidences = {path.name: {rule["expr"].count('"evidence", "log"') + 2 * rule["expr"].count('"evidence", "placement"')
+                             for rule in _rules(path) if rule.get("alert") == "CclNcclTcpFallback"}
+                 for path in RULE_FILES}
+    assert evidences == {RULES_FILE.name: {1}, GLOBAL_RULES_FILE.name: {2}}, "log evidence per node, placement global"
+
+
+def test_each_threshold_is_defined_in_the_one_file_that_reads_it() -> None:
+    """So no ruler reads a copy another ruler recorded (two copies would break `scalar()` and
+    the `on (counter)` joins), and one Prometheus loading both files records each once."""
+    defined = {path: {r["record"] for r in _rules(path) if r.get("record", "").startswith("ccl:threshold:")}
+               for path in RULE_FILES}
+    assert not defined[RULES_FILE] & defined[GLOBAL_RULES_FILE]
+    for path in RULE_FILES:
+        read = set().union(*(referenced_names(r["expr"]) for r in _rules(path)))
+        read |= {name for r in _rules(path) for text in r.get("annotations", {}).values()
+                 for name in re.findall(r"ccl:threshold:[a-z_]+", text)}
+        assert {n for n in read if n.startswith("ccl:threshold:")} <= defined[path], path.name
+
+
+def test_group_names_are_unique_across_both_files() -> None:
+    names = [group["name"] for group in groups()]
+    assert len(names) == len(set(names)), names
+
+
+@pytest.mark.parametrize("path", RULE_FILES, ids=lambda p: p.name)
+def test_vmalert_accepts_the_same_rule_text(path) -> None:  # type: ignore[no-untyped-def]
+    """No Prometheus-only syntax: vmalert parses every expression and annotation template."""
+    vmalert = require_tool("vmalert")
+    result = subprocess.run([vmalert, "-dryRun", f"-rule={path}", "-loggerLevel=ERROR"], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
