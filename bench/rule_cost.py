@@ -20,8 +20,10 @@ same way while Prometheus runs (it loads new blocks within a minute and compacts
 While measuring, every group is evaluated each ``EVALUATION_SECONDS`` (what a rule costs does not
 depend on how often its group runs; the hourly groups would otherwise not run at all) and the
 ``evaluationTime`` of each group and rule is read from ``/api/v1/rules``; the number reported is
-the median over ``--cycles`` cycles. Prometheus is the Debian 2.42 package, on the same 2 shared
-cores as the server feeding it.
+the median over ``--cycles`` cycles. Scrapes pause for those cycles (the scrape interval is raised
+to ``QUIET_SCRAPE_SECONDS`` by a config reload; every series stays within Prometheus' 5-minute
+lookback), so the numbers are the rules' own cost, not ingestion's: a 2-core machine cannot
+ingest 1,000 nodes and evaluate beside it. Prometheus is the Debian 2.42 package.
 
     python -m bench.rule_cost [--nodes 32,256,1000] [--rules FILE] [--cycles 5]
 
@@ -71,6 +73,8 @@ GROUP_SECONDS = 30.0  # the Prometheus Operator's evaluationInterval default
 EVALUATION_SECONDS = 10.0  # how often every group runs while measuring
 # Ranges up to this long fill from live scrapes before measuring; longer ones are backfilled.
 LIVE_SECONDS = 300.0
+# While measuring, scrapes pause this long (within Prometheus' 5-minute lookback).
+QUIET_SCRAPE_SECONDS = 240.0
 NODES_PER_JOB = 4
 CADVISOR_PODS = 30
 EXPORTER_NAMESPACE = "ccl-exporter"
@@ -618,12 +622,14 @@ def measure(
             source = workdir / "raw.om"
             with source.open("w") as out:
                 written = raw_history(out, template, nodes, reads.raw(), time.time() - SCRAPE_SECONDS, origin)
-            intervals = Intervals(scrape_seconds=SCRAPE_SECONDS, evaluation_seconds=EVALUATION_SECONDS)
-            jobs = server.targets()
-            config = prometheus_config(
-                jobs.pop(SCRAPE_JOB), [rules_every(rules, workdir / "rules.yaml")], None, intervals, other_jobs=jobs
-            )
-            prometheus = Prometheus(prometheus_binary, workdir / "prometheus", config)
+            rule_file = rules_every(rules, workdir / "rules.yaml")
+
+            def config(scrape_seconds: float) -> dict[str, Any]:
+                jobs = server.targets()
+                intervals = Intervals(scrape_seconds=scrape_seconds, evaluation_seconds=EVALUATION_SECONDS)
+                return prometheus_config(jobs.pop(SCRAPE_JOB), [rule_file], None, intervals, other_jobs=jobs)
+
+            prometheus = Prometheus(prometheus_binary, workdir / "prometheus", config(SCRAPE_SECONDS))
             backfill(promtool, source, prometheus.workdir / "tsdb")
             prometheus.start(ready_timeout=600.0)
             try:
@@ -639,11 +645,16 @@ def measure(
                     progress(f"{live:.0f} s until {LIVE_SECONDS:g} s of scrapes fill the short ranges")
                     time.sleep(live)
                 head = own_metric(prometheus, "prometheus_tsdb_head_series")
+                # Rule evaluation alone: the next scrapes come after the measurement (the series stay
+                # fresh within the 5-minute lookback), so ingestion does not compete for the cores.
+                prometheus.write_config(config(QUIET_SCRAPE_SECONDS))
+                prometheus.reload()
+                time.sleep(EVALUATION_SECONDS)
                 progress(
                     f"{nodes} nodes: {head:,.0f} head series, {written.samples:,} samples backfilled; "
                     f"measuring {cycles} cycles"
                 )
-                costs = group_costs(prometheus, cycles, timeout=EVALUATION_SECONDS * (cycles + 3) + 300.0)
+                costs = group_costs(prometheus, cycles, timeout=QUIET_SCRAPE_SECONDS - 2 * EVALUATION_SECONDS)
             finally:
                 prometheus.stop()
         finally:
@@ -706,9 +717,9 @@ def run(
 Rule evaluation per group and cycle (median of {cycles} cycles), rules from {" and ".join(f"`{p.name}`" for p in rule_files)}, on
 synthetic fleets of the exporter's real series shape{flags}: {exporter_series:,} exporter series per
 node, plus cAdvisor's and kube-state-metrics' ({len(template):,} in all), scraped every
-{SCRAPE_SECONDS:g} s from a server in the benchmark, with the history the rules read over ranges
-backfilled; one Prometheus, every group evaluated each {EVALUATION_SECONDS:g} s, on a 2-core machine
-that also runs the server and is shared with other work.
+{SCRAPE_SECONDS:g} s from a server in the benchmark (paused while measuring: the rules' cost alone),
+with the history the rules read over ranges backfilled; one Prometheus, every group evaluated each
+{EVALUATION_SECONDS:g} s, on a 2-core machine shared with other work.
 
 {table}
 """

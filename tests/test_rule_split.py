@@ -121,3 +121,13 @@ def test_vmalert_accepts_the_same_rule_text(path) -> None:  # type: ignore[no-un
     result = subprocess.run([vmalert, "-dryRun", f"-rule={path}", "-loggerLevel=ERROR"], capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_five_minute_error_increases_read_the_counters_with_a_threshold() -> None:
+    """The RDMA error increases read only the counters that have a threshold (the rest never
+    alert): the selector's list and the thresholds' labels are the same set."""
+    rules = _rules(RULES_FILE)
+    thresholds = {r["labels"]["counter"] for r in rules if r.get("record") == "ccl:threshold:rdma_port_errors_per_hour"}
+    (expr,) = [r["expr"] for r in rules if r.get("record") == "node_device_port_counter:ccl_rdma_port_errors:increase5m"]
+    (selected,) = re.findall(r'ccl_rdma_port_errors_total\{counter=~"([^"]+)"\}', expr)
+    assert set(selected.split("|")) == thresholds and len(thresholds) == 8
