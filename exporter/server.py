@@ -20,7 +20,6 @@ import contextlib
 import gzip
 import html
 import logging
-import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from exporter import __version__
@@ -28,7 +27,7 @@ from exporter.collectors.base import BackgroundCollector, Collector, close_colle
 from exporter.exposition import DEFAULT_MAX_PAGE_BYTES, PageRenderer
 from exporter.http.guard import ConnectionLimits
 from exporter.http.messages import Request, Response
-from exporter.http.server import Handler, HttpServer
+from exporter.http.server import Handler, HttpServer, listening, until_terminated
 from exporter.http.webconfig import WebConfigSource
 from exporter.registry import UmbrellaCollector, build_registry
 
@@ -207,13 +206,11 @@ async def serving(
     web_config: WebConfigSource | None = None,
 ) -> AsyncIterator[HttpServer]:
     """``app`` running and listening on ``host:port`` (port 0: any) until the block ends."""
-    async with app.running():
-        server = HttpServer(app.routes, limits=limits, web_config=web_config)
-        await server.start(host, port)
-        try:
-            yield server
-        finally:
-            await server.stop()
+    async with (
+        app.running(),
+        listening(HttpServer(app.routes, limits=limits, web_config=web_config), host, port) as server,
+    ):
+        yield server
 
 
 def run_server(
@@ -226,11 +223,7 @@ def run_server(
     """Serve ``app`` until SIGTERM or SIGINT, then shut down cleanly."""
 
     async def serve() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
         async with serving(app, host, port, limits, web_config):
-            await stop.wait()
+            await until_terminated()
 
     asyncio.run(serve())

@@ -17,9 +17,11 @@ answers 429, and the configured security headers go on every response.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import signal
 import ssl
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import cast
 
 from exporter.http.guard import ConnectionGuard, ConnectionLimits
@@ -33,7 +35,7 @@ from exporter.http.messages import (
     parse_head,
     serialize_response,
 )
-from exporter.http.webconfig import WebConfigSource, peer_has_allowed_san
+from exporter.http.webconfig import LoadedWebConfig, WebConfigSource, peer_has_allowed_san
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +81,9 @@ class _Router:
 class _HttpConnection(asyncio.Protocol):
     """One client connection: TLS (when configured), then requests answered in order."""
 
-    def __init__(self, server: HttpServer) -> None:
+    def __init__(self, server: HttpServer, guard: ConnectionGuard) -> None:
         self._server = server
+        self._guard = guard
         self._raw: asyncio.Transport | None = None  # the TCP transport: what the guard knows
         self._transport: asyncio.Transport | None = None  # what we read and write (TLS or TCP)
         self._buffer = bytearray()
@@ -100,17 +103,20 @@ class _HttpConnection(asyncio.Protocol):
         self._peer = str(peer[0]) if isinstance(peer, tuple) and peer else ""
         sockname = raw.get_extra_info("sockname")
         self._local_port = int(sockname[1]) if isinstance(sockname, tuple) and len(sockname) >= 2 else None
-        if not self._server.guard_admit(raw):
+        if not self._guard.admit(raw):
             raw.abort()
             self._closed = True
             return
         self._server.connections.add(self)
-        context = self._server.ssl_context()
-        if context is None:
+        # One configuration for the whole connection: the context it starts TLS with and the
+        # client SANs it then checks come from the same version of the file.
+        loaded = self._server.web_config.current() if self._server.web_config is not None else None
+        if loaded is None or loaded.ssl_context is None:
             self._transport = raw
             return
         raw.pause_reading()  # the ClientHello stays in the socket until start_tls takes it
-        self._server.spawn(self._start_tls(raw, context))
+        tls = loaded.config.tls
+        self._server.spawn(self._start_tls(raw, loaded.ssl_context, tls.client_allowed_sans if tls else ()))
 
     def data_received(self, data: bytes) -> None:
         self._buffer += data
@@ -132,7 +138,7 @@ class _HttpConnection(asyncio.Protocol):
         self._writable.set()
         self._server.connections.discard(self)
         if self._raw is not None:
-            self._server.guard_forget(self._raw)
+            self._guard.forget(self._raw)
 
     def pause_writing(self) -> None:
         self._writable.clear()
@@ -142,7 +148,7 @@ class _HttpConnection(asyncio.Protocol):
 
     # TLS
 
-    async def _start_tls(self, raw: asyncio.Transport, context: ssl.SSLContext) -> None:
+    async def _start_tls(self, raw: asyncio.Transport, context: ssl.SSLContext, sans: tuple[str, ...]) -> None:
         loop = asyncio.get_running_loop()
         try:
             transport = await loop.start_tls(
@@ -159,7 +165,6 @@ class _HttpConnection(asyncio.Protocol):
         if transport is None or self._closed:
             raw.abort()
             return
-        sans = self._server.allowed_sans()
         if sans and not peer_has_allowed_san(transport.get_extra_info("peercert"), sans):
             log.info("client %s: its certificate names none of client_allowed_sans", self._peer)
             transport.abort()
@@ -214,7 +219,7 @@ class _HttpConnection(asyncio.Protocol):
 
     async def _answer(self, request: Request, keep_alive: bool) -> None:
         assert self._raw is not None
-        self._server.guard_started(self._raw)
+        self._guard.request_started(self._raw)
         try:
             response = await self._server.respond(request)
             keep_alive = keep_alive and not self._server.stopping
@@ -225,7 +230,7 @@ class _HttpConnection(asyncio.Protocol):
             )
             await self._writable.wait()
         finally:
-            self._server.guard_finished(self._raw)
+            self._guard.request_finished(self._raw)
             self._busy = False
         if not keep_alive:
             self._transport.close()
@@ -275,8 +280,8 @@ class HttpServer:
     async def start(self, host: str, port: int) -> int:
         """Listen; return the port (useful with port 0). OSError when the address is taken."""
         loop = asyncio.get_running_loop()
-        self.guard = ConnectionGuard(loop, self.limits)
-        self._server = await loop.create_server(lambda: _HttpConnection(self), host, port)
+        guard = self.guard = ConnectionGuard(loop, self.limits)  # the tests read its counters
+        self._server = await loop.create_server(lambda: _HttpConnection(self, guard), host, port)
         self.port = int(self._server.sockets[0].getsockname()[1])
         return self.port
 
@@ -304,32 +309,9 @@ class HttpServer:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def guard_admit(self, transport: asyncio.BaseTransport) -> bool:
-        return self.guard is None or self.guard.admit(transport)
-
-    def guard_forget(self, transport: asyncio.BaseTransport) -> None:
-        if self.guard is not None:
-            self.guard.forget(transport)
-
-    def guard_started(self, transport: asyncio.BaseTransport) -> None:
-        if self.guard is not None:
-            self.guard.request_started(transport)
-
-    def guard_finished(self, transport: asyncio.BaseTransport) -> None:
-        if self.guard is not None:
-            self.guard.request_finished(transport)
-
-    def ssl_context(self) -> ssl.SSLContext | None:
-        return self.web_config.current().ssl_context if self.web_config is not None else None
-
-    def allowed_sans(self) -> tuple[str, ...]:
-        if self.web_config is None:
-            return ()
-        tls = self.web_config.current().config.tls
-        return tls.client_allowed_sans if tls is not None else ()
-
     async def respond(self, request: Request) -> Response:
-        response = await self._authorized(request)
+        loaded = self.web_config.current() if self.web_config is not None else None
+        response = await self._authorized(request, loaded)
         if response is None:
             found = self._router.find(request.method, request.path)
             if isinstance(found, Response):
@@ -340,17 +322,17 @@ class HttpServer:
                 except Exception:  # logged: one broken handler must not end the server
                     log.exception("%s %s failed", request.method, request.path[:100])
                     response = error_response(500, "the handler failed; see the exporter's log")
-        if self.web_config is not None:
-            response.headers.update(self.web_config.current().config.headers)
+        if loaded is not None:
+            response.headers.update(loaded.config.headers)
         return response
 
-    async def _authorized(self, request: Request) -> Response | None:
+    async def _authorized(self, request: Request, loaded: LoadedWebConfig | None) -> Response | None:
         """None when the request may go on, else the response that refuses it."""
-        if self.web_config is None:
+        if self.web_config is None or loaded is None:
             return None
         if not self.web_config.rate_allows():
             return error_response(429, "rate limit exceeded")
-        users = self.web_config.current().config.basic_auth_users
+        users = loaded.config.basic_auth_users
         if not users or request.path in UNAUTHENTICATED_PATHS:
             return None
         authorization = request.headers.get("authorization", "")
@@ -361,3 +343,22 @@ class HttpServer:
         response = error_response(401, "valid basic auth credentials are required")
         response.headers["WWW-Authenticate"] = "Basic"
         return response
+
+
+@contextlib.asynccontextmanager
+async def listening(server: HttpServer, host: str, port: int) -> AsyncIterator[HttpServer]:
+    """``server`` listening on ``host:port`` (port 0: any) until the block ends, then stopped."""
+    await server.start(host, port)
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+async def until_terminated() -> None:
+    """Return once SIGTERM (every DaemonSet or Deployment rollout sends it) or SIGINT arrives."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()

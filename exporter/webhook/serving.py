@@ -13,14 +13,13 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import signal
 from collections.abc import AsyncIterator
 
 from exporter import __version__
 from exporter.config import parse_listen_address
 from exporter.http.guard import ConnectionLimits
 from exporter.http.messages import Request, Response
-from exporter.http.server import HttpServer
+from exporter.http.server import HttpServer, listening, until_terminated
 from exporter.http.webconfig import WebConfigError, WebConfigSource
 from exporter.webhook.admission import WebhookConfig
 from exporter.webhook.metrics import Answer, WebhookService
@@ -53,12 +52,8 @@ async def serving_webhook(
     service: WebhookService, host: str, port: int, web_config: WebConfigSource | None, max_body_bytes: int
 ) -> AsyncIterator[HttpServer]:
     """The webhook listening on ``host:port`` (port 0: any) until the block ends."""
-    server = webhook_server(service, web_config, max_body_bytes)
-    await server.start(host, port)
-    try:
+    async with listening(webhook_server(service, web_config, max_body_bytes), host, port) as server:
         yield server
-    finally:
-        await server.stop()
 
 
 def serve_forever(config: WebhookConfig, args: argparse.Namespace) -> int:
@@ -72,13 +67,9 @@ def serve_forever(config: WebhookConfig, args: argparse.Namespace) -> int:
     service = WebhookService(config)
 
     async def serve() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
         async with serving_webhook(service, host, port, web_config, int(args.max_body_bytes)):
             log.info("ccl-exporter %s webhook listening on https://%s:%d/mutate", __version__, host, port)
-            await stop.wait()
+            await until_terminated()
 
     try:
         asyncio.run(serve())
