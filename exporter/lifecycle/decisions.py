@@ -21,11 +21,10 @@ from dataclasses import dataclass, field
 
 from exporter.fabric_verdicts import PodFabric
 from exporter.results import ProbeResult
-from exporter.sources.rdma import RdmaPort
+from exporter.sources.rdma import ACTIVE_PORT_STATES, RdmaPort
 
 NODE_CONDITION = "CclFabricDegraded"
 MAX_MESSAGE_CHARS = 1024  # what kubectl describe shows in full; Event notes are capped at 1 KiB
-ACTIVE_STATES = (4, 5)  # ACTIVE, ACTIVE_DEFER
 MAX_TRACKED_PORTS = 1024
 GBIT = 125_000_000  # bytes/s per Gb/s
 GB = 1e9
@@ -179,7 +178,7 @@ class NodeFabricJudge:
         for port in ports:
             key = (port.device, port.port)
             rate = float(port.rate_bytes_per_second or 0)
-            if port.state_id in ACTIVE_STATES and (
+            if port.state_id in ACTIVE_PORT_STATES and (
                 key in self.seen_active or len(self.seen_active) < MAX_TRACKED_PORTS
             ):
                 self.seen_active[key] = max(self.seen_active.get(key, 0.0), rate)
@@ -188,7 +187,7 @@ class NodeFabricJudge:
             now = present.get(key)
             if now is None:
                 problems.append((PORT_DOWN, f"{name} is gone (it was ACTIVE)"))
-            elif now.state_id not in ACTIVE_STATES:
+            elif now.state_id not in ACTIVE_PORT_STATES:
                 state = now.state or str(now.state_id or "unreadable")
                 problems.append((PORT_DOWN, f"{name} is {state} (it was ACTIVE)"))
             elif float(now.rate_bytes_per_second or 0) < best:

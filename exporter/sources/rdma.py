@@ -48,6 +48,8 @@ NOT_ERROR_COUNTERS = frozenset(DATA_WORD_COUNTERS) | frozenset(PACKET_COUNTERS) 
 # names them (drivers/infiniband/core/sysfs.c; it prints "<unknown>" for physical state 0 and
 # "Phy Test" for 7). The values of ccl_rdma_port_state_id and ccl_rdma_port_physical_state_id.
 PORT_STATES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
+# The logical states that carry traffic: ACTIVE and ACTIVE_DEFER.
+ACTIVE_PORT_STATES = frozenset(state for state, name in PORT_STATES.items() if name.startswith("ACTIVE"))
 PHYSICAL_PORT_STATES = {
     0: "Unknown",
     1: "Sleep",

@@ -36,12 +36,11 @@ from exporter.sources.gpu_inventory import GpuInventory, GpuInventorySource
 from exporter.sources.kube import NoPodMetadata, PodMetadata, PodMetadataSource
 from exporter.sources.podlogs import SOURCE_POD_LOG, PodLogTailer, StreamKey, TailLimits, pod_known_on_node
 from exporter.sources.podlogs.limits import StreamNote
-from exporter.sources.rdma import RdmaReading, read_rdma
+from exporter.sources.rdma import ACTIVE_PORT_STATES, RdmaReading, read_rdma
 from exporter.sources.topology import Topology, TopologySource
 
 log = logging.getLogger(__name__)
 
-ACTIVE_PORT_STATES = (4, 5)  # ACTIVE, ACTIVE_DEFER
 DEFAULT_GRACE_SECONDS = 300.0
 GDR_LABELS = {"1": "true", "0": "false"}  # the parser's transport-key gdr field → label
 NOTE_WARNINGS = "warnings"
