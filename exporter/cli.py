@@ -1,4 +1,4 @@
-"""``ccl-exporter``: serve | analyze | probe | preflight | webhook.
+"""``ccl-exporter``: serve | analyze | probe | preflight | webhook | prepare-results.
 
 Flags follow node_exporter (``--web.listen-address``, ``--path.sysfs``,
 ``--collector.<name>`` / ``--no-collector.<name>``). Every flag can also be set by an
@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from exporter import __version__, analyze
+from exporter import __version__, analyze, results_folder
 from exporter.collectors import all_collectors
 from exporter.collectors.base import Collector, CollectorSpec
 from exporter.config import DEFAULT_NCCL_INSPECTOR, DEFAULT_PORT, ServeConfig, parse_listen_address
@@ -240,6 +240,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     probe_command.add_parser(sub, environ)
     preflight.add_parser(sub, environ)
     webhook_command.add_parser(sub, environ)
+    results_folder.add_parser(sub, environ)
     return parser
 
 

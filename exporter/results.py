@@ -31,9 +31,11 @@ Schema ``ccl-probe-result/v1`` (all sizes bytes, bandwidths bytes/s, times secon
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
+import stat
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -160,6 +162,29 @@ def write_result(folder: Path, result: ProbeResult) -> Path:
             os.unlink(tmp)
         raise
     return target
+
+
+def unwritten_reason(folder: Path, exc: OSError) -> str:
+    """Why ``write_result`` failed, in one line that says what to do (for the writers' logs)."""
+    uid = os.geteuid()
+    if exc.errno == errno.EROFS:
+        return f"{folder} is on a read-only filesystem in this container (mount the probe-results hostPath there)"
+    if exc.errno in (errno.EEXIST, errno.ENOTDIR) and not folder.is_dir():
+        return f"{folder} is not a folder"
+    if exc.errno == errno.EPERM and exc.filename2 is not None:
+        name = Path(exc.filename2).name
+        return f"{name} in {folder} belongs to another user; the folder's sticky bit keeps UID {uid} from replacing it"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        try:
+            info = os.stat(folder)
+            found = f"owner UID {info.st_uid}, mode {stat.S_IMODE(info.st_mode):04o}"
+        except OSError:
+            found = "its owner and mode unreadable"
+        return (
+            f"{folder} is not writable by UID {uid} ({found}): the exporter's DaemonSet makes it mode 1777 "
+            "(its prepare-results init container; is the exporter running on this node?)"
+        )
+    return f"cannot write into {folder}: {exc.strerror or exc}"
 
 
 # ---- parsing ---------------------------------------------------------------------------------

@@ -27,7 +27,16 @@ from helm_python import Chart, HelmRenderError, HelmValuesError, lint
 import exporter
 from devtools import chart_files
 from tests.conftest import REPO
-from tests.test_manifests import CORE_KINDS, CRD_SCHEMAS, IDLE_PROBES, KUBE_PROMETHEUS_STACK, MANIFESTS, _render, scan
+from tests.test_manifests import (
+    CORE_KINDS,
+    CRD_SCHEMAS,
+    IDLE_PROBES,
+    KUBE_PROMETHEUS_STACK,
+    MANIFESTS,
+    _render,
+    assert_prepares_the_results_folder,
+    scan,
+)
 
 CHART = MANIFESTS / "helm" / "ccl-health-exporter"
 NAMESPACE = "ccl-health"
@@ -195,7 +204,7 @@ NON_DEFAULT: dict[str, Any] = {
     "collectors": {"rdma": False, "podresources": False},
     "probes": {"enabled": True, "interval": 3600, "timeout": 120,
                "image": {"repository": "registry.internal/ccl-health-exporter-probe", "digest": "sha256:" + "cd" * 32}},
-    "hostPaths": {"podResources": "/var/lib/k0s/kubelet/pod-resources"},
+    "hostPaths": {"podResources": "/var/lib/k0s/kubelet/pod-resources", "probeResults": "/data/ccl/results/"},
     "web": {"configSecret": "ccl-web-config"},
     "extraArgs": ["--log.level=debug"],
     "extraEnv": [{"name": "HTTPS_PROXY", "value": "http://proxy.internal:3128"}],
@@ -359,6 +368,35 @@ def test_service_monitor_needs_the_service() -> None:
         render({"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": False}, "service": {"enabled": False}})
 
 
+def _pod(values: dict[str, Any]) -> dict[str, Any]:
+    return one(chart_objects(values), "DaemonSet")["spec"]["template"]["spec"]  # type: ignore[no-any-return]
+
+
+def test_the_results_folder_is_prepared_wherever_it_is() -> None:
+    """The init container follows hostPaths.probeResults (with probes on, too); a trailing slash
+    does not separate the folder from its parent."""
+    init = assert_prepares_the_results_folder(_pod(NON_DEFAULT))
+    assert init["args"] == ["prepare-results", "--warn-only", "--path.probe-results=/host/data/ccl/results"]
+    assert init["image"] == "registry.internal/ccl-health-exporter-probe@sha256:" + "cd" * 32
+    volumes = {v["name"]: v for v in _pod(NON_DEFAULT)["volumes"]}
+    assert volumes["probe-results-parent"]["hostPath"] == {"path": "/data/ccl", "type": "DirectoryOrCreate"}
+    assert_prepares_the_results_folder(_pod({"probes": {"enabled": True}}))
+
+
+def test_preparing_the_results_folder_can_be_left_to_the_nodes() -> None:
+    pod = _pod({"prepareProbeResults": {"enabled": False}})
+    assert "initContainers" not in pod
+    assert "probe-results-parent" not in {v["name"] for v in pod["volumes"]}
+
+
+def test_a_results_folder_right_below_the_root_is_not_prepared_through_it() -> None:
+    """Its parent would be the node's /, mounted read-write: the render fails and says the way out."""
+    with pytest.raises(HelmRenderError, match="hostPaths.probeResults must be a folder below another folder than /"):
+        render({"hostPaths": {"probeResults": "/results"}})
+    assert "initContainers" not in _pod({"hostPaths": {"probeResults": "/results"},
+                                         "prepareProbeResults": {"enabled": False}})
+
+
 def test_probes_need_the_probe_collector() -> None:
     with pytest.raises(HelmRenderError, match="probes.enabled needs collectors.probe"):
         render({"probes": {"enabled": True}, "collectors": {"probe": False}})
@@ -412,6 +450,7 @@ def test_the_schema_accepts_good_values(values: dict[str, Any]) -> None:
     ({"prometheusRule": {"runbookBaseUrl": "wiki/runbooks"}}, "runbookBaseUrl"),
     ({"networkPolicy": {"apiServer": {"cidrs": ["control-plane"]}}}, "cidrs"),
     ({"probes": {"interval": 0}}, "interval"),
+    ({"prepareProbeResults": {"enabled": "yes"}}, "enabled"),
 ], ids=lambda v: str(v)[:40])
 def test_the_schema_rejects_bad_values(values: dict[str, Any], complaint: str) -> None:
     with Chart.load(CHART) as chart:

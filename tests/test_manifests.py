@@ -257,7 +257,8 @@ def test_daemonset_is_unprivileged_with_read_only_host_mounts(objects: list[dict
     assert volumes["state"]["hostPath"]["type"] == "DirectoryOrCreate"
     assert {v["hostPath"]["path"] for v in volumes.values()} == {
         "/sys", "/var/log/pods", "/var/log/nccl", "/var/lib/kubelet/pod-resources",
-        "/var/lib/ccl-exporter/probe-results", "/var/lib/ccl-exporter/state", "/var/log/nccl-inspector"}
+        "/var/lib/ccl-exporter/probe-results", "/var/lib/ccl-exporter/state", "/var/log/nccl-inspector",
+        "/var/lib/ccl-exporter"}  # the last: the prepare-results init container's only mount
     resources = container["resources"]
     assert resources["requests"] and resources["limits"]
     assert "nvidia.com/gpu" not in {**resources["requests"], **resources["limits"]}, "never take GPUs from jobs"
@@ -270,6 +271,43 @@ def test_daemonset_is_unprivileged_with_read_only_host_mounts(objects: list[dict
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert any(t["key"] == "nvidia.com/gpu" for t in pod["tolerations"])
+
+
+def assert_prepares_the_results_folder(pod: dict) -> dict:  # type: ignore[type-arg]
+    """The pod's ``prepare-results`` init container prepares the very host folder the exporter
+    reads results from, through its parent, as root with no capability, and nothing else
+    mounts that parent. Returns the init container."""
+    from exporter.cli import build_parser
+
+    (init,) = pod["initContainers"]
+    (exporter,) = pod["containers"]
+    assert init["name"] == "prepare-results" and init["image"] == exporter["image"]
+    parsed = build_parser(environ={}).parse_args(init["args"])
+    assert parsed.command == "prepare-results"
+    assert parsed.warn_only, "a folder it cannot prepare must never keep the exporter from starting"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    (mount,) = init["volumeMounts"]
+    assert not mount.get("readOnly") and "subPath" not in mount
+    prepared = Path(parsed.probe_results)
+    assert prepared.parent == Path(mount["mountPath"]), "the folder is prepared below its parent's mount"
+    read = next(m for m in exporter["volumeMounts"] if m["mountPath"] == build_parser(environ={}).parse_args(
+        [a.replace("$(NODE_NAME)", "n") for a in exporter["args"]]).probe_results)
+    host_folder = Path(volumes[read["name"]]["hostPath"]["path"])
+    assert Path(volumes[mount["name"]]["hostPath"]["path"]) == host_folder.parent
+    assert prepared.name == host_folder.name, "the init container prepares the folder the exporter reads"
+    assert mount["name"] not in {m["name"] for m in exporter["volumeMounts"]}, "the exporter keeps its own mounts"
+    security = init["securityContext"]
+    assert security["privileged"] is False and security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["capabilities"] == {"drop": ["ALL"]}, "root with no capability: only its own folders"
+    assert security["runAsUser"] == 0 and security["runAsNonRoot"] is False, "kubelet's folder is root's"
+    assert init["resources"]["requests"] and init["resources"]["limits"]
+    return init  # type: ignore[no-any-return]
+
+
+def test_an_init_container_prepares_the_results_folder(objects: list[dict]) -> None:  # type: ignore[type-arg]
+    """Pre-flights and probe Jobs run as UID 65532; kubelet creates the hostPath root 0755."""
+    assert_prepares_the_results_folder(_one(objects, "DaemonSet")["spec"]["template"]["spec"])
 
 
 def test_daemonset_args_are_flags_the_exporter_accepts(objects: list[dict]) -> None:  # type: ignore[type-arg]

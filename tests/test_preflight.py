@@ -139,6 +139,23 @@ def test_peermem_found_in_proc_modules_only(node: Path) -> None:
     assert any(line.startswith("ok   gpudirect_rdma: nvidia_peermem loaded") and "proc/modules" in line for line in lines)
 
 
+@pytest.mark.parametrize("port_down", [False, True], ids=["checks-pass", "a-check-fails"])
+def test_an_unwritten_result_is_one_line_and_the_exit_code_stays_that_of_the_checks(
+        node: Path, capsys: pytest.CaptureFixture[str], port_down: bool) -> None:
+    """A result that cannot be written (here: a file where the folder should be) is one line on
+    stderr naming what the exporter will not show; the exit code is the checks' (0 or 1)."""
+    (node / "results").write_text("not a folder")
+    if port_down:
+        (node / "sys/class/infiniband/mlx5_1/ports/1/state").write_text("1: DOWN\n")
+    code, lines, results = preflight(node)
+    assert code == (1 if port_down else 0), lines
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("ccl-exporter preflight: result not written, so the exporter shows no "
+                           "ccl_preflight_result and no PreflightPassed/PreflightFailed for this pod: ")
+    assert line.endswith(f"for this pod: {results} is not a folder")
+    assert results.read_text() == "not a folder"
+
+
 def test_bad_flags_exit_2(node: Path) -> None:
     assert preflight(node, "--expect-rate", "fast")[0] == 2
     assert preflight(node, "--expect-ports", "mlx5_0:x")[0] == 2

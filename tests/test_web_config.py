@@ -73,6 +73,12 @@ def _write_config(folder: Path, text: str) -> Path:
     return path
 
 
+def _mtls(pki: Path) -> str:
+    """A web config that requires client certificates signed by the test CA."""
+    return (f"tls_server_config:\n  cert_file: {pki}/server.crt\n  key_file: {pki}/server.key\n"
+            f"  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {pki}/ca.crt\n")
+
+
 def _client_context(pki: Path, cert: str | None = None) -> ssl.SSLContext:
     context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
     if cert:
@@ -223,14 +229,7 @@ async def test_plain_http_on_the_tls_port_gets_no_metrics(tmp_path: Path, pki: P
 
 
 async def test_client_certificates_are_required_and_checked(tmp_path: Path, pki: Path) -> None:
-    config = _write_config(tmp_path, f"""
-tls_server_config:
-  cert_file: {pki}/server.crt
-  key_file: {pki}/server.key
-  client_auth_type: RequireAndVerifyClientCert
-  client_ca_file: {pki}/ca.crt
-  client_allowed_sans: [prometheus.monitoring.svc]
-""")
+    config = _write_config(tmp_path, _mtls(pki) + "  client_allowed_sans: [prometheus.monitoring.svc]\n")
     async with _serving(config) as port:
         assert (await _get(port, "/metrics", _client_context(pki, "client")))[0] == 200
         for context in (_client_context(pki), _client_context(pki, "stranger")):
@@ -309,15 +308,7 @@ def test_a_real_prometheus_scrapes_over_tls_with_basic_auth(tmp_path: Path, pki:
     from devtools.stack import Prometheus
 
     prometheus_binary = require_tool("prometheus")
-    config = _write_config(tmp_path, f"""
-tls_server_config:
-  cert_file: {pki}/server.crt
-  key_file: {pki}/server.key
-  client_auth_type: RequireAndVerifyClientCert
-  client_ca_file: {pki}/ca.crt
-basic_auth_users:
-  prometheus: {HASH}
-""")
+    config = _write_config(tmp_path, _mtls(pki) + f"basic_auth_users:\n  prometheus: {HASH}\n")
     port = free_port()
     exporter = subprocess.Popen(
         [sys.executable, "-m", "exporter", "serve", "--collector.disable-defaults", f"--path.state={tmp_path}",

@@ -17,7 +17,7 @@ from typing import TextIO
 from exporter.flags import PROBE_RESULTS, Flag
 from exporter.probe.formulas import busbw_factor, parse_size, size_sweep
 from exporter.probe.runner import Identity, ProbeRequest, Rendezvous, resolve_backend, run_probe, visible_gpu_count
-from exporter.results import COLLECTIVES, SOURCES, ProbeResult, write_result
+from exporter.results import COLLECTIVES, SOURCES, ProbeResult, unwritten_reason, write_result
 
 GB = 1e9  # nccl-tests prints GB/s with GB = 10^9 bytes
 PROCFS = Flag("--path.procfs", "/proc", "procfs mount point (GPU discovery for --backend auto)", dest="procfs")
@@ -162,7 +162,11 @@ def run_probe_command(
             path = write_result(Path(args.probe_results), result)
             print(f"ccl-exporter probe: result written to {path}", file=sys.stderr)
         except OSError as exc:
-            print(f"ccl-exporter probe: cannot write result file into {args.probe_results}: {exc}", file=sys.stderr)
+            print(
+                "ccl-exporter probe: result not written, so the exporter shows no ccl_probe_* series for it: "
+                f"{unwritten_reason(Path(args.probe_results), exc)}",
+                file=sys.stderr,
+            )
     if args.json:
         out.write(result.to_json())
     else:

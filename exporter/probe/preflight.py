@@ -36,7 +36,7 @@ from typing import TextIO
 from exporter.flags import PROBE_RESULTS, SYSFS, Flag, Switch
 from exporter.probe.command import add_probe_arguments, describe_transport, request_from_args
 from exporter.probe.runner import Identity, run_probe
-from exporter.results import Check, ProbeResult, Transport, write_result
+from exporter.results import Check, ProbeResult, Transport, unwritten_reason, write_result
 from exporter.sources.rdma import RdmaPort, RdmaReading, read_rdma
 
 ACTIVE, LINK_UP = 4, 5
@@ -403,7 +403,12 @@ def run_preflight(args: argparse.Namespace, environ: Mapping[str, str] | None = 
         try:
             write_result(Path(args.probe_results), result)
         except OSError as exc:
-            print(f"ccl-exporter preflight: cannot write result file into {args.probe_results}: {exc}", file=sys.stderr)
+            # One line; the exit code stays that of the checks (a job on a good fabric still starts).
+            print(
+                "ccl-exporter preflight: result not written, so the exporter shows no ccl_preflight_result and no "
+                f"PreflightPassed/PreflightFailed for this pod: {unwritten_reason(Path(args.probe_results), exc)}",
+                file=sys.stderr,
+            )
     return 1 if failed else 0
 
 
