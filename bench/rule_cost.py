@@ -17,13 +17,17 @@ over a range gets that range of history at its group's interval (30 s, the Prome
 default, unless the group sets one), holding the values Prometheus just recorded, backfilled the
 same way while Prometheus runs (it loads new blocks within a minute and compacts them).
 
-While measuring, every group is evaluated each ``EVALUATION_SECONDS`` (what a rule costs does not
-depend on how often its group runs; the hourly groups would otherwise not run at all) and the
-``evaluationTime`` of each group and rule is read from ``/api/v1/rules``; the number reported is
-the median over ``--cycles`` cycles. Scrapes pause for those cycles (the scrape interval is raised
-to ``QUIET_SCRAPE_SECONDS`` by a config reload; every series stays within Prometheus' 5-minute
-lookback), so the numbers are the rules' own cost, not ingestion's: a 2-core machine cannot
-ingest 1,000 nodes and evaluate beside it. Prometheus is the Debian 2.42 package.
+While measuring, every rule of both files runs in one group, in file order, every
+``EVALUATION_SECONDS`` (what a rule costs does not depend on how often its group runs; the hourly
+groups would otherwise not run at all), and ``evaluationTime`` of each rule is read from
+``/api/v1/rules``; a group's cost is the sum of its rules' times, i.e. what the group takes with a
+core to itself, and the sum over all groups is the CPU time a cycle of every group takes. Run as
+they are, 17 groups at once on two cores would wait for each other, and each group's wall time
+would measure that queue. The number reported is the median over ``--cycles`` cycles. Scrapes
+pause for those cycles (the scrape interval is raised to ``QUIET_SCRAPE_SECONDS`` by a config
+reload; every series stays within Prometheus' 5-minute lookback), so the numbers are the rules'
+own cost, not ingestion's: a 2-core machine cannot ingest 1,000 nodes and evaluate beside it.
+Prometheus is the Debian 2.42 package.
 
     python -m bench.rule_cost [--nodes 32,256,1000] [--rules FILE ...] [--cycles 5]
 
@@ -49,6 +53,7 @@ import time
 import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -78,6 +83,8 @@ EVALUATION_SECONDS = 10.0  # how often every group runs while measuring
 LIVE_SECONDS = 300.0
 # While measuring, scrapes pause this long (within Prometheus' 5-minute lookback).
 QUIET_SCRAPE_SECONDS = 240.0
+QUIET_ROUNDS = 4
+REFILL_SECONDS = 150.0  # scrapes between quiet rounds
 NODES_PER_JOB = 4
 CADVISOR_PODS = 30
 EXPORTER_NAMESPACE = "ccl-exporter"
@@ -494,11 +501,19 @@ def backfill(promtool: str, source: Path, tsdb: Path) -> None:
 # Prometheus
 
 
-def rules_every(rules: Mapping[str, Any], path: Path) -> Path:
-    """The rules with each group's own ``interval`` removed (all run at the global one)."""
-    groups = [{k: v for k, v in group.items() if k != "interval"} for group in rules["groups"]]
-    path.write_text(yaml.safe_dump({"groups": groups}, sort_keys=False))
-    return path
+SEQUENCE_GROUP = "ccl-health-in-sequence"
+
+
+def rules_in_sequence(rules: Mapping[str, Any], path: Path) -> list[str]:
+    """Every rule of every group, in file order, as one group (no interval: all run at the global
+    one); returns the group each rule came from, by position. Prometheus evaluates a group's rules
+    one after another, so each rule's time is its own: with the groups as they are, 17 of them
+    evaluated at once on two cores wait for each other, and a group's wall time would measure the
+    queue once the fleet's rules need more than the cores give."""
+    owners = [str(group["name"]) for group in rules["groups"] for _ in group["rules"]]
+    sequence = [rule for group in rules["groups"] for rule in group["rules"]]
+    path.write_text(yaml.safe_dump({"groups": [{"name": SEQUENCE_GROUP, "rules": sequence}]}, sort_keys=False))
+    return owners
 
 
 def own_metric(prometheus: Prometheus, name: str) -> float:
@@ -556,33 +571,57 @@ def prometheus_started(prometheus: Prometheus) -> float:
 
 @dataclass
 class Cycles:
-    """Evaluation times (s) of each group and each rule, one entry per cycle."""
+    """Evaluation times (s) of each group (the sum of its rules') and each rule, one entry per
+    cycle, and of the whole sequence."""
 
     groups: dict[str, list[float]] = field(default_factory=dict)
     rules: dict[str, list[float]] = field(default_factory=dict)  # "group/rule" -> times
+    total: list[float] = field(default_factory=list)
 
 
-def group_costs(prometheus: Prometheus, cycles: int, timeout: float) -> Cycles:
-    """The next ``cycles`` evaluations of every group, from ``/api/v1/rules``."""
-    seen: dict[str, dict[str, dict[str, Any]]] = {}
-    first = {group["name"]: str(group.get("lastEvaluation", "")) for group in prometheus.rule_groups()}
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def costs_of(evaluations: Sequence[Mapping[str, Any]], owners: Sequence[str]) -> Cycles:
+    """Per group and rule, from evaluations of the sequence group as ``/api/v1/rules`` gives them."""
+    found = Cycles()
+    for evaluation in evaluations:
+        rules = list(evaluation.get("rules", []))
+        if len(rules) != len(owners):
+            raise ValueError(f"{len(rules)} rules evaluated, {len(owners)} loaded")
+        per_group: dict[str, float] = {}
+        for owner, rule in zip(owners, rules, strict=True):
+            seconds = float(rule.get("evaluationTime", 0.0))
+            per_group[owner] = per_group.get(owner, 0.0) + seconds
+            found.rules.setdefault(f"{owner}/{rule['name']}", []).append(seconds)
+        for owner, seconds in per_group.items():
+            found.groups.setdefault(owner, []).append(seconds)
+        found.total.append(float(evaluation.get("evaluationTime", 0.0)))
+    return found
+
+
+def quiet_evaluations(prometheus: Prometheus, cycles: int, quiet_until: float) -> list[dict[str, Any]]:
+    """Up to ``cycles`` evaluations of the sequence that start after now and end before
+    ``quiet_until`` (wall clock), i.e. while no scrape runs."""
+    started = time.time()
+    seen: dict[str, dict[str, Any]] = {}
+    while time.time() < quiet_until and len(seen) < cycles:
         for group in prometheus.rule_groups():
             stamp = str(group.get("lastEvaluation", ""))
-            if stamp != first.get(group["name"]):
-                seen.setdefault(group["name"], {})[stamp] = group
-        if len(seen) == len(first) and all(len(times) >= cycles for times in seen.values()):
-            break
+            if group["name"] != SEQUENCE_GROUP or not stamp or stamp in seen:
+                continue
+            begun = rfc3339_seconds(stamp)
+            if begun >= started and begun + float(group.get("evaluationTime", 0.0)) <= quiet_until:
+                seen[stamp] = group
         time.sleep(0.5)
-    found = Cycles()
-    for name, by_stamp in seen.items():
-        kept = [group for _, group in sorted(by_stamp.items())][:cycles]
-        found.groups[name] = [float(group.get("evaluationTime", 0.0)) for group in kept]
-        for group in kept:
-            for rule in group.get("rules", []):
-                found.rules.setdefault(f"{name}/{rule['name']}", []).append(float(rule.get("evaluationTime", 0.0)))
-    return found
+    return [group for _, group in sorted(seen.items())][:cycles]
+
+
+def rfc3339_seconds(stamp: str) -> float:
+    """Seconds since the epoch of Prometheus' ``lastEvaluation`` (nanosecond digits cut to micro)."""
+    match = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)", stamp)
+    if not match:
+        raise ValueError(f"not an RFC 3339 time: {stamp!r}")
+    zone = "+00:00" if match.group(3) == "Z" else match.group(3)
+    fraction = (match.group(2) or ".0")[:7]
+    return datetime.fromisoformat(match.group(1) + fraction + zone).timestamp()
 
 
 @dataclass
@@ -594,6 +633,8 @@ class FleetCost:
     backfilled_samples: int
     seconds: float  # wall time for this fleet, set-up included
     skipped: str = ""  # why this fleet was not measured
+    total: float = 0.0  # every rule of both files, one after another (median per cycle, s)
+    cycles: int = 0
 
 
 def _binaries() -> tuple[str, str]:
@@ -625,7 +666,8 @@ def measure(
             source = workdir / "raw.om"
             with source.open("w") as out:
                 written = raw_history(out, template, nodes, reads.raw(), time.time() - SCRAPE_SECONDS, origin)
-            rule_file = rules_every(rules, workdir / "rules.yaml")
+            rule_file = workdir / "rules.yaml"
+            owners = rules_in_sequence(rules, rule_file)
 
             def config(scrape_seconds: float) -> dict[str, Any]:
                 jobs = server.targets()
@@ -648,23 +690,44 @@ def measure(
                     progress(f"{live:.0f} s until {LIVE_SECONDS:g} s of scrapes fill the short ranges")
                     time.sleep(live)
                 head = own_metric(prometheus, "prometheus_tsdb_head_series")
-                # Rule evaluation alone: the next scrapes come after the measurement (the series stay
-                # fresh within the 5-minute lookback), so ingestion does not compete for the cores.
-                prometheus.write_config(config(QUIET_SCRAPE_SECONDS))
-                prometheus.reload()
-                time.sleep(EVALUATION_SECONDS)
                 progress(
                     f"{nodes} nodes: {head:,.0f} head series, {written.samples:,} samples backfilled; "
                     f"measuring {cycles} cycles"
                 )
-                costs = group_costs(prometheus, cycles, timeout=QUIET_SCRAPE_SECONDS - 2 * EVALUATION_SECONDS)
+                evaluations: list[dict[str, Any]] = []
+                for _ in range(QUIET_ROUNDS):
+                    # Rule evaluation alone: each target is next scraped once somewhere in the quiet
+                    # interval (the series stay fresh within the 5-minute lookback), so ingestion
+                    # hardly competes for the cores; evaluations that overlap the switch back are
+                    # not counted. Between rounds the scrapes refill the five-minute ranges.
+                    prometheus.write_config(config(QUIET_SCRAPE_SECONDS))
+                    prometheus.reload()
+                    quiet_until = time.time() + QUIET_SCRAPE_SECONDS - EVALUATION_SECONDS
+                    evaluations += quiet_evaluations(prometheus, cycles - len(evaluations), quiet_until)
+                    if len(evaluations) >= cycles:
+                        break
+                    progress(f"{len(evaluations)} of {cycles} cycles measured; scraping again before the next")
+                    prometheus.write_config(config(SCRAPE_SECONDS))
+                    prometheus.reload()
+                    time.sleep(REFILL_SECONDS)
+                costs = costs_of(evaluations, owners)
             finally:
                 prometheus.stop()
         finally:
             server.stop()
     medians = {name: statistics.median(values) for name, values in costs.groups.items() if values}
     rule_medians = {name: statistics.median(values) for name, values in costs.rules.items() if values}
-    return FleetCost(nodes, medians, rule_medians, head, written.samples, time.monotonic() - started)
+    total = statistics.median(costs.total) if costs.total else 0.0
+    return FleetCost(
+        nodes,
+        medians,
+        rule_medians,
+        head,
+        written.samples,
+        time.monotonic() - started,
+        total=total,
+        cycles=len(costs.total),
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -696,6 +759,11 @@ def run(
         ]
         lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
     lines.append(
+        "| every rule of both files, one after another | "
+        + " | ".join("" if fleet.skipped else f"{fleet.total * 1000:.1f} ms" for fleet in fleets)
+        + " |"
+    )
+    lines.append(
         "| Prometheus head series | "
         + " | ".join(
             f"not measured: {fleet.skipped}" if fleet.skipped else f"{fleet.head_series / 1e6:.2f} M"
@@ -721,8 +789,9 @@ Rule evaluation per group and cycle (median of {cycles} cycles), rules from {" a
 synthetic fleets of the exporter's real series shape{flags}: {exporter_series:,} exporter series per
 node, plus cAdvisor's and kube-state-metrics' ({len(template):,} in all), scraped every
 {SCRAPE_SECONDS:g} s from a server in the benchmark (paused while measuring: the rules' cost alone),
-with the history the rules read over ranges backfilled; one Prometheus, every group evaluated each
-{EVALUATION_SECONDS:g} s, on a 2-core machine shared with other work.
+with the history the rules read over ranges backfilled; one Prometheus evaluating every rule one
+after another (a group's cost is the sum of its rules': the group with a core to itself), on a
+2-core machine shared with other work.
 
 {table}
 """

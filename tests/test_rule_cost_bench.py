@@ -7,7 +7,20 @@ import io
 import subprocess
 from pathlib import Path
 
-from bench.rule_cost import Node, RuleReads, TemplateSeries, range_reads, write_family
+import pytest
+import yaml
+
+from bench.rule_cost import (
+    SEQUENCE_GROUP,
+    Node,
+    RuleReads,
+    TemplateSeries,
+    rfc3339_seconds,
+    costs_of,
+    range_reads,
+    rules_in_sequence,
+    write_family,
+)
 from tests.conftest import require_tool
 
 
@@ -60,3 +73,36 @@ def test_history_is_openmetrics_promtool_backfills(tmp_path: Path) -> None:
     done = subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(source), str(tmp_path / "tsdb")],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_every_rule_runs_in_one_group_in_file_order_and_each_knows_its_group(tmp_path: Path) -> None:
+    rules = {"groups": [
+        {"name": "a", "interval": "5m", "rules": [{"record": "n:x:rate5m", "expr": "rate(x[5m])"},
+                                                  {"alert": "A", "expr": "n:x:rate5m > 1"}]},
+        {"name": "b", "rules": [{"record": "n:x:rate5m", "expr": "vector(1)", "labels": {"k": "v"}}]},
+    ]}
+    owners = rules_in_sequence(rules, tmp_path / "rules.yaml")
+    written = yaml.safe_load((tmp_path / "rules.yaml").read_text())
+    assert owners == ["a", "a", "b"]
+    assert [g["name"] for g in written["groups"]] == [SEQUENCE_GROUP] and "interval" not in written["groups"][0]
+    assert [r.get("record") or r.get("alert") for r in written["groups"][0]["rules"]] == ["n:x:rate5m", "A", "n:x:rate5m"]
+    assert written["groups"][0]["rules"][2]["labels"] == {"k": "v"}
+
+
+def test_a_group_costs_the_sum_of_its_rules_per_cycle() -> None:
+    owners = ["a", "a", "b"]
+    cycle = {"evaluationTime": 0.7, "rules": [{"name": "r1", "evaluationTime": 0.1}, {"name": "r2", "evaluationTime": 0.2},
+                                              {"name": "r1", "evaluationTime": 0.4}]}
+    costs = costs_of([cycle, cycle], owners)
+    assert costs.groups == {"a": [0.1 + 0.2] * 2, "b": [0.4] * 2}
+    assert costs.rules == {"a/r1": [0.1, 0.1], "a/r2": [0.2, 0.2], "b/r1": [0.4, 0.4]}
+    assert costs.total == [0.7, 0.7]
+    with pytest.raises(ValueError, match="2 rules evaluated, 3 loaded"):
+        costs_of([{"rules": cycle["rules"][:2]}], owners)
+
+
+def test_evaluation_times_from_the_rules_api_parse_to_epoch_seconds() -> None:
+    assert rfc3339_seconds("2026-12-01T22:03:25.123456789Z") == pytest.approx(1796162605.123456)
+    assert rfc3339_seconds("2026-12-01T23:03:25+01:00") == pytest.approx(1796162605.0)
+    with pytest.raises(ValueError):
+        rfc3339_seconds("yesterday")
