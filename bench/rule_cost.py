@@ -23,10 +23,15 @@ groups would otherwise not run at all), and ``evaluationTime`` of each rule is r
 ``/api/v1/rules``; a group's cost is the sum of its rules' times, i.e. what the group takes with a
 core to itself, and the sum over all groups is the CPU time a cycle of every group takes. Run as
 they are, 17 groups at once on two cores would wait for each other, and each group's wall time
-would measure that queue. The number reported is the median over ``--cycles`` cycles. Scrapes
-pause for those cycles (the scrape interval is raised to ``QUIET_SCRAPE_SECONDS`` by a config
-reload; every series stays within Prometheus' 5-minute lookback), so the numbers are the rules'
-own cost, not ingestion's: a 2-core machine cannot ingest 1,000 nodes and evaluate beside it.
+would measure that queue. The number reported is the median over ``--cycles`` cycles. Nothing is
+scraped during those cycles, so the numbers are the rules' own cost, not ingestion's (a 2-core
+machine cannot ingest 1,000 nodes and evaluate beside it): Prometheus stops and starts again on
+the same TSDB with the rules and no scrape jobs. A stopping Prometheus writes no staleness markers,
+so every series stays as fresh as the last scrape left it, for Prometheus' 5-minute lookback;
+only cycles that end within it count. (Raising the scrape interval by a reload would not do: the
+old scrape loops mark their series stale two intervals later, and until the new loops' first
+scrapes, spread over the new interval, much of the fleet would be missing from what the rules
+read.)
 Prometheus is the Debian 2.42 package.
 
     python -m bench.rule_cost [--nodes 32,256,1000] [--rules FILE ...] [--cycles 5]
@@ -81,10 +86,7 @@ GROUP_SECONDS = 30.0  # the Prometheus Operator's evaluationInterval default
 EVALUATION_SECONDS = 10.0  # how often every group runs while measuring
 # Ranges up to this long fill from live scrapes before measuring; longer ones are backfilled.
 LIVE_SECONDS = 300.0
-# While measuring, scrapes pause this long (within Prometheus' 5-minute lookback).
-QUIET_SCRAPE_SECONDS = 240.0
-QUIET_ROUNDS = 4
-REFILL_SECONDS = 150.0  # scrapes between quiet rounds
+LOOKBACK_SECONDS = 300.0  # Prometheus' default: how long a series stays fresh after its last sample
 NODES_PER_JOB = 4
 CADVISOR_PODS = 30
 EXPORTER_NAMESPACE = "ccl-exporter"
@@ -597,18 +599,16 @@ def costs_of(evaluations: Sequence[Mapping[str, Any]], owners: Sequence[str]) ->
     return found
 
 
-def quiet_evaluations(prometheus: Prometheus, cycles: int, quiet_until: float) -> list[dict[str, Any]]:
-    """Up to ``cycles`` evaluations of the sequence that start after now and end before
-    ``quiet_until`` (wall clock), i.e. while no scrape runs."""
-    started = time.time()
+def fresh_evaluations(prometheus: Prometheus, cycles: int, fresh_until: float) -> list[dict[str, Any]]:
+    """Up to ``cycles`` evaluations of the sequence that end before ``fresh_until`` (wall clock),
+    while every scraped series is still within the lookback."""
     seen: dict[str, dict[str, Any]] = {}
-    while time.time() < quiet_until and len(seen) < cycles:
+    while time.time() < fresh_until and len(seen) < cycles:
         for group in prometheus.rule_groups():
             stamp = str(group.get("lastEvaluation", ""))
-            if group["name"] != SEQUENCE_GROUP or not stamp or stamp in seen:
+            if group["name"] != SEQUENCE_GROUP or stamp.startswith("0001-") or not stamp or stamp in seen:
                 continue
-            begun = rfc3339_seconds(stamp)
-            if begun >= started and begun + float(group.get("evaluationTime", 0.0)) <= quiet_until:
+            if rfc3339_seconds(stamp) + float(group.get("evaluationTime", 0.0)) <= fresh_until:
                 seen[stamp] = group
         time.sleep(0.5)
     return [group for _, group in sorted(seen.items())][:cycles]
@@ -690,26 +690,21 @@ def measure(
                     progress(f"{live:.0f} s until {LIVE_SECONDS:g} s of scrapes fill the short ranges")
                     time.sleep(live)
                 head = own_metric(prometheus, "prometheus_tsdb_head_series")
+                # Rule evaluation alone: Prometheus stops (no staleness markers: it presumes it
+                # restarts where it stopped) and starts again on the same TSDB with the rules and
+                # no scrape jobs, so nothing is ingested while measuring and every series stays
+                # fresh until Prometheus' 5-minute lookback runs out after the last scrape.
+                prometheus.stop(timeout=300.0)
+                last_scrape = time.time()
+                server.stop()
+                prometheus.write_config({**config(SCRAPE_SECONDS), "scrape_configs": []})
+                prometheus.start(ready_timeout=LOOKBACK_SECONDS)
+                fresh_until = last_scrape + LOOKBACK_SECONDS - SCRAPE_SECONDS
                 progress(
                     f"{nodes} nodes: {head:,.0f} head series, {written.samples:,} samples backfilled; "
-                    f"measuring {cycles} cycles"
+                    f"restarted without scrapes in {time.time() - last_scrape:.0f} s, measuring {cycles} cycles"
                 )
-                evaluations: list[dict[str, Any]] = []
-                for _ in range(QUIET_ROUNDS):
-                    # Rule evaluation alone: each target is next scraped once somewhere in the quiet
-                    # interval (the series stay fresh within the 5-minute lookback), so ingestion
-                    # hardly competes for the cores; evaluations that overlap the switch back are
-                    # not counted. Between rounds the scrapes refill the five-minute ranges.
-                    prometheus.write_config(config(QUIET_SCRAPE_SECONDS))
-                    prometheus.reload()
-                    quiet_until = time.time() + QUIET_SCRAPE_SECONDS - EVALUATION_SECONDS
-                    evaluations += quiet_evaluations(prometheus, cycles - len(evaluations), quiet_until)
-                    if len(evaluations) >= cycles:
-                        break
-                    progress(f"{len(evaluations)} of {cycles} cycles measured; scraping again before the next")
-                    prometheus.write_config(config(SCRAPE_SECONDS))
-                    prometheus.reload()
-                    time.sleep(REFILL_SECONDS)
+                evaluations = fresh_evaluations(prometheus, cycles, fresh_until)
                 costs = costs_of(evaluations, owners)
             finally:
                 prometheus.stop()
