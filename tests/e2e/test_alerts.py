@@ -36,11 +36,11 @@ def _alerts_named(cluster, alertname: str) -> list[dict]:  # type: ignore[no-unt
 
 def test_rdma_port_down_fires_for_that_port_and_resolves_when_it_is_back(start_cluster) -> None:  # type: ignore[no-untyped-def]
     cluster = start_cluster(nodes=2, intervals=Intervals())
-    # The rule only pages for ports seen ACTIVE before (a 7-day look-back at the hourly roll-ups:
-    # 168 min of roll-ups every minute here): let one roll-up record the port up.
+    # The rule only pages for ports seen ACTIVE before (the 7-day look-back the hourly group
+    # records, read over its last two values: hours are minutes here): let one record the port up.
     cluster.prometheus.wait_until(
         lambda: cluster.prometheus.values(
-            'max_over_time(node_device_port:ccl_rdma_port_active:max1h{node="gpu-node-01",device="mlx5_2"}[168m])'
+            'max_over_time(node_device_port:ccl_rdma_port_active:max7d{node="gpu-node-01",device="mlx5_2"}[2m])'
         ) == [1.0],
         timeout=90, what="an hourly roll-up with the port ACTIVE",
     )
