@@ -16,7 +16,9 @@ from bench.rule_cost import (
     RuleReads,
     TemplateSeries,
     rfc3339_seconds,
+    busy_per_minute,
     costs_of,
+    group_intervals,
     range_reads,
     rules_in_sequence,
     write_family,
@@ -106,3 +108,10 @@ def test_evaluation_times_from_the_rules_api_parse_to_epoch_seconds() -> None:
     assert rfc3339_seconds("2026-12-01T23:03:25+01:00") == pytest.approx(1796162605.0)
     with pytest.raises(ValueError):
         rfc3339_seconds("yesterday")
+
+
+def test_evaluation_per_minute_weighs_each_group_by_its_interval() -> None:
+    intervals = group_intervals([{"groups": [{"name": "a", "rules": []}, {"name": "b", "interval": "5m", "rules": []}]},
+                                 {"groups": [{"name": "c", "interval": "15s", "rules": []}]}])
+    assert intervals == {"a": 30.0, "b": 300.0, "c": 15.0}
+    assert busy_per_minute({"a": 0.1, "b": 1.0, "c": 0.05}, intervals) == pytest.approx(0.2 + 0.2 + 0.2)
