@@ -36,7 +36,7 @@ Prometheus is the Debian 2.42 package.
 
     python -m bench.rule_cost [--nodes 32,256,1000] [--rules FILE ...] [--cycles 5]
 
-All three fleets take about 45 minutes on a 2-core machine, and Prometheus needs ~12 GiB of
+All three fleets take about 30 minutes on a 2-core machine, and Prometheus needs ~12 GiB of
 memory at 1,000 nodes.
 
 Goal: every group under ``GOAL_MS`` per cycle at 1,000 nodes. The ratio is the slowest group at
@@ -822,7 +822,8 @@ def run(
 Rule evaluation per group and cycle (median of {cycles} cycles), rules from {" and ".join(f"`{p.name}`" for p in rule_files)}, on
 synthetic fleets of the exporter's real series shape{flags}: {exporter_series:,} exporter series per
 node, plus cAdvisor's and kube-state-metrics' ({len(template):,} in all), scraped every
-{SCRAPE_SECONDS:g} s from a server in the benchmark (paused while measuring: the rules' cost alone),
+{SCRAPE_SECONDS:g} s from a server in the benchmark (none while measuring, Prometheus restarted without scrape
+jobs: the rules' cost alone),
 with the history the rules read over ranges backfilled; one Prometheus evaluating every rule one
 after another (a group's cost is the sum of its rules': the group with a core to itself), on a
 2-core machine shared with other work.
