@@ -176,8 +176,12 @@ def exporter_template(seconds: float = 3.0, extra_args: Sequence[str] = ()) -> l
 
 def node_template(exporter: Sequence[TemplateSeries]) -> list[TemplateSeries]:
     """A node as Prometheus sees it: the exporter's series, kube-state-metrics' GPU capacity, and
-    cAdvisor's network series of the node's training pods and system pods (``CADVISOR_PODS`` in
-    all), each with a sandbox row and a container row, on eth0 and lo."""
+    cAdvisor's network series as the kubelet serves them for the node's training pods and system
+    pods (``CADVISOR_PODS`` in all). cAdvisor reports a pod's network once, for its sandbox (the
+    pause container: ``container=""`` under containerd, ``"POD"`` under CRI-O; the containers
+    share its network namespace), skips ``lo``, ``veth*``, ``docker*`` and ``nerdctl*``, and
+    reports the host's own interfaces under ``id="/"`` with no pod: the node's NIC and each pod's
+    host end of its veth pair as the CNI names it (``cali*`` here)."""
     pods = sorted(
         {(dict(s.labels)["namespace"], dict(s.labels)["pod"]) for s in exporter if s.name == "ccl_gpu_pod_info"}
     )
@@ -185,21 +189,32 @@ def node_template(exporter: Sequence[TemplateSeries]) -> list[TemplateSeries]:
     series = list(exporter)
     capacity = (("resource", "nvidia_com_gpu"), ("unit", "integer"))
     series.append(TemplateSeries("kube_node_status_capacity", capacity, 8.0, source="kube-state-metrics"))
+    host_interfaces = ["ens1f0np0"] + [f"cali{index:011x}" for index in range(len(pods))]
     for direction in ("transmit", "receive"):
-        for namespace, pod in pods:
-            for container in ("", "main"):
-                for interface in ("eth0", "lo"):
-                    labels = (
-                        ("container", container),
-                        ("id", f"/kubepods/{pod}/{container}"),
-                        ("image", ""),
-                        ("interface", interface),
-                        ("name", ""),
-                        ("namespace", namespace),
-                        ("pod", pod),
-                    )
-                    name = f"container_network_{direction}_bytes_total"
-                    series.append(TemplateSeries(name, labels, 1e9, 1e4, source="kubelet"))
+        name = f"container_network_{direction}_bytes_total"
+        for index, (namespace, pod) in enumerate(pods):
+            sandbox = f"{index:064x}"
+            labels = (
+                ("container", ""),
+                ("id", f"/kubepods/pod{index:08x}/{sandbox}"),
+                ("image", "registry.k8s.io/pause:3.9"),
+                ("interface", "eth0"),
+                ("name", sandbox),
+                ("namespace", namespace),
+                ("pod", pod),
+            )
+            series.append(TemplateSeries(name, labels, 1e9, 1e4, source="kubelet"))
+        for interface in host_interfaces:
+            labels = (
+                ("container", ""),
+                ("id", "/"),
+                ("image", ""),
+                ("interface", interface),
+                ("name", ""),
+                ("namespace", ""),
+                ("pod", ""),
+            )
+            series.append(TemplateSeries(name, labels, 1e9, 1e4, source="kubelet"))
     return series
 
 
@@ -234,7 +249,7 @@ class Node:
         """The series' labels as the node's target serves them: its own pods, jobs, GPUs and
         communicators; kube-state-metrics names the node itself."""
         labels = dict(series.labels)
-        if "pod" in labels:
+        if labels.get("pod"):  # the host's own series (cAdvisor's id="/") have pod=""
             labels["pod"] = self.pod(labels["pod"])
         if "job_name" in labels:
             labels["job_name"] = self.job(labels["job_name"])

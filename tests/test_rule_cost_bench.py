@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from bench.rule_cost import (
+    CADVISOR_PODS,
     SEQUENCE_GROUP,
     Node,
     RuleReads,
@@ -19,6 +20,7 @@ from bench.rule_cost import (
     busy_per_minute,
     costs_of,
     group_intervals,
+    node_template,
     range_reads,
     rules_in_sequence,
     write_family,
@@ -61,6 +63,19 @@ def test_each_node_has_pods_of_its_own_in_jobs_of_four_nodes() -> None:
     kubelet = Node(5).stored_labels(TemplateSeries("container_network_receive_bytes_total", (("pod", "x-0"),), 1.0,
                                                    source="kubelet"))
     assert kubelet["job"] == "kubelet" and kubelet["pod"] == "x-0-0005"
+    host = Node(5).stored_labels(TemplateSeries("container_network_receive_bytes_total", (("id", "/"), ("pod", "")), 1.0,
+                                                source="kubelet"))
+    assert host["pod"] == "" and host["node"] == "gpu-node-0005", "the host's own interfaces name no pod"
+
+
+def test_cadvisor_reports_each_pod_once_for_its_sandbox_and_the_host_without_a_pod() -> None:
+    exporter = [TemplateSeries("ccl_gpu_pod_info", (("namespace", "ml"), ("pod", "llama-worker-0")), 1.0)]
+    kubelet = [s for s in node_template(exporter) if s.name == "container_network_transmit_bytes_total"]
+    per_pod = [dict(s.labels) for s in kubelet if dict(s.labels)["pod"]]
+    assert len(per_pod) == CADVISOR_PODS and {p["interface"] for p in per_pod} == {"eth0"}
+    assert {p["container"] for p in per_pod} == {""} and ("ml", "llama-worker-0") in {(p["namespace"], p["pod"]) for p in per_pod}
+    host = [dict(s.labels) for s in kubelet if not dict(s.labels)["pod"]]
+    assert {h["id"] for h in host} == {"/"} and len(host) == CADVISOR_PODS + 1, "the node's NIC and a cali* per pod"
 
 
 def test_history_is_openmetrics_promtool_backfills(tmp_path: Path) -> None:
