@@ -58,7 +58,6 @@ import time
 import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -80,6 +79,7 @@ from devtools.stack import (
     make_healthy,
     prometheus_config,
 )
+from devtools.timeline import parse_timestamp
 
 NODE_COUNTS = (32, 256, 1000)
 GOAL_MS = 100.0
@@ -423,6 +423,11 @@ def range_reads(expr: str) -> dict[str, float]:
     return found
 
 
+def group_interval(group: Mapping[str, Any]) -> float:
+    """A group's evaluation interval (s): its own, else the Prometheus Operator's default."""
+    return duration_seconds(group["interval"]) if "interval" in group else GROUP_SECONDS
+
+
 @dataclass
 class RuleReads:
     """Per name, the longest range (seconds) any rule reads it over; each recording rule's
@@ -435,7 +440,7 @@ class RuleReads:
     def of(cls, rules: Mapping[str, Any], known: Iterable[str]) -> RuleReads:
         reads = cls()
         for group in rules["groups"]:
-            interval = duration_seconds(group["interval"]) if "interval" in group else GROUP_SECONDS
+            interval = group_interval(group)
             for rule in group["rules"]:
                 if "record" in rule:
                     reads.recorded[rule["record"]] = interval
@@ -641,29 +646,15 @@ def fresh_evaluations(prometheus: Prometheus, cycles: int, fresh_until: float) -
             stamp = str(group.get("lastEvaluation", ""))
             if group["name"] != SEQUENCE_GROUP or stamp.startswith("0001-") or not stamp or stamp in seen:
                 continue
-            if rfc3339_seconds(stamp) + float(group.get("evaluationTime", 0.0)) <= fresh_until:
+            if parse_timestamp(stamp) + float(group.get("evaluationTime", 0.0)) <= fresh_until:
                 seen[stamp] = group
         time.sleep(0.5)
     return [group for _, group in sorted(seen.items())][:cycles]
 
 
-def rfc3339_seconds(stamp: str) -> float:
-    """Seconds since the epoch of Prometheus' ``lastEvaluation`` (nanosecond digits cut to micro)."""
-    match = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)", stamp)
-    if not match:
-        raise ValueError(f"not an RFC 3339 time: {stamp!r}")
-    zone = "+00:00" if match.group(3) == "Z" else match.group(3)
-    fraction = (match.group(2) or ".0")[:7]
-    return datetime.fromisoformat(match.group(1) + fraction + zone).timestamp()
-
-
-def group_intervals(rule_documents: Iterable[Mapping[str, Any]]) -> dict[str, float]:
-    """Each group's evaluation interval (s): its own, else the Prometheus Operator's default."""
-    return {
-        str(group["name"]): duration_seconds(group["interval"]) if "interval" in group else GROUP_SECONDS
-        for document in rule_documents
-        for group in document["groups"]
-    }
+def group_intervals(rules: Mapping[str, Any]) -> dict[str, float]:
+    """Each group's evaluation interval (s)."""
+    return {str(group["name"]): group_interval(group) for group in rules["groups"]}
 
 
 def busy_per_minute(group_seconds: Mapping[str, float], intervals: Mapping[str, float]) -> float:
@@ -695,13 +686,13 @@ def _binaries() -> tuple[str, str]:
 def measure(
     nodes: int,
     template: Sequence[TemplateSeries],
-    rule_files: Sequence[Path],
+    rules: Mapping[str, Any],
     cycles: int = 5,
     max_samples: int = MAX_SAMPLES,
 ) -> FleetCost:
+    """One fleet's rule costs; ``rules`` is every group of the rule files, in order."""
     started = time.monotonic()
     prometheus_binary, promtool = _binaries()
-    rules = {"groups": [group for path in rule_files for group in yaml.safe_load(path.read_text())["groups"]]}
     reads = RuleReads.of(rules, {series.name for series in template})
     planned = planned_samples(template, nodes, reads)
     if planned > max_samples:
@@ -717,12 +708,10 @@ def measure(
             rule_file = workdir / "rules.yaml"
             owners = rules_in_sequence(rules, rule_file)
 
-            def config(scrape_seconds: float) -> dict[str, Any]:
-                jobs = server.targets()
-                intervals = Intervals(scrape_seconds=scrape_seconds, evaluation_seconds=EVALUATION_SECONDS)
-                return prometheus_config(jobs.pop(SCRAPE_JOB), [rule_file], None, intervals, other_jobs=jobs)
-
-            prometheus = Prometheus(prometheus_binary, workdir / "prometheus", config(SCRAPE_SECONDS))
+            jobs = server.targets()
+            intervals = Intervals(scrape_seconds=SCRAPE_SECONDS, evaluation_seconds=EVALUATION_SECONDS)
+            config = prometheus_config(jobs.pop(SCRAPE_JOB), [rule_file], None, intervals, other_jobs=jobs)
+            prometheus = Prometheus(prometheus_binary, workdir / "prometheus", config)
             backfill(promtool, source, prometheus.workdir / "tsdb")
             prometheus.start(ready_timeout=600.0)
             try:
@@ -745,7 +734,7 @@ def measure(
                 prometheus.stop(timeout=300.0)
                 last_scrape = time.time()
                 server.stop()
-                prometheus.write_config({**config(SCRAPE_SECONDS), "scrape_configs": []})
+                prometheus.write_config({**config, "scrape_configs": []})
                 prometheus.start(ready_timeout=LOOKBACK_SECONDS)
                 fresh_until = last_scrape + LOOKBACK_SECONDS - SCRAPE_SECONDS
                 progress(
@@ -789,8 +778,9 @@ def run(
         raise FileNotFoundError("alerts/ccl-health-rules.yaml not found (run from a source checkout)")
     exporter = exporter_template(extra_args=exporter_args)
     template = node_template(exporter)
-    fleets = [measure(nodes, template, rule_files, cycles, max_samples) for nodes in node_counts]
-    intervals = group_intervals([yaml.safe_load(path.read_text()) for path in rule_files])
+    rules = {"groups": [group for path in rule_files for group in yaml.safe_load(path.read_text())["groups"]]}
+    fleets = [measure(nodes, template, rules, cycles, max_samples) for nodes in node_counts]
+    intervals = group_intervals(rules)
     measured = [fleet for fleet in fleets if not fleet.skipped]
     groups = sorted({name for fleet in measured for name in fleet.groups})
     lines = [
@@ -810,6 +800,11 @@ def run(
     lines.append(
         "| evaluation per minute, each group at its interval | "
         + " | ".join("" if fleet.skipped else f"{busy_per_minute(fleet.groups, intervals):.2f} s" for fleet in fleets)
+        + " |"
+    )
+    lines.append(
+        "| cycles measured (the medians' count) | "
+        + " | ".join("" if fleet.skipped else str(fleet.cycles) for fleet in fleets)
         + " |"
     )
     lines.append(
@@ -834,7 +829,7 @@ def run(
     flags = f" (`serve --simulate {' '.join(exporter_args)}`)" if exporter_args else ""
     table = "\n".join(lines)
     markdown = f"""
-Rule evaluation per group and cycle (median of {cycles} cycles), rules from {" and ".join(f"`{p.name}`" for p in rule_files)}, on
+Rule evaluation per group and cycle (median of up to {cycles} cycles), rules from {" and ".join(f"`{p.name}`" for p in rule_files)}, on
 synthetic fleets of the exporter's real series shape{flags}: {exporter_series:,} exporter series per
 node, plus cAdvisor's and kube-state-metrics' ({len(template):,} in all), scraped every
 {SCRAPE_SECONDS:g} s from a server in the benchmark (none while measuring, Prometheus restarted without scrape

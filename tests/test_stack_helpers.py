@@ -57,6 +57,8 @@ def test_compress_time_divides_for_windows_subquery_steps_and_group_intervals_on
 
 def test_parse_timestamp() -> None:
     assert parse_timestamp("2026-11-29T23:20:01.5Z") == parse_timestamp("2026-11-30T00:20:01.5+01:00")
+    # the rules API's lastEvaluation, which bench/rule_cost.py reads
+    assert parse_timestamp("2026-12-01T22:03:25.123456789Z") == pytest.approx(1796162605.123456)
     assert parse_timestamp("2026-11-29T23:20:01.123456789Z") % 1 == pytest.approx(0.123456789, abs=1e-6)
     with pytest.raises(ValueError):
         parse_timestamp("yesterday")
