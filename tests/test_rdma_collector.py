@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from exporter.collectors.rdma import RdmaCollector
 from tests.conftest import require_tool
-from tests.metrics_text import promtool_check_metrics, scrape_collectors, stable_lines, value
+from tests.metrics_text import promtool_check_metrics, samples, scrape_collectors, stable_lines, value
 
 GOLDEN = Path(__file__).parent / "golden" / "rdma_metrics.txt"
 
@@ -56,3 +57,71 @@ def test_counters_follow_the_tree(fixture_tree) -> None:  # type: ignore[no-unty
     assert value(scrape(root), "ccl_rdma_port_transmit_bytes_total", device="mlx5_0", port="1") == 40.0
     counter.write_text("11\n")
     assert value(scrape(root), "ccl_rdma_port_transmit_bytes_total", device="mlx5_0", port="1") == 44.0
+
+
+def _per_port_sum(text: str, name: str, **labels: str) -> float:
+    """The sum of a per-port family's samples that carry ``labels``."""
+    wanted = set(labels.items())
+    return sum(v for (sample, found), v in samples(text).items() if sample == name and wanted <= set(found))
+
+
+def test_node_summary_is_the_sum_over_ports(fixture_tree) -> None:  # type: ignore[no-untyped-def]
+    text = scrape(fixture_tree("sysfs_rdma"))
+    ports = [labels for (name, labels) in samples(text) if name == "ccl_rdma_port_info"]
+    states = [v for (name, _), v in samples(text).items() if name == "ccl_rdma_port_state_id"]
+    assert value(text, "ccl_rdma_node_ports") == len(ports) == 7
+    assert value(text, "ccl_rdma_node_ports_active") == sum(1 for state in states if state in (4, 5)) == 5
+    for direction in ("transmit", "receive"):
+        node = value(text, f"ccl_rdma_node_{direction}_bytes_total")
+        assert node == _per_port_sum(text, f"ccl_rdma_port_{direction}_bytes_total") > 0
+    counters = {dict(labels)["counter"] for (name, labels) in samples(text) if name == "ccl_rdma_port_errors_total"}
+    assert len(counters) == 14
+    for counter in counters:
+        node = value(text, "ccl_rdma_node_errors_total", counter=counter)
+        assert node == _per_port_sum(text, "ccl_rdma_port_errors_total", counter=counter), counter
+
+
+def test_node_summary_never_falls_when_a_port_resets_or_goes(fixture_tree) -> None:  # type: ignore[no-untyped-def]
+    """A port's counter reset counts from zero and a port that disappears keeps what it added:
+    the node's sums only grow, so Prometheus' rate never sees a false reset."""
+    root = fixture_tree("sysfs_rdma")
+    collector = RdmaCollector(root)  # one collector: the sums live across its scrapes
+    ports = root / "devices/pci0000:00/0000:00:00.0/infiniband/mlx5_0/ports/1"
+    data, symbol = ports / "counters/port_xmit_data", ports / "counters/symbol_error"
+    data.write_text("1000\n")
+    symbol.write_text("5\n")
+    first = scrape_collectors(collector)
+    before_bytes = value(first, "ccl_rdma_node_transmit_bytes_total")
+    before_errors = value(first, "ccl_rdma_node_errors_total", counter="symbol_error")
+    assert before_bytes is not None and before_errors is not None
+
+    data.write_text("1010\n")  # +40 bytes (4-octet words)
+    symbol.write_text("7\n")  # +2
+    second = scrape_collectors(collector)
+    assert value(second, "ccl_rdma_node_transmit_bytes_total") == before_bytes + 40
+    assert value(second, "ccl_rdma_node_errors_total", counter="symbol_error") == before_errors + 2
+
+    data.write_text("3\n")  # reset: counts from zero, +12 bytes
+    symbol.write_text("1\n")  # reset: +1
+    third = scrape_collectors(collector)
+    assert value(third, "ccl_rdma_node_transmit_bytes_total") == before_bytes + 52
+    assert value(third, "ccl_rdma_node_errors_total", counter="symbol_error") == before_errors + 3
+
+    shutil.rmtree(ports)  # the port disappears (hot-unplug, driver reload)
+    fourth = scrape_collectors(collector)
+    assert value(fourth, "ccl_rdma_node_ports") == 6
+    assert value(fourth, "ccl_rdma_node_transmit_bytes_total") == before_bytes + 52
+    # the ports left add up to less: the first reading's 1000 words of the port that went
+    assert _per_port_sum(fourth, "ccl_rdma_port_transmit_bytes_total") == before_bytes - 4000
+
+
+def test_node_summary_skips_what_no_port_reports(tmp_path: Path) -> None:
+    """A node whose ports report no data counters has port counts but no byte sums (never 0)."""
+    port = tmp_path / "class/infiniband/mlx5_0/ports/1"
+    port.mkdir(parents=True)
+    (port / "state").write_text("4: ACTIVE\n")
+    text = scrape(tmp_path)
+    assert value(text, "ccl_rdma_node_ports") == 1.0
+    assert value(text, "ccl_rdma_node_ports_active") == 1.0
+    assert value(text, "ccl_rdma_node_transmit_bytes_total") is None
+    assert "ccl_rdma_node_errors_total{" not in text

@@ -10,23 +10,22 @@ GPUs, not with GPUs x links. ``--collector.nvml.nvlink-granularity=gpu`` keeps o
 drops the per-link series (144 links on an 8-GPU NVLink4 node: three quarters of a node's
 series); ``link``, the default, exports both.
 
-The per-GPU counters only ever grow, as counters must: each is the sum of its links' counters
-when the GPU is first seen, and then grows by each link's increase since the scrape before. A
-link whose counter went back (reset) counts from zero, as Prometheus' ``rate`` does; a link
-that is not read this time (down, or the value unsupported) adds nothing and keeps its last
-value, so that the sum never falls and ``rate`` never sees a false reset.
+The per-GPU counters only ever grow, as counters must (``exporter.collectors.counter_sums``):
+a link whose counter resets counts from zero, and a link not read this time (down, or the value
+unsupported) adds nothing and keeps its last value, so ``rate`` never sees a false reset.
 """
 
 from __future__ import annotations
 
 import argparse
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from exporter.collectors.base import CollectorSpec, CollectorUnavailable, PartialCollection
+from exporter.collectors.counter_sums import CounterSums, PartCounters
 from exporter.flags import Flag
 from exporter.sources.nvml import ERROR_KINDS, GpuReading, NvLinkReading, NvmlBackend, NvmlUnavailable
 
@@ -44,41 +43,17 @@ def _link_counters(link: NvLinkReading) -> dict[str, int]:
 
 
 class NvlinkTotals:
-    """Per-GPU sums of per-link counters that never decrease (see the module docstring).
-
-    State is per GPU UUID: one number per (link, counter) and one total per counter, so it is
-    bounded by the node's GPUs and links. A GPU missing from a reading without problems is gone
-    and forgotten; one missing because its read failed keeps its totals for when it is back.
-    """
+    """Per-GPU sums of per-link counters that never decrease (``counter_sums``), by GPU UUID."""
 
     def __init__(self) -> None:
-        self._last: dict[str, dict[tuple[int, str], float]] = {}
-        self._totals: dict[str, dict[str, float]] = {}
+        self._sums = CounterSums()
 
     def update(self, gpus: Iterable[GpuReading], complete: bool) -> dict[str, dict[str, float]]:
         """Fold one reading in; the totals (counter name -> value) of each GPU read, by UUID."""
-        seen: dict[str, dict[str, float]] = {}
-        for gpu in gpus:
-            uuid = gpu.gpu.uuid
-            last = self._last.setdefault(uuid, {})
-            totals = self._totals.setdefault(uuid, {})
-            starting: set[str] = set()  # counters first seen now: they start at their links' sum
-            for link in gpu.links:
-                for counter, raw in _link_counters(link).items():
-                    value = float(raw)
-                    previous = last.get((link.link, counter))
-                    if counter not in totals or counter in starting:
-                        starting.add(counter)
-                        totals[counter] = totals.get(counter, 0.0) + value
-                    elif previous is not None:  # a link first read later starts from its value then
-                        totals[counter] += value - previous if value >= previous else value
-                    last[(link.link, counter)] = value
-            seen[uuid] = dict(totals)
-        if complete:
-            for uuid in set(self._totals) - set(seen):
-                del self._totals[uuid]
-                self._last.pop(uuid, None)
-        return seen
+        wholes: dict[Hashable, PartCounters] = {
+            gpu.gpu.uuid: [(link.link, _link_counters(link)) for link in gpu.links] for gpu in gpus
+        }
+        return {str(uuid): totals for uuid, totals in self._sums.update(wholes, complete).items()}
 
 
 @dataclass(frozen=True)

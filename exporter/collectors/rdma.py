@@ -1,17 +1,39 @@
-"""RDMA port collector: ``ccl_rdma_port_*`` from ``<sysfs>/class/infiniband``."""
+"""RDMA port collector: ``ccl_rdma_port_*`` from ``<sysfs>/class/infiniband``, and the node's
+summary over its ports, ``ccl_rdma_node_*``.
+
+The summary is what the node-level rules read: one series per node (per counter for the error
+counters) instead of one per port, so that a fleet's rule cost grows with nodes, not with
+nodes x ports x counters (docs/scaling.md). Its counters are sums over the ports that only
+ever grow (``exporter.collectors.counter_sums``): a port whose counter resets, or that goes
+away, never makes ``rate`` see a false reset.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import threading
+from collections.abc import Hashable, Iterable, Mapping
 from pathlib import Path
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from exporter.collectors.base import CollectorSpec, CollectorUnavailable, PartialCollection
-from exporter.sources.rdma import PHYSICAL_PORT_STATES, PORT_STATES, RdmaDevice, RdmaPort, read_rdma
+from exporter.collectors.counter_sums import CounterSums, PartCounters
+from exporter.sources.rdma import (
+    ACTIVE_PORT_STATES,
+    PHYSICAL_PORT_STATES,
+    PORT_STATES,
+    RdmaDevice,
+    RdmaPort,
+    read_rdma,
+)
 from exporter.sources.sysfs import AttributeReader, read_attribute
 
 PORT_LABELS = ["device", "port"]
+# The node summary's counters, by name in CounterSums: the bytes, and each error counter.
+_NODE_BYTES = ("transmit", "receive")
+_ERROR_PREFIX = "error:"
+# The whole the node summary sums over: the node itself (one per exporter).
+_NODE = "node"
 
 
 def _names(states: dict[int, str]) -> str:
@@ -25,12 +47,22 @@ class RdmaCollector:
     def __init__(self, sysfs: Path, reader: AttributeReader = read_attribute) -> None:
         self._sysfs = sysfs
         self._reader = reader
+        self._sums = CounterSums()
+        # A scrape whose collector ran past its timeout may still be reading when the next one
+        # starts: readings reach the sums one at a time and in the order they were taken.
+        self._reading = threading.Lock()
 
     def collect(self) -> Iterable[Metric]:
-        reading = read_rdma(self._sysfs, self._reader)
-        if not reading.class_present:
-            raise CollectorUnavailable(f"no {self._sysfs}/class/infiniband on this node")
+        with self._reading:
+            reading = read_rdma(self._sysfs, self._reader)
+            if not reading.class_present:
+                raise CollectorUnavailable(f"no {self._sysfs}/class/infiniband on this node")
+            ports = [port for device in reading.devices for port in device.ports]
+            parts: PartCounters = [((port.device, port.port), _port_counters(port)) for port in ports]
+            wholes: dict[Hashable, PartCounters] = {_NODE: parts}
+            totals = self._sums.update(wholes, complete=not reading.problems).get(_NODE, {})
         yield from self.families(reading.devices)
+        yield from self.node_families(ports, totals)
         if reading.problems:
             raise PartialCollection("; ".join(reading.problems[:5]))
 
@@ -128,6 +160,55 @@ class RdmaCollector:
                 for counter, value in sorted(p.hw_counters.items()):
                     hw.add_metric(labels + [counter], float(value))
         return [info, state, phys, rate, tx_bytes, rx_bytes, tx_packets, rx_packets, cast_packets, errors, hw]
+
+    @staticmethod
+    def node_families(ports: Iterable[RdmaPort], totals: Mapping[str, float]) -> list[Metric]:
+        """``ccl_rdma_node_*``: the node's ports, ACTIVE ports and its counters summed over its
+        ports (``totals`` from ``CounterSums.update``)."""
+        ports = list(ports)
+        count = GaugeMetricFamily(
+            "ccl_rdma_node_ports", "RDMA ports of the node (the ccl_rdma_port_info series).", labels=[]
+        )
+        active = GaugeMetricFamily(
+            "ccl_rdma_node_ports_active",
+            "RDMA ports of the node in logical state ACTIVE or ACTIVE_DEFER (ccl_rdma_port_state_id 4 or 5).",
+            labels=[],
+        )
+        traffic = {
+            name: CounterMetricFamily(
+                f"ccl_rdma_node_{name}_bytes_total",
+                f"Bytes {'transmitted' if name == 'transmit' else 'received'} by all RDMA ports of the node: the "
+                f"sum of ccl_rdma_port_{name}_bytes_total over its ports, never decreasing.",
+                labels=[],
+            )
+            for name in _NODE_BYTES
+        }
+        errors = CounterMetricFamily(
+            "ccl_rdma_node_errors_total",
+            "Error counters of all RDMA ports of the node, by counter: the sum of ccl_rdma_port_errors_total "
+            "over its ports, never decreasing.",
+            labels=["counter"],
+        )
+        count.add_metric([], float(len(ports)))
+        active.add_metric([], float(sum(1 for port in ports if port.state_id in ACTIVE_PORT_STATES)))
+        for name, family in traffic.items():
+            if name in totals:
+                family.add_metric([], totals[name])
+        for name, value in sorted(totals.items()):
+            if name.startswith(_ERROR_PREFIX):
+                errors.add_metric([name.removeprefix(_ERROR_PREFIX)], value)
+        return [count, active, *traffic.values(), errors]
+
+
+def _port_counters(port: RdmaPort) -> dict[str, float]:
+    """A port's counters the node summary sums, by name: the bytes and each error counter."""
+    found = {
+        name: float(value)
+        for name, value in zip(_NODE_BYTES, (port.transmit_bytes, port.receive_bytes), strict=True)
+        if value is not None
+    }
+    found.update({_ERROR_PREFIX + counter: float(value) for counter, value in port.errors.items()})
+    return found
 
 
 def _add_cast(family: CounterMetricFamily, labels: list[str], port: RdmaPort) -> None:
