@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import re
 import statistics
 import subprocess
@@ -676,11 +677,21 @@ class FleetCost:
     cycles: int = 0
 
 
-def _binaries() -> tuple[str, str]:
-    prometheus_binary, promtool = find_binary(("prometheus",)), find_binary(("promtool",))
+def _binaries(prometheus: str | None = None) -> tuple[str, str]:
+    """The Prometheus to measure (``prometheus``, else the one on PATH) and promtool."""
+    prometheus_binary, promtool = prometheus or find_binary(("prometheus",)), find_binary(("promtool",))
     if not prometheus_binary or not promtool:
         raise FileNotFoundError("prometheus and promtool are not installed (apt-get install prometheus)")
+    if not os.access(prometheus_binary, os.X_OK):
+        raise FileNotFoundError(f"{prometheus_binary} is not an executable")
     return prometheus_binary, promtool
+
+
+def prometheus_version(binary: str) -> str:
+    """``2.42.0`` from ``prometheus --version`` ("prometheus, version 2.42.0+ds (branch: ...)")."""
+    result = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30)
+    found = re.search(r"version (\d+\.\d+\.\d+)", result.stdout + result.stderr)
+    return found.group(1) if found else "of unknown version"
 
 
 def measure(
@@ -689,10 +700,12 @@ def measure(
     rules: Mapping[str, Any],
     cycles: int = 5,
     max_samples: int = MAX_SAMPLES,
+    prometheus: str | None = None,
 ) -> FleetCost:
-    """One fleet's rule costs; ``rules`` is every group of the rule files, in order."""
+    """One fleet's rule costs; ``rules`` is every group of the rule files, in order;
+    ``prometheus`` the binary that evaluates them (default: the one on PATH)."""
     started = time.monotonic()
-    prometheus_binary, promtool = _binaries()
+    prometheus_binary, promtool = _binaries(prometheus)
     reads = RuleReads.of(rules, {series.name for series in template})
     planned = planned_samples(template, nodes, reads)
     if planned > max_samples:
@@ -772,6 +785,7 @@ def run(
     cycles: int = 5,
     max_samples: int = MAX_SAMPLES,
     exporter_args: Sequence[str] = (),
+    prometheus: str | None = None,
 ) -> BenchResult:
     rule_files = list(rule_files) or find_rule_files()
     if not rule_files:
@@ -779,7 +793,8 @@ def run(
     exporter = exporter_template(extra_args=exporter_args)
     template = node_template(exporter)
     rules = {"groups": [group for path in rule_files for group in yaml.safe_load(path.read_text())["groups"]]}
-    fleets = [measure(nodes, template, rules, cycles, max_samples) for nodes in node_counts]
+    version = prometheus_version(_binaries(prometheus)[0])
+    fleets = [measure(nodes, template, rules, cycles, max_samples, prometheus) for nodes in node_counts]
     intervals = group_intervals(rules)
     measured = [fleet for fleet in fleets if not fleet.skipped]
     groups = sorted({name for fleet in measured for name in fleet.groups})
@@ -834,7 +849,7 @@ synthetic fleets of the exporter's real series shape{flags}: {exporter_series:,}
 node, plus cAdvisor's and kube-state-metrics' ({len(template):,} in all), scraped every
 {SCRAPE_SECONDS:g} s from a server in the benchmark (none while measuring, Prometheus restarted without scrape
 jobs: the rules' cost alone),
-with the history the rules read over ranges backfilled; one Prometheus evaluating every rule one
+with the history the rules read over ranges backfilled; one Prometheus {version} evaluating every rule one
 after another (a group's cost is the sum of its rules': the group with a core to itself), on a
 2-core machine shared with other work.
 
@@ -842,8 +857,8 @@ after another (a group's cost is the sum of its rules': the group with a core to
 """
     nodes = ",".join(str(n) for n in node_counts)
     return BenchResult(
-        title="Rule evaluation cost per group (synthetic fleets, one Prometheus)",
-        command=f"python -m bench.rule_cost --nodes {nodes}",
+        title=f"Rule evaluation cost per group (synthetic fleets, one Prometheus {version})",
+        command=f"python -m bench.rule_cost --nodes {nodes}" + (" --prometheus PATH" if prometheus else ""),
         peer=f"the goal: every group under {GOAL_MS:g} ms per cycle at 1,000 nodes",
         ratio=ratio,
         summary=(
@@ -874,9 +889,13 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="a flag for the template's serve --simulate, e.g. --collector.nvml.nvlink-granularity=gpu",
     )
+    parser.add_argument(
+        "--prometheus",
+        help="the Prometheus binary to measure with (default: the one on PATH; promtool from PATH backfills)",
+    )
     args = parser.parse_args(argv)
     counts = [int(n) for n in str(args.nodes).split(",") if n]
-    print(run(counts, args.rules, args.cycles, args.max_samples, args.exporter_arg).section())
+    print(run(counts, args.rules, args.cycles, args.max_samples, args.exporter_arg, args.prometheus).section())
     return 0
 
 

@@ -4,6 +4,7 @@ node's series are named, and the OpenMetrics promtool backfills."""
 from __future__ import annotations
 
 import io
+import re
 import subprocess
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from bench.rule_cost import (
     rules_in_sequence,
     write_family,
 )
+from bench import rule_cost
 from tests.conftest import require_tool
 
 
@@ -122,3 +124,17 @@ def test_evaluation_per_minute_weighs_each_group_by_its_interval() -> None:
                                             {"name": "c", "interval": "15s", "rules": []}]})
     assert intervals == {"a": 30.0, "b": 300.0, "c": 15.0}
     assert busy_per_minute({"a": 0.1, "b": 1.0, "c": 0.05}, intervals) == pytest.approx(0.2 + 0.2 + 0.2)
+
+
+def test_the_report_names_the_prometheus_version() -> None:
+    """The engine's version changes the numbers (docs/scaling.md): the report says which ran."""
+    binary = require_tool("prometheus")
+    assert re.fullmatch(r"\d+\.\d+\.\d+", rule_cost.prometheus_version(binary))
+
+
+def test_a_prometheus_that_is_not_an_executable_is_refused(tmp_path: Path) -> None:
+    require_tool("promtool")
+    not_a_binary = tmp_path / "prometheus"
+    not_a_binary.write_text("")
+    with pytest.raises(FileNotFoundError, match="not an executable"):
+        rule_cost._binaries(str(not_a_binary))
