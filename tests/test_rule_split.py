@@ -128,6 +128,6 @@ def test_the_five_minute_error_increases_read_the_counters_with_a_threshold() ->
     alert): the selector's list and the thresholds' labels are the same set."""
     rules = _rules(RULES_FILE)
     thresholds = {r["labels"]["counter"] for r in rules if r.get("record") == "ccl:threshold:rdma_port_errors_per_hour"}
-    (expr,) = [r["expr"] for r in rules if r.get("record") == "node_device_port_counter:ccl_rdma_port_errors:increase5m"]
-    (selected,) = re.findall(r'ccl_rdma_port_errors_total\{counter=~"([^"]+)"\}', expr)
+    (expr,) = [r["expr"] for r in rules if r.get("record") == "node_counter:ccl_rdma_node_errors:increase5m"]
+    (selected,) = re.findall(r'ccl_rdma_node_errors_total\{counter=~"([^"]+)"\}', expr)
     assert set(selected.split("|")) == thresholds and len(thresholds) == 8
