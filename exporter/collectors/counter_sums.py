@@ -24,7 +24,7 @@ PartCounters = Iterable[tuple[Hashable, Mapping[str, float]]]
 
 class CounterSums:
     def __init__(self) -> None:
-        self._last: dict[Hashable, dict[tuple[Hashable, str], float]] = {}
+        self._last: dict[Hashable, dict[Hashable, dict[str, float]]] = {}
         self._totals: dict[Hashable, dict[str, float]] = {}
 
     def update(self, wholes: Mapping[Hashable, PartCounters], complete: bool) -> dict[Hashable, dict[str, float]]:
@@ -35,15 +35,16 @@ class CounterSums:
             totals = self._totals.setdefault(whole, {})
             starting: set[str] = set()  # counters first seen now: they start at their parts' sum
             for part, counters in parts:
+                last_of_part = last.setdefault(part, {})
                 for counter, raw in counters.items():
                     value = float(raw)
-                    previous = last.get((part, counter))
+                    previous = last_of_part.get(counter)
                     if counter not in totals or counter in starting:
                         starting.add(counter)
                         totals[counter] = totals.get(counter, 0.0) + value
                     elif previous is not None:  # a part first read later starts from its value then
                         totals[counter] += value - previous if value >= previous else value
-                    last[(part, counter)] = value
+                    last_of_part[counter] = value
             seen[whole] = dict(totals)
         if complete:
             for whole in set(self._totals) - set(seen):
