@@ -210,7 +210,12 @@ def show_nic_paths(exporter: SimulatedExporter, timeout: float = 10.0) -> None:
             if family.name == "ccl_nccl_nic_affinity":
                 rows = sorted(
                     f"  {s.labels['namespace']}/{s.labels['pod']}: GPU {s.labels['gpu']} -> {s.labels['device']} "
-                    f"({s.labels['affinity'] or 'class unknown'})"
+                    f"({s.labels['affinity'] or 'class unknown'}"
+                    + (
+                        f"; its nearest NIC is {s.labels['nearest_affinity']})"
+                        if s.labels.get("nearest_affinity") not in ("", s.labels["affinity"])
+                        else ")"
+                    )
                     for s in family.samples
                 )
         if not rows:

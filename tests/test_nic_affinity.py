@@ -6,11 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from exporter.collectors.nccl import NcclCollector
+from exporter.collectors.nccl.nic_affinity import pod_nic_affinity
+from exporter.nccl.nics import NicUse
 from exporter.sim.node import SimulatedNode, default_node
 from exporter.sim.podlogs import SimJob, SimPodLogs, pytorchjob_labels
 from exporter.sources.kube import PodMetadata
 from exporter.sources.podlogs import PodLogTailer
-from exporter.sources.topology import TopologySource
+from exporter.sources.topology import GpuTopology, NicTopology, Topology, TopologySource
 from tests.test_nccl_collector import Clock, samples
 
 
@@ -27,9 +29,10 @@ def collector_on(node: SimulatedNode, pods: SimPodLogs, metadata: object = None)
     return NcclCollector(tailer, node.sysfs, metadata or pods, clock=Clock(), topology=topology)  # type: ignore[arg-type]
 
 
-def affinity_rows(collector: NcclCollector) -> list[tuple[str, str, str, str, str]]:
+def affinity_rows(collector: NcclCollector) -> list[tuple[str, ...]]:
+    keys = ("pod", "gpu", "device", "affinity", "gdr", "nearest_affinity")
     return sorted(
-        (dict(labels)["pod"], dict(labels)["gpu"], dict(labels)["device"], dict(labels)["affinity"], dict(labels)["gdr"])
+        tuple(dict(labels)[key] for key in keys)
         for (name, labels) in samples(collector)
         if name == "ccl_nccl_nic_affinity"
     )
@@ -40,10 +43,10 @@ def test_the_rail_aligned_pod_uses_pix_nics_and_the_crossed_pod_sys_ones(tmp_pat
     collector = collector_on(node, pods)
     collector.step()
     assert affinity_rows(collector) == [
-        ("gpt-neox-worker-0", "0", "mlx5_4", "SYS", "true"),
-        ("gpt-neox-worker-0", "7", "mlx5_3", "SYS", "true"),
-        ("llama-70b-worker-0", "0", "mlx5_0", "PIX", "true"),
-        ("llama-70b-worker-0", "7", "mlx5_7", "PIX", "true"),
+        ("gpt-neox-worker-0", "0", "mlx5_4", "SYS", "true", "PIX"),
+        ("gpt-neox-worker-0", "7", "mlx5_3", "SYS", "true", "PIX"),
+        ("llama-70b-worker-0", "0", "mlx5_0", "PIX", "true", "PIX"),
+        ("llama-70b-worker-0", "7", "mlx5_7", "PIX", "true", "PIX"),
     ]
     job = {dict(labels)["pod"]: dict(labels)["job_name"] for (name, labels) in samples(collector)
            if name == "ccl_nccl_nic_affinity"}
@@ -65,8 +68,8 @@ def test_a_gdr_less_restart_shows_gdr_false_on_the_same_nics(tmp_path: Path) -> 
     pods.restart_job("ml-training", "llama-70b-worker-0", network="IB", gdr=False)
     collector.step()
     rows = [r for r in affinity_rows(collector) if r[0] == "llama-70b-worker-0"]
-    assert rows == [("llama-70b-worker-0", "0", "mlx5_0", "PIX", "false"),
-                    ("llama-70b-worker-0", "7", "mlx5_7", "PIX", "false")]
+    assert rows == [("llama-70b-worker-0", "0", "mlx5_0", "PIX", "false", "PIX"),
+                    ("llama-70b-worker-0", "7", "mlx5_7", "PIX", "false", "PIX")]
 
 
 class WithHostNetwork:
@@ -118,4 +121,17 @@ def test_device_names_a_log_invents_make_no_series(tmp_path: Path) -> None:
     collector = collector_on(node, pods)
     collector.step()
     rows = [r for r in affinity_rows(collector) if r[0] == "liar-0"]
-    assert rows == [("liar-0", "7", "mlx5_7", "PIX", "true")], "GPU 0's device [0] is no NIC of this node"
+    assert rows == [("liar-0", "7", "mlx5_7", "PIX", "true", "PIX")], "GPU 0's device [0] is no NIC of this node"
+
+
+def test_nearest_class_is_empty_when_one_nic_of_the_gpu_is_unplaced() -> None:
+    """The class of the GPU's nearest NIC is only claimed when every NIC's class to it is known: an
+    unplaced NIC might be the nearer one."""
+    gpu = GpuTopology(0, "GPU-0", "00000000:18:00.0", None)
+    placed = NicTopology("mlx5_0", None)
+    unplaced = NicTopology("mlx5_1", None)
+    uses = [NicUse("worker-0", "18000", "mlx5_1", "true")]
+    known = Topology(gpus=(gpu,), nics=(placed, unplaced), classes={(0, "mlx5_0"): "PIX", (0, "mlx5_1"): "SYS"})
+    assert pod_nic_affinity("worker-0", uses, False, known) == (("0", "mlx5_1", "SYS", "true", "PIX"),)
+    partial = Topology(gpus=(gpu,), nics=(placed, unplaced), classes={(0, "mlx5_1"): "SYS"})
+    assert pod_nic_affinity("worker-0", uses, False, partial) == (("0", "mlx5_1", "SYS", "true", ""),)

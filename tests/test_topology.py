@@ -16,6 +16,9 @@ from exporter.collectors.topology import TopologyCollector
 from exporter.sim.topology import BRIDGE, GPU_CLASS, INFINIBAND_CLASS, PciFunction, PciTreeWriter, SimTopology
 from exporter.sources.nvml import GpuIdentity, NvmlUnavailable
 from exporter.sources.topology import (
+    GpuTopology,
+    NicTopology,
+    Topology,
     TopologySource,
     affinity,
     build_topology,
@@ -273,6 +276,54 @@ def test_collector_on_a_partial_tree_drops_only_the_affected_series(tmp_path: Pa
     assert gpus_paired == {"0", "1", "2", "4", "5", "6", "7"}
     assert len(by_name["ccl_topology_gpu_nic_info"].samples) == 70
     assert "3" not in {s.labels["gpu"] for s in by_name["ccl_topology_gpu_nearest_nic_info"].samples}
+
+
+def summary_of(samples: list[tuple[str, tuple[tuple[str, str], ...]]], values: dict[str, float]) -> dict[str, float]:
+    """The node summary, and what the rules used to count from the per-GPU series."""
+    nearest_local = [dict(labels) for (name, labels) in samples
+                     if name == "ccl_topology_gpu_nearest_nic_info" and dict(labels)["affinity"] in ("PIX", "PXB")]
+    from_series = {
+        "ccl_topology_node_gpus": len({dict(labels)["gpu"] for (name, labels) in samples
+                                       if name == "ccl_topology_gpu_pci_info"}),
+        "ccl_topology_node_gpus_with_local_nic": len({d["gpu"] for d in nearest_local}),
+        "ccl_topology_node_local_nics": len({d["device"] for d in nearest_local}),
+    }
+    assert {name: values[name] for name in from_series} == from_series
+    return from_series
+
+
+def test_the_node_summary_counts_what_the_per_gpu_series_say(tmp_path: Path) -> None:
+    sysfs = hgx_tree(tmp_path)
+    collector = TopologyCollector(TopologySource(sysfs, StaticNvml()))
+    families = list(collector.collect())
+    values = {f.name: f.samples[0].value for f in families if f.name.startswith("ccl_topology_node_")}
+    samples = scrape(collector)
+    assert summary_of(samples, values) == {"ccl_topology_node_gpus": 8, "ccl_topology_node_gpus_with_local_nic": 8,
+                                           "ccl_topology_node_local_nics": 8}
+    (sysfs / "bus" / "pci" / "devices" / "0000:5d:00.0").unlink()  # GPU 3 gone from the bus
+    collector = TopologyCollector(TopologySource(sysfs, StaticNvml()))
+    families = []
+    with pytest.raises(PartialCollection):
+        for family in collector.collect():
+            families.append(family)
+    values = {f.name: f.samples[0].value for f in families if f.name.startswith("ccl_topology_node_")}
+    assert values == {"ccl_topology_node_gpus": 7, "ccl_topology_node_gpus_with_local_nic": 7,
+                      "ccl_topology_node_local_nics": 7}
+
+
+def test_the_node_summary_counts_shared_and_far_nics_once() -> None:
+    """Two GPUs beside one NIC (one local NIC for two GPUs), a GPU whose nearest NIC is across the host
+    bridge (no local NIC), and a GPU whose nearest NIC is unknown (not counted as local)."""
+    gpus = tuple(GpuTopology(i, f"GPU-{i}", f"00000000:{0x18 + i:02x}:00.0", None) for i in range(4))
+    nics = (NicTopology("mlx5_0", None), NicTopology("mlx5_1", None))
+    classes = {(0, "mlx5_0"): "PIX", (0, "mlx5_1"): "SYS", (1, "mlx5_0"): "PXB", (1, "mlx5_1"): "SYS",
+               (2, "mlx5_0"): "PHB", (2, "mlx5_1"): "SYS", (3, "mlx5_1"): "PIX"}
+    families = TopologyCollector.node_families(Topology(gpus=gpus, nics=nics, classes=classes))
+    assert {f.name: f.samples[0].value for f in families} == {
+        "ccl_topology_node_gpus": 0,  # no placement read for these GPUs
+        "ccl_topology_node_gpus_with_local_nic": 2,
+        "ccl_topology_node_local_nics": 1,
+    }
 
 
 def test_collector_without_gpus_or_nics_is_unavailable(tmp_path: Path) -> None:

@@ -1,7 +1,9 @@
 """Topology collector: ``ccl_topology_*`` — where GPUs and RDMA NICs sit, and how far apart.
 
 The GPU x NIC matrix in ``nvidia-smi topo -m`` classes (PIX, PXB, PHB, NODE, SYS), each GPU's
-nearest NIC(s), and each device's PCI placement (NUMA node, host bridge, PCIe switches, path).
+nearest NIC(s), and each device's PCI placement (NUMA node, host bridge, PCIe switches, path); and
+the node's summary of them (``ccl_topology_node_*``: placed GPUs, GPUs with a NIC beside them and
+those NICs), so that rules over a fleet read one series per node instead of every GPU's.
 Read from sysfs by ``exporter.sources.topology`` once and again only when the node changes, never
 per scrape. A pair whose class sysfs does not tell is left out, never guessed; a device whose
 placement cannot be read marks the scrape partial and drops only its own series.
@@ -15,7 +17,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from exporter.collectors.base import CollectorSpec, CollectorUnavailable, PartialCollection
 from exporter.resources import NodeResources
-from exporter.sources.topology import PciPlacement, Topology, TopologySource
+from exporter.sources.topology import LOCAL_AFFINITIES, PciPlacement, Topology, TopologySource
 
 PLACEMENT_LABELS = ["pci_address", "numa_node", "host_bridge", "pci_switches", "pci_path"]
 
@@ -41,6 +43,7 @@ class TopologyCollector:
             reason = "; ".join(topology.problems[:3]) or "no GPU (NVML) and no RDMA device (sysfs class/infiniband)"
             raise CollectorUnavailable(reason)
         yield from self.families(topology)
+        yield from self.node_families(topology)
         if topology.problems:
             raise PartialCollection("; ".join(topology.problems[:5]))
 
@@ -91,6 +94,38 @@ class TopologyCollector:
             if nic.placement is not None:
                 nic_pci.add_metric([nic.device] + _placement_values(nic.placement), 1.0)
         return [pairs, nearest, gpu_pci, nic_pci]
+
+    @staticmethod
+    def node_families(topology: Topology) -> list[Metric]:
+        """The node's counts, as the series above would give them: GPUs on ccl_topology_gpu_pci_info,
+        and GPUs and distinct NICs on ccl_topology_gpu_nearest_nic_info{affinity=~"PIX|PXB"}."""
+        local_gpus: set[int] = set()
+        local_nics: set[str] = set()
+        for gpu in topology.gpus:
+            best = topology.nearest(gpu.index)
+            if best is not None and best[0] in LOCAL_AFFINITIES:
+                local_gpus.add(gpu.index)
+                local_nics.update(best[1])
+        placed = sum(1 for gpu in topology.gpus if gpu.placement is not None)
+        return [
+            GaugeMetricFamily(
+                "ccl_topology_node_gpus",
+                "GPUs of this node whose PCI placement sysfs tells (the GPUs of ccl_topology_gpu_pci_info).",
+                value=float(placed),
+            ),
+            GaugeMetricFamily(
+                "ccl_topology_node_gpus_with_local_nic",
+                "GPUs of this node whose nearest RDMA NIC is under their own PCIe switch (PIX or PXB: NCCL's "
+                "default GPUDirect RDMA reach).",
+                value=float(len(local_gpus)),
+            ),
+            GaugeMetricFamily(
+                "ccl_topology_node_local_nics",
+                "Distinct RDMA NICs of this node that are the nearest (PIX or PXB) NIC of at least one GPU. A "
+                "node is rail-optimised when every GPU has a local NIC and there are as many local NICs.",
+                value=float(len(local_nics)),
+            ),
+        ]
 
 
 def build_collector(settings: None, resources: NodeResources) -> TopologyCollector:

@@ -42,7 +42,7 @@ class PodReport:
     warnings: tuple[tuple[str, int], ...]
     verdict: str = "unknown"  # one of VERDICTS, with what the node knows (GPU counts) added
     # gpu, device, affinity, gdr: the NIC each of the pod's GPUs sends NCCL traffic through
-    nic_affinity: tuple[tuple[str, str, str, str], ...] = ()
+    nic_affinity: tuple[tuple[str, str, str, str, str], ...] = ()
     reason: str = ""  # why that verdict, quoting the deciding line (the first reason of a stream that decided it)
     gdr_reason: str = ""  # the line that shows an inter-node RDMA connection without GPUDirect RDMA
 
@@ -124,8 +124,9 @@ def nccl_families(snap: Snapshot, limits: NcclLimits) -> list[Metric]:
         "The RDMA NIC (device) a GPU's NCCL network traffic leaves through, from the pod's NET channel lines, "
         "and the class of their PCIe path (PIX, PXB, PHB, NODE, SYS as nvidia-smi topo -m; empty when sysfs "
         "does not tell); always 1. gdr: true when those channels use GPUDirect RDMA, false when none does, "
-        "mixed. Compare with ccl_topology_gpu_nearest_nic_info.",
-        labels=["namespace", "pod", "job_name", "gpu", "device", "affinity", "gdr"],
+        "mixed. nearest_affinity: the class of the GPU's nearest NIC (ccl_topology_gpu_nearest_nic_info), "
+        "empty when unknown; affinity above it means the traffic skips a nearer NIC.",
+        labels=["namespace", "pod", "job_name", "gpu", "device", "affinity", "gdr", "nearest_affinity"],
     )
     per_pod_cap = limits.max_communicator_series_per_pod
     budget = limits.max_communicator_series
@@ -140,8 +141,10 @@ def nccl_families(snap: Snapshot, limits: NcclLimits) -> list[Metric]:
         if report.has_nccl:
             fallback.add_metric(head, 1.0 if (report.inter_node_tcp and flag_fallback) else 0.0)
             gdr.add_metric(head, 1.0 if report.gdr_disabled else 0.0)
-        for gpu, device, cls, gdr_label in report.nic_affinity:
-            nic_affinity.add_metric([report.namespace, report.pod, report.job_name, gpu, device, cls, gdr_label], 1.0)
+        for gpu, device, cls, gdr_label, nearest in report.nic_affinity:
+            nic_affinity.add_metric(
+                [report.namespace, report.pod, report.job_name, gpu, device, cls, gdr_label, nearest], 1.0
+            )
         allowed = min(per_pod_cap, max(budget, 0))
         shown = report.communicators[:allowed]
         info_dropped += len(report.communicators) - len(shown)

@@ -12,10 +12,11 @@ MAX_HOSTNAME_CHARS = 63  # a pod's hostname is its name cut to 63 characters
 
 def pod_nic_affinity(
     pod: str, uses: Iterable[NicUse], host_network: bool, topology: Topology | None
-) -> tuple[tuple[str, str, str, str], ...]:
-    """(gpu, device, affinity, gdr) of the NICs the pod's NCCL sends through, its GPUs found on this
-    node by PCI address and their NICs among this node's RDMA devices (so a log cannot invent label
-    values); affinity "" where the topology does not tell. Only the pod's own processes count (their
+) -> tuple[tuple[str, str, str, str, str], ...]:
+    """(gpu, device, affinity, gdr, nearest) of the NICs the pod's NCCL sends through, its GPUs found
+    on this node by PCI address and their NICs among this node's RDMA devices (so a log cannot invent
+    label values); affinity "" where the topology does not tell; nearest the class of the GPU's
+    nearest NIC (``Topology.nearest``), "" where it is unknown. Only the pod's own processes count (their
     host is the pod's hostname, unless it runs on the host network): an MPI launcher's log holds
     every node's lines, whose busIds name other nodes' GPUs."""
     if topology is None:
@@ -32,6 +33,11 @@ def pod_nic_affinity(
         cls = topology.affinity(gpu.index, use.device) or ""
         gdr.setdefault((str(gpu.index), use.device, cls), set()).add(use.gdr)
     return tuple(
-        (gpu, device, cls, flags.pop() if len(flags) == 1 else "mixed")
+        (gpu, device, cls, flags.pop() if len(flags) == 1 else "mixed", _nearest_class(topology, int(gpu)))
         for (gpu, device, cls), flags in sorted(gdr.items())
     )
+
+
+def _nearest_class(topology: Topology, gpu: int) -> str:
+    nearest = topology.nearest(gpu)
+    return "" if nearest is None else nearest[0]
