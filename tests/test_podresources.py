@@ -20,6 +20,7 @@ from exporter.sources.podresources import (
     PodResourcesUnavailable,
     gpus_held_by_pods,
 )
+from exporter.sources.rdma_bindings import RdmaBinding
 from tests.conftest import ExporterProcess, http_get, require_tool
 from tests.fakenvml import build_fake_nvml, fake_nvml_env
 from tests.podresources_server import Container, Pod, TableLister, serve_pod_resources
@@ -160,6 +161,32 @@ def test_gpu_pod_info_names_the_training_job() -> None:
     # host_network tells the rules that cAdvisor's network counters of that pod are the host's.
     assert labels == [("llama-worker-0", "llama", "PyTorchJob", "0", "false"), ("mpi-launcher-0", "mpi", "MPIJob", "", "true"),
                       ("unknown-0", "", "", "", "")]
+
+
+def test_per_pod_counts_summarise_the_per_device_series() -> None:
+    """ccl_gpu_pod_gpus counts a pod's whole GPUs once each (two containers sharing none, a GPU listed
+    twice), not its MIG instances or DRA MIG devices, and exists for a MIG-only pod with 0;
+    ccl_pod_rdma_devices counts distinct NICs."""
+    from exporter.collectors.podresources import PodResourcesCollector
+    from exporter.sources.podresources import GpuAssignment
+
+    assignments = [
+        GpuAssignment(namespace="ml", pod="w-0", container="a", resource="nvidia.com/gpu", device_id="GPU-a"),
+        GpuAssignment(namespace="ml", pod="w-0", container="b", resource="nvidia.com/gpu", device_id="GPU-b"),
+        GpuAssignment(namespace="ml", pod="w-0", container="b", resource="nvidia.com/gpu", device_id="GPU-b"),
+        GpuAssignment(namespace="ml", pod="mig-0", container="c", resource="nvidia.com/mig-1g.18gb", device_id="MIG-1"),
+        GpuAssignment(namespace="ml", pod="mig-0", container="c", resource="gpu.nvidia.com", device_id="gpu-0-mig-1g"),
+    ]
+    info = PodResourcesCollector.family(assignments, {})
+    gpus = PodResourcesCollector.pod_gpus_family(info)
+    assert sorted((s.labels["pod"], s.value) for s in gpus.samples) == [("mig-0", 0.0), ("w-0", 2.0)]
+    bindings = [RdmaBinding("ml", "w-0", "mlx5_0", "device_plugin", "nvidia.com/hostdev"),
+                RdmaBinding("ml", "w-0", "mlx5_1", "multus", "ml/rail-1"),
+                RdmaBinding("ml", "w-0", "mlx5_1", "device_plugin", "nvidia.com/hostdev")]
+    rdma = PodResourcesCollector.rdma_families(bindings, 0)
+    devices = PodResourcesCollector.pod_rdma_devices_family(rdma[0])
+    assert [(s.labels["pod"], s.value) for s in devices.samples] == [("w-0", 2.0)]
+    assert PodResourcesCollector.pod_rdma_devices_family(PodResourcesCollector.rdma_families([], 0)[0]).samples == []
 
 
 def test_dra_gpus_are_attributed_like_device_plugin_ones(

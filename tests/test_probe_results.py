@@ -162,6 +162,22 @@ def test_collector_exposes_results_and_counts_bad_files(tmp_path: Path) -> None:
     assert files == {"valid": 2.0, "stale": 1.0, "malformed": 1.0, "not_read": 0.0, "not_on_node": 0.0}
 
 
+def test_peak_is_the_best_size_of_each_probe_and_absent_without_rows(tmp_path: Path) -> None:
+    """The rules compare each probe's best bus bandwidth: the large sizes reach it, a latency-bound
+    1 MiB row must not count. A collective with no rows (it failed before measuring) has no peak."""
+    small = Row(size_bytes=1048576, count=262144, type="float", time_seconds=0.002,
+                algbw_bytes_per_second=1e9, busbw_bytes_per_second=1e9, wrong=0)
+    large = Row(size_bytes=1073741824, count=268435456, type="float", time_seconds=0.01,
+                algbw_bytes_per_second=2e11, busbw_bytes_per_second=3.5e11, wrong=0)
+    write_result(tmp_path, sample(collectives=(CollectiveResult("all_reduce", (small, large)),
+                                               CollectiveResult("all_gather", (), error="timeout"))))
+    samples = metric_samples(ProbeCollector(tmp_path, max_age_seconds=3600, clock=lambda: NOW))
+    peaks = [(labels["collective"], v) for labels, v in samples["ccl_probe_peak_bus_bandwidth_bytes_per_second"]]
+    assert peaks == [("all_reduce", 3.5e11)]
+    sizes = samples["ccl_probe_bus_bandwidth_bytes_per_second"]
+    assert max(v for _, v in sizes) == 3.5e11 and len(sizes) == 2
+
+
 def on_node(*pods: str):  # type: ignore[no-untyped-def]
     """A ``pod_known`` predicate of a node whose complete pod list holds ``pods`` (team-a)."""
     return lambda namespace, pod, uid="": namespace == "team-a" and pod in pods

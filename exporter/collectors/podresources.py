@@ -15,7 +15,7 @@ device is a MIG instance (whose id is a MIG UUID). A DRA GPU is named by its dev
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
@@ -85,13 +85,17 @@ class PodResourcesCollector:
         except PodResourcesError as exc:
             failure = PartialCollection(str(exc))
         indexes, by_minor = self._known_gpus()
-        yield self.family(listing.gpus if listing else (), indexes, self._metadata, by_minor)
+        info = self.family(listing.gpus if listing else (), indexes, self._metadata, by_minor)
+        yield info
+        yield self.pod_gpus_family(info)
         bindings: list[RdmaBinding] = []
         unresolved = 0
         if self._topology is not None:
             pods = self._metadata.pods()
             bindings, unresolved = rdma_bindings(listing, pods, self._topology.read(), self._rdma_resources)
-        yield from self.rdma_families(bindings, unresolved, self._metadata)
+        rdma = self.rdma_families(bindings, unresolved, self._metadata)
+        yield from rdma
+        yield self.pod_rdma_devices_family(rdma[0])
         if failure is not None:
             raise failure
 
@@ -148,6 +152,37 @@ class PodResourcesCollector:
         return info
 
     @staticmethod
+    def pod_gpus_family(info: Metric) -> Metric:
+        """Per pod, the whole GPUs it holds, from the ccl_gpu_pod_info samples: what rules over a
+        fleet read (one series per pod, not one per GPU)."""
+        return per_pod_count(
+            info,
+            "uuid",
+            GaugeMetricFamily(
+                "ccl_gpu_pod_gpus",
+                "Whole GPUs a pod holds on this node (distinct uuids of its ccl_gpu_pod_info; MIG instances and "
+                "DRA MIG devices share a GPU and are not counted); one series for every pod holding any GPU "
+                "device, 0 when it holds only MIG instances.",
+                labels=list(POD_KEY),
+            ),
+            counted=lambda uuid: not is_gpu_share(uuid),
+        )
+
+    @staticmethod
+    def pod_rdma_devices_family(info: Metric) -> Metric:
+        """Per pod, the distinct RDMA NICs it was given, from the ccl_pod_rdma_device_info samples."""
+        return per_pod_count(
+            info,
+            "device",
+            GaugeMetricFamily(
+                "ccl_pod_rdma_devices",
+                "Distinct RDMA NICs a pod was given on this node (the devices of its ccl_pod_rdma_device_info); "
+                "absent for a pod given none.",
+                labels=list(POD_KEY),
+            ),
+        )
+
+    @staticmethod
     def rdma_families(
         bindings: Iterable[RdmaBinding], unresolved: int, metadata: PodMetadataSource | None = None
     ) -> list[Metric]:
@@ -171,6 +206,29 @@ class PodResourcesCollector:
         )
         missing.add_metric([], float(unresolved))
         return [info, missing]
+
+
+POD_KEY = ("namespace", "pod", "job_name")
+
+
+def per_pod_count(
+    info: Metric, label: str, family: GaugeMetricFamily, counted: Callable[[str], bool] = lambda value: True
+) -> GaugeMetricFamily:
+    """``family`` with, per pod of ``info``'s samples, how many distinct values of ``label`` it has
+    (those ``counted``); every pod of ``info`` gets a series."""
+    values: dict[tuple[str, ...], set[str]] = {}
+    for sample in info.samples:
+        found = values.setdefault(tuple(sample.labels[key] for key in POD_KEY), set())
+        if counted(sample.labels[label]):
+            found.add(sample.labels[label])
+    for key, distinct in sorted(values.items()):
+        family.add_metric(list(key), float(len(distinct)))
+    return family
+
+
+def is_gpu_share(uuid: str) -> bool:
+    """A MIG instance (MIG-<uuid>) or a DRA MIG device (gpu-0-mig-1g...): a share of a GPU, not a whole one."""
+    return uuid.startswith("MIG-") or "-mig-" in uuid
 
 
 @dataclass(frozen=True)

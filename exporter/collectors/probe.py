@@ -90,6 +90,12 @@ class ProbeCollector:
             "2(n-1)/n for all_reduce, (n-1)/n for all_gather/reduce_scatter/alltoall, 1 for broadcast).",
             labels=["collective", "scope", "size_bytes"] + WHO,
         )
+        peak = GaugeMetricFamily(
+            "ccl_probe_peak_bus_bandwidth_bytes_per_second",
+            "Best bus bandwidth over the last probe's sizes (the largest sizes reach it; small ones are "
+            "latency-bound): what the bandwidth rules compare, one series per probe instead of one per size.",
+            labels=["collective", "scope"] + WHO,
+        )
         average = GaugeMetricFamily(
             "ccl_probe_average_bus_bandwidth_bytes_per_second",
             "Mean bus bandwidth over the last probe's sizes (nccl-tests' '# Avg bus bandwidth').",
@@ -128,6 +134,8 @@ class ProbeCollector:
                 last_run.add_metric(labels, result.finished_at)
                 if collective.average_busbw is not None:
                     average.add_metric(labels, collective.average_busbw)
+                if collective.rows:
+                    peak.add_metric(labels, max(row.busbw_bytes_per_second for row in collective.rows))
                 for row in collective.rows:
                     busbw.add_metric(
                         [collective.collective, scope, str(row.size_bytes)] + who, row.busbw_bytes_per_second
@@ -137,7 +145,7 @@ class ProbeCollector:
                     preflight.add_metric(
                         [result.namespace, result.pod, result.job_name, check.check], 1.0 if check.ok else 0.0
                     )
-        return [busbw, average, success, last_run, transport, preflight]
+        return [busbw, peak, average, success, last_run, transport, preflight]
 
     @staticmethod
     def scheduler_families(scheduler: ProbeScheduler) -> list[Metric]:
