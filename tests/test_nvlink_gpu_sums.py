@@ -94,6 +94,28 @@ def test_a_gpu_whose_read_failed_keeps_its_sums_and_a_gone_gpu_is_forgotten() ->
     assert totals.update([gpu(1, link(0, 90))], complete=True)["GPU-1"]["transmit"] == 90.0  # new: starts afresh
 
 
+def test_the_node_sums_the_gpus_and_never_falls_when_a_gpu_goes() -> None:
+    totals = NvlinkTotals()
+    first = totals.update([gpu(0, link(0, 100, replay=1)), gpu(1, link(0, 50))], complete=True)
+    assert totals.node(first) == {"transmit": 150.0, "receive": 150.0, "replay": 1.0}
+    # GPU 1 falls off the bus (a complete reading without it): its per-GPU sums are gone, the node keeps its share
+    second = totals.update([gpu(0, link(0, 120, replay=1))], complete=True)
+    assert set(second) == {"GPU-0"}
+    assert totals.node(second)["transmit"] == 170.0
+    # a new GPU starts from its value then: the node grows by what it moves from now on
+    third = totals.update([gpu(0, link(0, 120, replay=1)), gpu(2, link(0, 5000))], complete=True)
+    assert totals.node(third)["transmit"] == 170.0
+    fourth = totals.update([gpu(0, link(0, 130, replay=1)), gpu(2, link(0, 5005))], complete=True)
+    assert totals.node(fourth)["transmit"] == 185.0
+
+
+def test_no_nvlink_no_node_link_counts() -> None:
+    """A GPU without NVLink (PCIe): no link state, so no node link counts and no node counters."""
+    families = _families(NvmlCollector(Backend(NvmlReading([gpu(0)]))))
+    assert "ccl_nvlink_node_links" not in families and "ccl_nvlink_node_transmit_bytes" not in families
+    assert families["ccl_nvlink_node_errors"] == []
+
+
 def _families(collector: NvmlCollector) -> dict[str, list[tuple[dict[str, str], float]]]:
     return {f.name: [(s.labels, s.value) for s in f.samples] for f in collector.collect()}
 
@@ -103,7 +125,9 @@ def test_per_gpu_series_in_both_modes_and_per_link_series_only_in_link_mode() ->
     per_link = _families(NvmlCollector(Backend(reading)))
     per_gpu = _families(NvmlCollector(Backend(reading), NvmlSettings(per_link=False)))
     gpu_names = {"ccl_gpu_info", "ccl_nvlink_gpu_links", "ccl_nvlink_gpu_links_active", "ccl_nvlink_gpu_transmit_bytes",
-                 "ccl_nvlink_gpu_receive_bytes", "ccl_nvlink_gpu_errors"}
+                 "ccl_nvlink_gpu_receive_bytes", "ccl_nvlink_gpu_errors", "ccl_nvlink_node_links",
+                 "ccl_nvlink_node_links_active", "ccl_nvlink_node_transmit_bytes", "ccl_nvlink_node_receive_bytes",
+                 "ccl_nvlink_node_errors"}
     assert set(per_gpu) == gpu_names
     assert set(per_link) == gpu_names | {"ccl_nvlink_state", "ccl_nvlink_speed_bytes_per_second", "ccl_nvlink_transmit_bytes",
                                          "ccl_nvlink_receive_bytes", "ccl_nvlink_errors", "ccl_nvlink_remote_info"}
@@ -111,6 +135,9 @@ def test_per_gpu_series_in_both_modes_and_per_link_series_only_in_link_mode() ->
     assert per_gpu["ccl_nvlink_gpu_links_active"] == [({"gpu": "0"}, 1.0)]
     assert per_gpu["ccl_nvlink_gpu_transmit_bytes"] == [({"gpu": "0"}, 150.0)]
     assert per_gpu["ccl_nvlink_gpu_errors"] == [({"gpu": "0", "error": "replay"}, 3.0)]
+    assert per_gpu["ccl_nvlink_node_links"] == [({}, 2.0)] and per_gpu["ccl_nvlink_node_links_active"] == [({}, 1.0)]
+    assert per_gpu["ccl_nvlink_node_transmit_bytes"] == [({}, 150.0)]
+    assert per_gpu["ccl_nvlink_node_errors"] == [({"error": "replay"}, 3.0)]
     assert {name: per_gpu[name] for name in gpu_names} == {name: per_link[name] for name in gpu_names}
 
 
@@ -135,8 +162,8 @@ def test_series_per_node_in_each_mode_on_the_simulated_node(tmp_path: Path) -> N
         per_gpu = sum(len(v) for v in _families(NvmlCollector(node.nvml, NvmlSettings(per_link=False))).values())
     finally:
         node.close()
-    # per GPU: info, links, active, tx, rx and four error kinds = 9 x 8
-    assert per_gpu == 72
+    # per GPU: info, links, active, tx, rx and four error kinds = 9 x 8; the node's the same 8 once
+    assert per_gpu == 72 + 8
     # per link as well: state, speed, tx, rx, remote (5 x 144) and the errors of 144 links
     # (crc_data only on links 0-11: 12 x 4 + 6 x 3 per GPU = 66 x 8 = 528)
     assert per_link == per_gpu + 5 * 144 + 528

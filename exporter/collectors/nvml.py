@@ -5,14 +5,18 @@ A value NVML does not support is left out (never exported as 0); a GPU that cann
 other GPUs are exported as usual.
 
 Every GPU also gets its NVLinks summed up (``ccl_nvlink_gpu_*``: links, active links, bytes
-and errors of all its links), which is what the rules read: a fleet's rule cost then grows with
-GPUs, not with GPUs x links. ``--collector.nvml.nvlink-granularity=gpu`` keeps only those and
-drops the per-link series (144 links on an 8-GPU NVLink4 node: three quarters of a node's
-series); ``link``, the default, exports both.
+and errors of all its links), and the node all its GPUs' (``ccl_nvlink_node_*``), which is what
+the rules read: a fleet's rule cost then grows with nodes, not with GPUs x links.
+``--collector.nvml.nvlink-granularity=gpu`` keeps only those and drops the per-link series (144
+links on an 8-GPU NVLink4 node: three quarters of a node's series); ``link``, the default,
+exports both.
 
-The per-GPU counters only ever grow, as counters must (``exporter.collectors.counter_sums``):
+The per-GPU and node counters only ever grow, as counters must
+(``exporter.collectors.counter_sums``):
 a link whose counter resets counts from zero, and a link not read this time (down, or the value
-unsupported) adds nothing and keeps its last value, so ``rate`` never sees a false reset.
+unsupported) adds nothing and keeps its last value, so ``rate`` never sees a false reset; the node's
+sums are made the same way from the GPUs' sums, so a GPU lost from the bus does not take its
+share away.
 """
 
 from __future__ import annotations
@@ -43,10 +47,14 @@ def _link_counters(link: NvLinkReading) -> dict[str, int]:
 
 
 class NvlinkTotals:
-    """Per-GPU sums of per-link counters that never decrease (``counter_sums``), by GPU UUID."""
+    """Per-GPU sums of per-link counters that never decrease (``counter_sums``), by GPU UUID, and
+    the node's sums of those."""
+
+    _NODE = "node"
 
     def __init__(self) -> None:
         self._sums = CounterSums()
+        self._node = CounterSums()
 
     def update(self, gpus: Iterable[GpuReading], complete: bool) -> dict[str, dict[str, float]]:
         """Fold one reading in; the totals (counter name -> value) of each GPU read, by UUID."""
@@ -54,6 +62,10 @@ class NvlinkTotals:
             gpu.gpu.uuid: [(link.link, _link_counters(link)) for link in gpu.links] for gpu in gpus
         }
         return {str(uuid): totals for uuid, totals in self._sums.update(wholes, complete).items()}
+
+    def node(self, gpu_totals: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+        """The node's totals from the GPUs' (``update``'s result): a GPU not read keeps its share."""
+        return self._node.update({self._NODE: list(gpu_totals.items())}, complete=True)[self._NODE]
 
 
 @dataclass(frozen=True)
@@ -83,7 +95,9 @@ class NvmlCollector:
             except NvmlUnavailable as exc:
                 raise CollectorUnavailable(str(exc)) from exc
             totals = self._totals.update(reading.gpus, complete=not reading.problems)
+            node_totals = self._totals.node(totals)
         yield from self.gpu_families(reading.gpus, totals)
+        yield from self.node_families(reading.gpus, node_totals)
         if self._per_link:
             yield from self.families(reading.gpus)
         if reading.problems:
@@ -138,6 +152,48 @@ class NvmlCollector:
                 if kind in gpu_totals:
                     errors.add_metric([index, kind], gpu_totals[kind])
         return [info, links, active, *traffic.values(), errors]
+
+    @staticmethod
+    def node_families(gpus: Iterable[GpuReading], totals: Mapping[str, float]) -> list[Metric]:
+        """``ccl_nvlink_node_*``: the node's NVLinks and active NVLinks (of the GPUs read now), and its
+        counters summed over its GPUs (``totals`` from ``NvlinkTotals.node``)."""
+        states = [link.active for gpu in gpus for link in gpu.links if link.active is not None]
+        out: list[Metric] = []
+        if states:
+            out.append(
+                GaugeMetricFamily(
+                    "ccl_nvlink_node_links",
+                    "NVLinks of the node's GPUs whose state NVML reports (the sum of ccl_nvlink_gpu_links).",
+                    value=float(len(states)),
+                )
+            )
+            out.append(
+                GaugeMetricFamily(
+                    "ccl_nvlink_node_links_active",
+                    "Active NVLinks of the node's GPUs (the sum of ccl_nvlink_gpu_links_active).",
+                    value=float(sum(states)),
+                )
+            )
+        for name in _TRAFFIC:
+            if name in totals:
+                out.append(
+                    CounterMetricFamily(
+                        f"ccl_nvlink_node_{name}_bytes_total",
+                        f"Data bytes {'sent' if name == 'transmit' else 'received'} on all NVLinks of the node's GPUs: "
+                        f"the sum of ccl_nvlink_gpu_{name}_bytes_total, never decreasing (a GPU gone keeps its share).",
+                        value=totals[name],
+                    )
+                )
+        errors = CounterMetricFamily(
+            "ccl_nvlink_node_errors_total",
+            "NVLink errors on all links of the node's GPUs, by error kind: the sum of ccl_nvlink_gpu_errors_total, "
+            "never decreasing.",
+            labels=["error"],
+        )
+        for kind in ERROR_KINDS:
+            if kind in totals:
+                errors.add_metric([kind], totals[kind])
+        return [*out, errors]
 
     @staticmethod
     def families(gpus: Iterable[GpuReading]) -> list[Metric]:
