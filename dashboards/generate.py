@@ -272,6 +272,11 @@ def _nvlinks_down(*matchers: str) -> str:
     return f"({_sel('ccl_nvlink_gpu_links', *matchers)} - {_sel('ccl_nvlink_gpu_links_active', *matchers)})"
 
 
+def _ports_not_active(by: str, *matchers: str) -> str:
+    """Ports whose logical state is not ACTIVE (4) or ACTIVE_DEFER (5), from the exporter's series."""
+    return f"max by ({by}) ({_sel('ccl_rdma_port_state_id', *matchers)}) < 4"
+
+
 def _port_state(by: str, *matchers: str) -> str:
     """10 x logical state + physical state per port (see PORT_STATE)."""
     return (f"max by ({by}) ({_sel('ccl_rdma_port_state_id', *matchers)}) * 10"
@@ -355,7 +360,7 @@ def fleet() -> Dashboard:
                                   ORANGE, ("CclNcclGdrDisabled",)))
         .with_panel(_problem_stat("Nodes with RDMA ports down",
                                   "count(count by (cluster, node) "
-                                  f"({_sel('node_device_port:ccl_rdma_port_active:bool', node)} == 0)) or vector(0)",
+                                  f"({_ports_not_active('cluster, node, device, port', node)})) or vector(0)",
                                   "Nodes with at least one RDMA port not ACTIVE. Spare ports count too, so this "
                                   "can be above 0 on a healthy fleet: the alert only pages for in-service ports.",
                                   ORANGE, ("CclRdmaPortDown",)))
@@ -377,7 +382,7 @@ def fleet() -> Dashboard:
         .with_row(Row("Nodes with fabric problems"))
         .with_panel(_table("RDMA ports not ACTIVE",
                            f"({_port_state('cluster, node, device, port', node)}) and on (cluster, node, device, port) "
-                           f"({_sel('node_device_port:ccl_rdma_port_active:bool', node)} == 0)",
+                           f"({_ports_not_active('cluster, node, device, port', node)})",
                            value="State", states=PORT_STATE, columns_link=(TO_NODE,), alerts=("CclRdmaPortDown",),
                            description="Logical / physical state of every port that is not ACTIVE (spare ports too)."))
         .with_panel(_table("RDMA error counters rising (last hour)",

@@ -218,7 +218,7 @@ _INCIDENT: list[tuple[dict[str, str], bool]] = [
     ({**_SUSPECTED, "namespace": "research"}, False),
     ({**_SUSPECTED, "cluster": "east"}, False),
     # The node's hardware keeps its own page (docs/alerts.md says why).
-    ({"alertname": "CclRdmaPortDown", "severity": "critical", "node": "gpu-a", "device": "mlx5_1", "port": "1"}, False),
+    ({"alertname": "CclRdmaPortDown", "severity": "critical", "node": "gpu-a"}, False),
     # A fallback without a job name mutes nothing, not even another unnamed pod's warning.
     ({**_FALLBACK, "job_name": "", "job_kind": "", "namespace": "batch", "pod": "bare-0"}, False),
     ({"alertname": "CclNcclGdrDisabled", "severity": "warning", "namespace": "batch", "pod": "bare-1", "node": "gpu-a"},

@@ -81,6 +81,28 @@ def test_node_summary_is_the_sum_over_ports(fixture_tree) -> None:  # type: igno
         assert node == _per_port_sum(text, "ccl_rdma_port_errors_total", counter=counter), counter
 
 
+def test_node_summary_counts_slow_ports_and_roce_cnps(fixture_tree) -> None:  # type: ignore[no-untyped-def]
+    """Rate-degraded ports are ACTIVE ports slower than the fastest ACTIVE port of the same link layer
+    and HCA model; the CNP sums cover RoCE (Ethernet) ports only."""
+    root = fixture_tree("sysfs_rdma")
+    text = scrape(root)
+    assert value(text, "ccl_rdma_node_ports_rate_degraded") == 0  # every ACTIVE port is alone in its kind
+    for counter in ("np_cnp_sent", "rp_cnp_handled"):
+        roce = _per_port_sum(text, "ccl_rdma_port_hw_counters_total", counter=counter, device="mlx5_1")
+        assert value(text, "ccl_rdma_node_roce_cnp_total", counter=counter) == roce > 0
+    # mlx5_2 (same model and link layer as mlx5_0) comes up at a lower rate: one degraded port
+    port = root / "devices/pci0000:00/0000:00:02.0/infiniband/mlx5_2/ports/1"
+    (port / "state").write_text("4: ACTIVE\n")
+    text = scrape(root)
+    assert value(text, "ccl_rdma_port_rate_bytes_per_second", device="mlx5_2", port="1") < value(
+        text, "ccl_rdma_port_rate_bytes_per_second", device="mlx5_0", port="1"
+    )
+    assert value(text, "ccl_rdma_node_ports_rate_degraded") == 1
+    # at the same rate it is no longer degraded
+    (port / "rate").write_text((root / "devices/pci0000:00/0000:00:00.0/infiniband/mlx5_0/ports/1/rate").read_text())
+    assert value(scrape(root), "ccl_rdma_node_ports_rate_degraded") == 0
+
+
 def test_node_summary_never_falls_when_a_port_resets_or_goes(fixture_tree) -> None:  # type: ignore[no-untyped-def]
     """A port's counter reset counts from zero and a port that disappears keeps what it added:
     the node's sums only grow, so Prometheus' rate never sees a false reset."""

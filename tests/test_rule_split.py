@@ -61,7 +61,8 @@ def test_description_queries_select_the_alerts_cluster(path) -> None:  # type: i
     without the label)."""
     for rule in _rules(path):
         for text in rule.get("annotations", {}).values():
-            for call in re.findall(r'printf "((?:[^"\\]|\\.)*)"((?: (?:\$labels\.\w+|"[^"]*"))+)', text):
+            # arguments: the alert's labels, a range element's (.Labels.device) or literals
+            for call in re.findall(r'printf "((?:[^"\\]|\\.)*)"((?: (?:\$labels\.\w+|\.Labels\.\w+|"[^"]*"))+)', text):
                 fmt, args = call[0], call[1].split()
                 for selector in _SELECTOR.findall(fmt):
                     if "node=%q" in selector or "namespace=%q" in selector:

@@ -29,9 +29,12 @@ from exporter.sources.rdma import (
 from exporter.sources.sysfs import AttributeReader, read_attribute
 
 PORT_LABELS = ["device", "port"]
-# The node summary's counters, by name in CounterSums: the bytes, and each error counter.
+# The node summary's counters, by name in CounterSums: the bytes, each error counter, and the
+# congestion notification counters of RoCE ports.
 _NODE_BYTES = ("transmit", "receive")
 _ERROR_PREFIX = "error:"
+_CNP_PREFIX = "cnp:"
+ROCE_CNP_COUNTERS = ("np_cnp_sent", "rp_cnp_handled")  # hw_counters: CNPs a port sent / acted on (DCQCN)
 # The whole the node summary sums over: the node itself (one per exporter).
 _NODE = "node"
 
@@ -62,7 +65,7 @@ class RdmaCollector:
             wholes: dict[Hashable, PartCounters] = {_NODE: parts}
             totals = self._sums.update(wholes, complete=not reading.problems).get(_NODE, {})
         yield from self.families(reading.devices)
-        yield from self.node_families(ports, totals)
+        yield from self.node_families(reading.devices, totals)
         if reading.problems:
             raise PartialCollection("; ".join(reading.problems[:5]))
 
@@ -162,10 +165,11 @@ class RdmaCollector:
         return [info, state, phys, rate, tx_bytes, rx_bytes, tx_packets, rx_packets, cast_packets, errors, hw]
 
     @staticmethod
-    def node_families(ports: Iterable[RdmaPort], totals: Mapping[str, float]) -> list[Metric]:
-        """``ccl_rdma_node_*``: the node's ports, ACTIVE ports and its counters summed over its
-        ports (``totals`` from ``CounterSums.update``)."""
-        ports = list(ports)
+    def node_families(devices: Iterable[RdmaDevice], totals: Mapping[str, float]) -> list[Metric]:
+        """``ccl_rdma_node_*``: the node's ports, ACTIVE ports, ACTIVE ports slower than their peers,
+        and its counters summed over its ports (``totals`` from ``CounterSums.update``)."""
+        devices = list(devices)
+        ports = [port for device in devices for port in device.ports]
         count = GaugeMetricFamily(
             "ccl_rdma_node_ports", "RDMA ports of the node (the ccl_rdma_port_info series).", labels=[]
         )
@@ -189,15 +193,40 @@ class RdmaCollector:
             "over its ports, never decreasing.",
             labels=["counter"],
         )
+        degraded = GaugeMetricFamily(
+            "ccl_rdma_node_ports_rate_degraded",
+            "ACTIVE RDMA ports of the node whose rate is below the fastest ACTIVE port of the same link layer and "
+            "HCA model on the node (a link trained down in width or speed).",
+            labels=[],
+        )
+        cnp = CounterMetricFamily(
+            "ccl_rdma_node_roce_cnp_total",
+            "Congestion notification packets of the node's RoCE (link layer Ethernet) ports, by hw_counters "
+            "counter (np_cnp_sent, rp_cnp_handled): the sum over those ports, never decreasing.",
+            labels=["counter"],
+        )
         count.add_metric([], float(len(ports)))
         active.add_metric([], float(sum(1 for port in ports if port.state_id in ACTIVE_PORT_STATES)))
         for name, family in traffic.items():
             if name in totals:
                 family.add_metric([], totals[name])
+        degraded.add_metric([], float(_rate_degraded_ports(devices)))
         for name, value in sorted(totals.items()):
             if name.startswith(_ERROR_PREFIX):
                 errors.add_metric([name.removeprefix(_ERROR_PREFIX)], value)
-        return [count, active, *traffic.values(), errors]
+            elif name.startswith(_CNP_PREFIX):
+                cnp.add_metric([name.removeprefix(_CNP_PREFIX)], value)
+        return [count, active, *traffic.values(), errors, degraded, cnp]
+
+
+def _rate_degraded_ports(devices: Iterable[RdmaDevice]) -> int:
+    """ACTIVE ports whose rate is below the fastest ACTIVE port of their (link layer, HCA model)."""
+    peers: dict[tuple[str | None, str | None], list[int]] = {}
+    for device in devices:
+        for port in device.ports:
+            if port.state_id in ACTIVE_PORT_STATES and port.rate_bytes_per_second is not None:
+                peers.setdefault((port.link_layer, device.hca_type), []).append(port.rate_bytes_per_second)
+    return sum(1 for rates in peers.values() for rate in rates if rate < max(rates))
 
 
 def _port_counters(port: RdmaPort) -> dict[str, float]:
@@ -208,6 +237,14 @@ def _port_counters(port: RdmaPort) -> dict[str, float]:
         if value is not None
     }
     found.update({_ERROR_PREFIX + counter: float(value) for counter, value in port.errors.items()})
+    if port.link_layer == "Ethernet":
+        found.update(
+            {
+                _CNP_PREFIX + name: float(port.hw_counters[name])
+                for name in ROCE_CNP_COUNTERS
+                if name in port.hw_counters
+            }
+        )
     return found
 
 
