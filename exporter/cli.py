@@ -294,6 +294,8 @@ def _watching(resources: NodeResources) -> StartupHook:
 
 def run_serve(args: argparse.Namespace) -> int:
     """The composition root: the node's resources (real or simulated), the collectors, the app."""
+    from exporter.collector_history import FILE_NAME as HISTORY_FILE
+    from exporter.collector_history import CollectorHistory
     from exporter.server import create_app, run_server
 
     specs = all_collectors()
@@ -328,6 +330,7 @@ def run_serve(args: argparse.Namespace) -> int:
             max_page_bytes=max_page_bytes,
             scrape_timeout_seconds=config.scrape_timeout_seconds,
             startup_hooks=hooks,
+            collector_history=CollectorHistory(resources.paths.state / HISTORY_FILE),
         )
         if control is not None:
             add_control_routes(app, control)

@@ -2,8 +2,9 @@
 
 One collector raising, hanging or returning garbage never fails the scrape and never hides
 another collector's metrics. Every scrape yields, per collector,
-``ccl_exporter_collector_success{collector}`` and
-``ccl_exporter_collector_duration_seconds{collector}``, plus
+``ccl_exporter_collector_success{collector}``,
+``ccl_exporter_collector_duration_seconds{collector}`` and
+``ccl_exporter_collector_status{collector, status}`` (``exporter.collector_history``), plus
 ``ccl_exporter_build_info{version, revision, python_version}`` (``exporter.build``).
 
 Output is deterministic: families in collector order then by name, samples sorted by name
@@ -36,6 +37,7 @@ from prometheus_client.registry import CollectorRegistry
 from prometheus_client.samples import Sample
 
 from exporter.build import BuildInfo, read_build_info
+from exporter.collector_history import CollectorHistory
 from exporter.collectors.base import Collector, CollectorUnavailable, PartialCollection
 
 log = logging.getLogger(__name__)
@@ -206,9 +208,14 @@ class UmbrellaCollector:
     """
 
     def __init__(
-        self, collectors: Sequence[Collector], timeout_seconds: float = 10.0, build: BuildInfo | None = None
+        self,
+        collectors: Sequence[Collector],
+        timeout_seconds: float = 10.0,
+        build: BuildInfo | None = None,
+        history: CollectorHistory | None = None,
     ) -> None:
         self._slots = [_Slot(c) for c in collectors]
+        self._history = history or CollectorHistory()
         self._timeout = timeout_seconds
         # Read once here, never per scrape (no file reads or programs on the scrape path).
         self._build = read_build_info() if build is None else build
@@ -290,6 +297,16 @@ class UmbrellaCollector:
             slot.outcome = outcome
             success.add_metric([name], 1.0 if outcome.success else 0.0)
             duration.add_metric([name], outcome.duration_seconds)
+        status = GaugeMetricFamily(
+            "ccl_exporter_collector_status",
+            "The collector's status; always 1, one series per collector: ok (its last scrape succeeded), "
+            "failing (it fails now but succeeded within the last day) or unavailable (no success within the "
+            "last day: its source is absent on this node). Kept across restarts in --path.state.",
+            labels=["collector", "status"],
+        )
+        observed = self._history.observe((slot.collector.name, slot.outcome.success) for slot in self._slots)
+        for name, state in observed.items():
+            status.add_metric([name, state], 1.0)
 
         build = GaugeMetricFamily(
             "ccl_exporter_build_info",
@@ -300,6 +317,7 @@ class UmbrellaCollector:
         yield build
         yield success
         yield duration
+        yield status
         yield from families
 
     @staticmethod

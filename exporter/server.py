@@ -23,6 +23,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from exporter import __version__
+from exporter.collector_history import CollectorHistory
 from exporter.collectors.base import BackgroundCollector, Collector, close_collector
 from exporter.exposition import DEFAULT_MAX_PAGE_BYTES, PageRenderer
 from exporter.http.guard import ConnectionLimits
@@ -72,8 +73,9 @@ class ExporterApp:
         scrape_timeout_seconds: float = 10.0,
         process_metrics: bool = True,
         startup_hooks: Sequence[StartupHook] = (),
+        collector_history: CollectorHistory | None = None,
     ) -> None:
-        self.umbrella = UmbrellaCollector(collectors, timeout_seconds=scrape_timeout_seconds)
+        self.umbrella = UmbrellaCollector(collectors, timeout_seconds=scrape_timeout_seconds, history=collector_history)
         self.registry = build_registry(self.umbrella, process_metrics=process_metrics)
         self.page_renderer = PageRenderer(max_page_bytes)
         self.render_slots = asyncio.Semaphore(max_requests)

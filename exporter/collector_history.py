@@ -1,0 +1,141 @@
+"""When each collector last succeeded, kept across restarts: ``ccl_exporter_collector_status``.
+
+A collector that fails now is ``failing`` when it succeeded within the window (a day by
+default: a regression, a driver upgrade or an unmounted path) and ``unavailable`` when it did
+not (its source is absent on this node); ``ok`` when it succeeds. The exporter exposes one
+series per collector, labelled with its status, so the alerts select the few failing ones by
+label instead of reading every collector's success over a day of history on every evaluation
+(docs/scaling.md).
+
+The last success times are written to a small JSON file in ``--path.state`` (a hostPath in the
+DaemonSet), so a restarted exporter still tells a regression from a source that was never
+there. The file is written when a collector's outcome changes and otherwise at most every
+``SAVE_SECONDS``, atomically (a temporary file renamed over it). A file that cannot be read
+or parsed, or that names unknown collectors or impossible times, is ignored where it is wrong
+and logged once; a folder that cannot be written to leaves the history in memory, logged once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+WINDOW_SECONDS = 86400.0  # "succeeded earlier today": the alerts' look-back
+SAVE_SECONDS = 300.0  # how stale the file's last-success times may get while collectors succeed
+MAX_FILE_BYTES = 64 * 1024  # a few dozen collectors take a few hundred bytes
+FUTURE_SLACK_SECONDS = 300.0  # a time further ahead than this is a broken clock or a forged file
+STATUSES = ("ok", "failing", "unavailable")
+FILE_NAME = "collectors.json"
+
+
+class CollectorHistory:
+    """Last success time per collector; ``path`` None keeps it in memory only."""
+
+    def __init__(
+        self,
+        path: Path | None = None,
+        window_seconds: float = WINDOW_SECONDS,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self._path = path
+        self._window = window_seconds
+        self._clock = clock or time.time
+        self._last_success: dict[str, float] = {}
+        self._outcomes: dict[str, bool] = {}
+        self._saved_at = -math.inf
+        self._dirty = False
+        self._write_failed = False
+        if path is not None:
+            self._last_success = _read(path, self._clock())
+
+    def observe(self, outcomes: Iterable[tuple[str, bool]]) -> dict[str, str]:
+        """Fold one scrape's outcomes (collector, success) in; each collector's status."""
+        now = self._clock()
+        statuses: dict[str, str] = {}
+        changed = False
+        for name, success in outcomes:
+            if self._outcomes.get(name) != success:
+                changed = True
+                self._outcomes[name] = success
+            if success:
+                self._last_success[name] = now
+                self._dirty = True
+                statuses[name] = "ok"
+            elif now - self._last_success.get(name, -math.inf) <= self._window:
+                statuses[name] = "failing"
+            else:
+                statuses[name] = "unavailable"
+        if self._path is not None and self._dirty and (changed or now - self._saved_at >= SAVE_SECONDS):
+            self._save(now)
+        return statuses
+
+    def last_success(self, name: str) -> float | None:
+        return self._last_success.get(name)
+
+    def _save(self, now: float) -> None:
+        assert self._path is not None
+        body = json.dumps({"last_success": self._last_success}, sort_keys=True).encode()
+        try:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            fd, temporary = tempfile.mkstemp(prefix=".collectors-", dir=self._path.parent)
+            try:
+                with os.fdopen(fd, "wb") as out:
+                    out.write(body)
+                os.replace(temporary, self._path)
+            except BaseException:
+                os.unlink(temporary)
+                raise
+        except OSError as exc:
+            if not self._write_failed:
+                log.warning("cannot keep collector history in %s (kept in memory): %s", self._path, exc)
+                self._write_failed = True
+            return
+        self._saved_at = now
+        self._dirty = False
+        self._write_failed = False
+
+
+def _read(path: Path, now: float) -> dict[str, float]:
+    """The last success times a file holds; what is wrong in it is left out and logged."""
+    try:
+        if path.is_symlink() or not path.exists():
+            return {}
+        with path.open("rb") as source:
+            raw = source.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        log.warning("cannot read collector history %s: %s", path, exc)
+        return {}
+    if len(raw) > MAX_FILE_BYTES:
+        log.warning("collector history %s is over %d bytes: ignored", path, MAX_FILE_BYTES)
+        return {}
+    try:
+        document = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        log.warning("collector history %s is not JSON (%s): ignored", path, exc)
+        return {}
+    entries = document.get("last_success") if isinstance(document, dict) else None
+    if not isinstance(entries, dict):
+        log.warning("collector history %s has no last_success object: ignored", path)
+        return {}
+    kept: dict[str, float] = {}
+    for name, value in entries.items():
+        if (
+            isinstance(name, str)
+            and 0 < len(name) <= 64
+            and isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and 0 < value <= now + FUTURE_SLACK_SECONDS
+        ):
+            kept[name] = float(value)
+    if len(kept) != len(entries):
+        log.warning("collector history %s: %d of %d entries ignored", path, len(entries) - len(kept), len(entries))
+    return kept
