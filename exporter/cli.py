@@ -96,7 +96,12 @@ PATH_FLAGS = (
     SYSFS,
     Flag("--path.pod-logs", "/var/log/pods", "kubelet pod log folder (CRI format)", dest="pod_logs"),
     Flag("--path.nccl-debug-files", "/var/log/nccl", "folder of NCCL_DEBUG_FILE outputs", dest="nccl_debug_files"),
-    Flag("--path.state", "/var/lib/ccl-exporter", "writable folder for tail offsets", dest="state"),
+    Flag(
+        "--path.state",
+        "/var/lib/ccl-exporter",
+        "writable folder for tail offsets and the collectors' last success times",
+        dest="state",
+    ),
     Flag("--path.pod-resources", str(DEFAULT_SOCKET), "kubelet pod-resources socket", dest="pod_resources"),
     # NCCL Inspector output (NCCL_INSPECTOR_DUMP_DIR): per-pod folders, as for NCCL debug files
     Flag(
