@@ -9,10 +9,13 @@ label instead of reading every collector's success over a day of history on ever
 
 The last success times are written to a small JSON file in ``--path.state`` (a hostPath in the
 DaemonSet), so a restarted exporter still tells a regression from a source that was never
-there. The file is written when a collector's outcome changes and otherwise at most every
-``SAVE_SECONDS``, atomically (a temporary file renamed over it). A file that cannot be read
-or parsed, or that names unknown collectors or impossible times, is ignored where it is wrong
-and logged once; a folder that cannot be written to leaves the history in memory, logged once.
+there. ``observe`` (on the scrape path) only takes a copy of them when there are newer success
+times: at once when a collector's outcome changed too, otherwise at most every
+``SAVE_SECONDS``. ``write_pending`` writes the copy, atomically (a temporary file renamed over
+it), off the scrape path: the umbrella hands it to its thread pool, as no file is read or
+written while a scrape waits. A file that cannot be read or parsed, or that holds malformed
+names or impossible times, is ignored where it is wrong and logged once; a folder that
+cannot be written to leaves the history in memory, logged once.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import logging
 import math
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -32,7 +36,6 @@ WINDOW_SECONDS = 86400.0  # "succeeded earlier today": the alerts' look-back
 SAVE_SECONDS = 300.0  # how stale the file's last-success times may get while collectors succeed
 MAX_FILE_BYTES = 64 * 1024  # a few dozen collectors take a few hundred bytes
 FUTURE_SLACK_SECONDS = 300.0  # a time further ahead than this is a broken clock or a forged file
-STATUSES = ("ok", "failing", "unavailable")
 FILE_NAME = "collectors.json"
 
 
@@ -52,6 +55,8 @@ class CollectorHistory:
         self._outcomes: dict[str, bool] = {}
         self._saved_at = -math.inf
         self._dirty = False
+        self._pending: dict[str, float] | None = None  # the copy write_pending writes next
+        self._lock = threading.Lock()  # observe (a scrape) and write_pending (a pool thread) hand over copies
         self._write_failed = False
         if path is not None:
             self._last_success = _read(path, self._clock())
@@ -73,16 +78,25 @@ class CollectorHistory:
                 statuses[name] = "failing"
             else:
                 statuses[name] = "unavailable"
-        if self._path is not None and self._dirty and (changed or now - self._saved_at >= SAVE_SECONDS):
-            self._save(now)
+        with self._lock:
+            if self._path is not None and self._dirty and (changed or now - self._saved_at >= SAVE_SECONDS):
+                self._pending = dict(self._last_success)
+                self._saved_at = now
+                self._dirty = False
         return statuses
 
-    def last_success(self, name: str) -> float | None:
-        return self._last_success.get(name)
+    @property
+    def write_due(self) -> bool:
+        return self._pending is not None
 
-    def _save(self, now: float) -> None:
-        assert self._path is not None
-        body = json.dumps({"last_success": self._last_success}, sort_keys=True).encode()
+    def write_pending(self) -> None:
+        """Write the last copy ``observe`` took, if any. A failed write is logged once and tried
+        again with a later copy."""
+        with self._lock:
+            pending, self._pending = self._pending, None
+        if pending is None or self._path is None:
+            return
+        body = json.dumps({"last_success": pending}, sort_keys=True).encode()
         try:
             self._path.parent.mkdir(parents=True, exist_ok=True)
             fd, temporary = tempfile.mkstemp(prefix=".collectors-", dir=self._path.parent)
@@ -97,9 +111,9 @@ class CollectorHistory:
             if not self._write_failed:
                 log.warning("cannot keep collector history in %s (kept in memory): %s", self._path, exc)
                 self._write_failed = True
+            with self._lock:
+                self._dirty = True
             return
-        self._saved_at = now
-        self._dirty = False
         self._write_failed = False
 
 

@@ -216,6 +216,7 @@ class UmbrellaCollector:
     ) -> None:
         self._slots = [_Slot(c) for c in collectors]
         self._history = history or CollectorHistory()
+        self._history_write: Future[None] | None = None
         self._timeout = timeout_seconds
         # Read once here, never per scrape (no file reads or programs on the scrape path).
         self._build = read_build_info() if build is None else build
@@ -305,6 +306,8 @@ class UmbrellaCollector:
             labels=["collector", "status"],
         )
         observed = self._history.observe((slot.collector.name, slot.outcome.success) for slot in self._slots)
+        if self._history.write_due and (self._history_write is None or self._history_write.done()):
+            self._history_write = self._pool.submit(self._history.write_pending)  # file I/O off the scrape path
         for name, state in observed.items():
             status.add_metric([name, state], 1.0)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -41,8 +42,10 @@ def test_a_restarted_exporter_still_knows_what_worked(tmp_path: Path) -> None:
     path = tmp_path / "state" / FILE_NAME
     first = CollectorHistory(path, clock=clock)
     first.observe([("rdma", True), ("probe", False)])
+    first.write_pending()
     clock.now += 60
-    first.observe([("rdma", False), ("probe", False)])  # an outcome changed: written at once
+    first.observe([("rdma", False), ("probe", False)])  # nothing newer to write: the file holds rdma's success
+    assert not first.write_due
     assert json.loads(path.read_text()) == {"last_success": {"rdma": clock.now - 60}}
     clock.now += 600
     restarted = CollectorHistory(path, clock=clock)
@@ -55,13 +58,17 @@ def test_steady_success_is_written_at_most_every_save_interval(tmp_path: Path) -
     path = tmp_path / FILE_NAME
     history = CollectorHistory(path, clock=clock)
     history.observe([("rdma", True)])
+    history.write_pending()
     written = path.stat().st_mtime_ns
     os.utime(path, ns=(0, 0))
     clock.now += SAVE_SECONDS / 2
     history.observe([("rdma", True)])
+    assert not history.write_due
+    history.write_pending()
     assert path.stat().st_mtime_ns == 0, "not written again within the interval"
     clock.now += SAVE_SECONDS
     history.observe([("rdma", True)])
+    history.write_pending()
     assert path.stat().st_mtime_ns != 0 and written
     assert json.loads(path.read_text())["last_success"]["rdma"] == clock.now
 
@@ -113,8 +120,10 @@ def test_an_unwritable_folder_keeps_the_history_in_memory(tmp_path: Path, caplog
     history = CollectorHistory(blocker / "sub" / FILE_NAME, clock=clock)  # its parent is a file
     with caplog.at_level(logging.WARNING):
         history.observe([("rdma", True)])
+        history.write_pending()
         clock.now += 60
         assert history.observe([("rdma", False)]) == {"rdma": "failing"}
+        history.write_pending()
     assert caplog.text.count("cannot keep collector history") == 1
 
 
@@ -164,3 +173,18 @@ def test_status_follows_the_umbrellas_history() -> None:
     assert [(s.labels["collector"], s.labels["status"]) for s in families["ccl_exporter_collector_status"].samples] == [
         ("rdma", "failing")
     ]
+
+
+def test_the_umbrella_writes_the_history_off_the_scrape_path(tmp_path: Path) -> None:
+    """A scrape only takes a copy; the file is written by the umbrella's thread pool."""
+    path = tmp_path / FILE_NAME
+    history = CollectorHistory(path, clock=Clock())
+    umbrella = UmbrellaCollector([Working()], history=history)  # type: ignore[list-item]
+    try:
+        list(umbrella.collect())
+        deadline = time.monotonic() + 10
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        umbrella.close()
+    assert json.loads(path.read_text()) == {"last_success": {"nvml": Clock().now}}

@@ -230,7 +230,8 @@ def _rate_degraded_ports(devices: Iterable[RdmaDevice]) -> int:
 
 
 def _port_counters(port: RdmaPort) -> dict[str, float]:
-    """A port's counters the node summary sums, by name: the bytes and each error counter."""
+    """A port's counters the node summary sums, by name: the bytes, each error counter and, on a RoCE
+    port, the CNP counters."""
     found = {
         name: float(value)
         for name, value in zip(_NODE_BYTES, (port.transmit_bytes, port.receive_bytes), strict=True)

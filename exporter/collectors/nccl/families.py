@@ -41,7 +41,8 @@ class PodReport:
     gdr_disabled: bool
     warnings: tuple[tuple[str, int], ...]
     verdict: str = "unknown"  # one of VERDICTS, with what the node knows (GPU counts) added
-    # gpu, device, affinity, gdr: the NIC each of the pod's GPUs sends NCCL traffic through
+    # gpu, device, affinity, gdr, nearest affinity: the NIC each of the pod's GPUs sends NCCL traffic
+    # through, and the class of the GPU's nearest NIC
     nic_affinity: tuple[tuple[str, str, str, str, str], ...] = ()
     reason: str = ""  # why that verdict, quoting the deciding line (the first reason of a stream that decided it)
     gdr_reason: str = ""  # the line that shows an inter-node RDMA connection without GPUDirect RDMA
