@@ -5,8 +5,10 @@ healthy: the simulator's built-in TCP-fallback pod removed) is read twice to lea
 its value and how fast each counter grows. A small HTTP server in this process then serves it
 for every node, live (counters growing at those rates), with each node's training pods named its
 own (jobs of ``NODES_PER_JOB`` nodes, pod names as operators make them), and beside it what a
-real cluster gives the same rules: cAdvisor's pod network series per node (``CADVISOR_PODS``
-pods, as the kubelet serves them) and kube-state-metrics' GPU capacity. Prometheus scrapes all of
+real cluster's Prometheus also holds: cAdvisor's pod network series per node (``CADVISOR_PODS``
+pods, as the kubelet serves them; no rule reads them, the exporter reports its GPU pods' own
+traffic, but a rule's selectors run against every series there is) and kube-state-metrics' GPU
+capacity (CclExporterAbsent reads it). Prometheus scrapes all of
 it every 15 s as our PodMonitor does (target labels ``node``, ``instance``, ``namespace``/``pod``
 of the exporter's pod, ``honor_labels``).
 

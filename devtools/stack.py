@@ -349,59 +349,6 @@ class StaticMetricsServer:
         self._thread.join(5)
 
 
-class CadvisorStandIn:
-    """A stand-in for the kubelet's ``/metrics/cadvisor``, which we do not run here: the network
-    byte counters of the pods given to ``set_traffic``, growing at the rates set, in cAdvisor's
-    shape (``container_network_{transmit,receive}_bytes_total`` with namespace, pod, interface,
-    container, id, image and name; no ``node``), for the suspected-fallback alert."""
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
-        self._lock = threading.Lock()
-        # (direction, namespace, pod, interface) -> (counter value at `since`, since, bytes/s)
-        self._counters: dict[tuple[str, str, str, str], tuple[float, float, float]] = {}
-        self._server = StaticMetricsServer(self.render)
-        self.address = self._server.address
-
-    def _value(self, key: tuple[str, str, str, str], now: float) -> float:
-        value, since, rate = self._counters.get(key, (0.0, now, 0.0))
-        return value + rate * (now - since)
-
-    def set_traffic(
-        self,
-        namespace: str,
-        pod: str,
-        transmit_bytes_per_second: float,
-        receive_bytes_per_second: float,
-        interface: str = "eth0",
-    ) -> None:
-        """From now on the pod's ``interface`` counters grow at these rates."""
-        now = self._clock()
-        with self._lock:
-            for direction, rate in (("transmit", transmit_bytes_per_second), ("receive", receive_bytes_per_second)):
-                key = (direction, namespace, pod, interface)
-                self._counters[key] = (self._value(key, now), now, rate)
-
-    def render(self) -> str:
-        now = self._clock()
-        lines = []
-        with self._lock:
-            for direction in ("transmit", "receive"):
-                name = f"container_network_{direction}_bytes_total"
-                lines.append(f"# TYPE {name} counter")
-                for key in sorted(k for k in self._counters if k[0] == direction):
-                    _, namespace, pod, interface = key
-                    labels = (
-                        f'container="",id="/kubepods/pod-{pod}",image="",interface="{interface}",name="",'
-                        f'namespace="{namespace}",pod="{pod}"'
-                    )
-                    lines.append(f"{name}{{{labels}}} {self._value(key, now):.0f}")
-        return "\n".join(lines) + "\n"
-
-    def stop(self) -> None:
-        self._server.stop()
-
-
 def gpu_node_capacity_metrics(nodes: Iterable[str], gpus_per_node: int = 8) -> str:
     """kube-state-metrics' view of GPU nodes, as the exporter-absent alert expects it."""
     lines = ["# TYPE kube_node_status_capacity gauge"]

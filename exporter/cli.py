@@ -176,8 +176,8 @@ def add_serve_arguments(
     for spec in specs:
         if spec.flags:
             group = parser.add_argument_group(spec.flag_group or f"collector {spec.name}")
-            for flag in spec.flags:
-                flag.add_to(group, environ)
+            for own_flag in spec.flags:
+                own_flag.add_to(group, environ)
 
     misc = parser.add_argument_group("misc")
     SIMULATE.add_to(misc, environ)

@@ -44,6 +44,7 @@ class NodeResources:
         clock: Callable[[], float] = time.time,
         node_name: str = "",
         kube_api: Callable[[], Any] = in_cluster_api,
+        kubelet_stats_url: str = "",
     ) -> None:
         self.paths = paths
         self.nvml = nvml
@@ -53,6 +54,9 @@ class NodeResources:
         # (called in their own thread), and the NCCL verdicts as the NCCL collector reaches them.
         self.node_name = node_name
         self.kube_api = kube_api
+        # The simulated node's kubelet stand-in; "" on a real node, where the podnetwork
+        # collector's flags say where the kubelet is.
+        self.kubelet_stats_url = kubelet_stats_url
         self.verdict_feed = VerdictFeed()
         self._make_pod_metadata = pod_metadata
         self._pod_metadata: PodMetadataSource | None = None

@@ -22,8 +22,6 @@ METRICS_DOC = REPO / "docs" / "metrics.md"
 EXTERNAL_METRICS = {
     "up": "Prometheus' own scrape health, for CclExporterAbsent",
     "kube_node_status_capacity": "kube-state-metrics: which nodes have GPUs, for CclExporterAbsent",
-    "container_network_transmit_bytes_total": "kubelet's cAdvisor: a pod's network bytes, for CclSuspectedTcpFallback",
-    "container_network_receive_bytes_total": "kubelet's cAdvisor: a pod's network bytes, for CclSuspectedTcpFallback",
     # node_exporter's InfiniBand collector, where our RDMA collector is off (docs/coexistence.md).
     "node_infiniband_info": "node_exporter: the node has RDMA devices, for CclNcclTcpFallback",
     "node_infiniband_state_id": "node_exporter: port states, for the RDMA port counts",

@@ -222,7 +222,9 @@ NON_DEFAULT: dict[str, Any] = {
     "serviceAccount": {"annotations": {"example.com/audit": "true"}},
     "networkPolicy": {"scrapers": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}},
                                     "podSelector": {"matchLabels": {"app.kubernetes.io/name": "vmagent"}}}],
-                      "apiServer": {"cidrs": ["10.0.0.1/32"], "ports": [6443]}},
+                      "apiServer": {"cidrs": ["10.0.0.1/32"], "ports": [6443]},
+                      "kubelet": {"cidrs": ["10.1.0.0/16"]}},
+    "kubelet": {"port": 10255, "insecureSkipVerify": True},
     "podMonitor": {"enabled": False},
     "serviceMonitor": {"enabled": True, "labels": {"release": "monitoring-stack"}, "interval": "30s",
                        "scrapeTimeout": "20s", "scheme": "https",
@@ -325,6 +327,7 @@ def test_non_default_values_reach_the_objects() -> None:
     policy = one(objects, "NetworkPolicy")["spec"]
     assert policy["ingress"][0]["from"] == NON_DEFAULT["networkPolicy"]["scrapers"]
     assert policy["egress"][1] == {"to": [{"ipBlock": {"cidr": "10.0.0.1/32"}}], "ports": [{"protocol": "TCP", "port": 6443}]}
+    assert policy["egress"][2] == {"to": [{"ipBlock": {"cidr": "10.1.0.0/16"}}], "ports": [{"protocol": "TCP", "port": 10255}]}
 
 
 def test_the_args_are_flags_serve_accepts() -> None:
@@ -332,13 +335,29 @@ def test_the_args_are_flags_serve_accepts() -> None:
     from exporter.cli import build_parser, config_from_args
     from exporter.collectors import all_collectors
 
-    args = [a.replace("$(NODE_NAME)", "gpu-node-1") for a in container(chart_objects(NON_DEFAULT))["args"]]
+    exporter = container(chart_objects(NON_DEFAULT))
+    args = [a.replace("$(NODE_NAME)", "gpu-node-1").replace("$(HOST_IP)", "10.1.2.3") for a in exporter["args"]]
     parsed = build_parser(environ={}).parse_args(args)
     assert parsed.web_config_file == "/etc/ccl-exporter/web/web-config.yml"
     config = config_from_args(parsed, all_collectors())
-    assert config.enabled_collectors == ("nvml", "nccl", "inspector", "probe", "topology")
+    assert config.enabled_collectors == ("nvml", "podnetwork", "nccl", "inspector", "probe", "topology")
+    assert parsed.podnetwork_kubelet_url == "https://10.1.2.3:10255/stats/summary"
+    assert parsed.podnetwork_insecure_skip_verify is True
+    host_ip = next(e for e in exporter["env"] if e["name"] == "HOST_IP")
+    assert host_ip["valueFrom"] == {"fieldRef": {"fieldPath": "status.hostIP"}}
     assert config.listen_address == "0.0.0.0:19500" and parsed.node_name == "gpu-node-1"
     assert parsed.probe_interval == 3600 and parsed.probe_timeout == 120
+
+
+def test_without_the_podnetwork_collector_the_kubelet_is_neither_called_nor_reachable() -> None:
+    objects = chart_objects({"collectors": {"podnetwork": False}})
+    args = container(objects)["args"]
+    assert "--no-collector.podnetwork" in args
+    assert not any(a.startswith("--collector.podnetwork.") for a in args)
+    assert len(one(objects, "NetworkPolicy")["spec"]["egress"]) == 2, "DNS and the API server only"
+    default = chart_objects()
+    assert "--collector.podnetwork.kubelet-url=https://$(HOST_IP):10250/stats/summary" in container(default)["args"]
+    assert "--collector.podnetwork.insecure-skip-verify" not in container(default)["args"], "verified by default"
 
 
 def test_web_config_secret_is_off_by_default() -> None:

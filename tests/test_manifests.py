@@ -193,7 +193,10 @@ def test_cluster_role_grants_only_the_reads_the_code_makes(objects: list[dict]) 
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
         {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["nodes/stats"], "verbs": ["get"]},
     ]
+    stats_source = (REPO / "exporter" / "sources" / "kubelet_stats.py").read_text()
+    assert "/stats/summary" in stats_source and "urlopen" in stats_source, "GET on the kubelet's stats: nodes/stats get"
     kube_source = (REPO / "exporter" / "sources" / "kube.py").read_text()
     assert "list_pod_for_all_namespaces" in kube_source and "read_namespaced_pod" not in kube_source, \
         "the pod cache lists and watches; a get would need the verb back"
@@ -202,7 +205,7 @@ def test_cluster_role_grants_only_the_reads_the_code_makes(objects: list[dict]) 
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "ccl-exporter", "namespace": "ccl-health"}]
 
 
-def test_network_policy_admits_only_prometheus_and_reaches_only_dns_and_the_api_server(objects: list[dict]) -> None:  # type: ignore[type-arg]
+def test_network_policy_admits_only_prometheus_and_reaches_only_dns_the_api_server_and_the_kubelet(objects: list[dict]) -> None:  # type: ignore[type-arg]
     policy = _one(objects, "NetworkPolicy")["spec"]
     daemonset = _one(objects, "DaemonSet")
     assert policy["podSelector"]["matchLabels"].items() <= daemonset["spec"]["template"]["metadata"]["labels"].items()
@@ -212,11 +215,14 @@ def test_network_policy_admits_only_prometheus_and_reaches_only_dns_and_the_api_
     (source,) = ingress["from"]
     assert source == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
                       "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
-    dns, api_server = policy["egress"]
+    dns, api_server, kubelet = policy["egress"]
     assert dns["to"][0]["podSelector"] == {"matchLabels": {"k8s-app": "kube-dns"}}
     assert sorted((p["protocol"], p["port"]) for p in dns["ports"]) == [("TCP", 53), ("UDP", 53)]
     assert sorted(p["port"] for p in api_server["ports"]) == [443, 6443]
     assert all(p["protocol"] == "TCP" for p in api_server["ports"])
+    assert kubelet["ports"] == [{"protocol": "TCP", "port": 10250}]
+    container = daemonset["spec"]["template"]["spec"]["containers"][0]
+    assert "--collector.podnetwork.kubelet-url=https://$(HOST_IP):10250/stats/summary" in container["args"]
 
 
 def _yaml_block_with(doc: Path, marker: str) -> str:

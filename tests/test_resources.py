@@ -103,7 +103,7 @@ def test_closing_the_collectors_leaves_the_shared_resources_open(tmp_path: Path)
     pods = CountingPods()
     node = resources(tmp_path, pods)
     collectors = every_collector(node)
-    assert [c.name for c in collectors] == ["rdma", "nvml", "podresources", "nccl", "inspector", "probe", "topology"]
+    assert [c.name for c in collectors] == ["rdma", "nvml", "podresources", "podnetwork", "nccl", "inspector", "probe", "topology"]
     for collector in collectors:
         close_collector(collector)
     assert pods.closed == 0 and node.nvml.closed == 0 and node.pod_resources.closed == 0  # type: ignore[attr-defined]

@@ -77,6 +77,10 @@ async def test_bad_requests_are_refused_with_a_reason(controlled) -> None:  # ty
     assert bad_device.status == 400 and "mlx5_99" in (await bad_device.json())["error"]
     bad_seconds = await client.post("/-/sim/advance", params={"seconds": "-1"})
     assert bad_seconds.status == 400
+    for params in ({"transmit_bytes_per_second": "2e9"}, {"transmit_bytes_per_second": "fast", "receive_bytes_per_second": "1"},
+                   {"transmit_bytes_per_second": "-1", "receive_bytes_per_second": "1"}):
+        bad_traffic = await client.post("/-/sim/pod-traffic", params=params)
+        assert bad_traffic.status == 400 and "bytes_per_second" in (await bad_traffic.json())["error"]
     listing = await client.get("/-/sim")
     assert "rdma-port-down" in (await listing.json())["actions"]
     assert (await client.get("/-/sim/rdma-port-down")).status == 405, "actions change state: POST only"
@@ -230,3 +234,26 @@ async def test_cross_origin_posts_are_refused(controlled) -> None:  # type: igno
     for headers in ({}, {"Origin": f"http://127.0.0.1:{port}"}, {"Origin": f"http://localhost:{port}"},
                     {"Referer": f"http://127.0.0.1:{port}/-/sim"}):
         assert (await client.post("/-/sim/advance", headers=headers)).status == 200, headers
+
+
+async def test_pod_traffic_sets_the_rates_the_kubelet_summary_counts(controlled) -> None:  # type: ignore[no-untyped-def]
+    from exporter.sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
+
+    client, control, _ = controlled
+    kubelet = control.node.kubelet
+
+    def sent() -> int:
+        pods = kubelet.summary()["pods"]
+        entry = next(p for p in pods if p["podRef"]["name"] == TRAINING_POD)
+        return int(entry["network"]["txBytes"])
+
+    before = sent()
+    control.advance(1.0)
+    assert sent() - before == 20_000, "chatter before"
+    response = await client.post("/-/sim/pod-traffic", params={
+        "namespace": TRAINING_NAMESPACE, "pod": TRAINING_POD,
+        "transmit_bytes_per_second": "2e9", "receive_bytes_per_second": "5e7"})
+    assert response.status == 200 and (await response.json())["transmit_bytes_per_second"] == 2e9
+    before = sent()
+    control.advance(2.0)
+    assert sent() - before == 4_000_000_000

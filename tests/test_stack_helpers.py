@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from devtools.stack import (
-    CadvisorStandIn,
     Intervals,
     ScrapeTarget,
     alertmanager_config,
@@ -74,21 +73,3 @@ def test_configs_scrape_like_the_podmonitor_and_stay_on_loopback() -> None:
     route = alertmanager_config("http://127.0.0.1:1/alerts", Intervals.shipped())["route"]
     assert route["group_wait"] == "10000ms"  # the critical route of alerts/alertmanager.yml
     assert {"alertname", "namespace", "job_name", "node"} <= set(route["group_by"])
-
-
-def test_cadvisor_stand_in_counts_bytes_at_the_rates_set_in_the_kubelets_shape() -> None:
-    now = [100.0]
-    kubelet = CadvisorStandIn(clock=lambda: now[0])
-    try:
-        assert "container_network_transmit_bytes_total{" not in kubelet.render()
-        kubelet.set_traffic("ml", "llama-worker-0", 2e9, 1e9)
-        now[0] = 103.0
-        kubelet.set_traffic("ml", "llama-worker-0", 0, 5e8)  # the counters keep what they counted
-        now[0] = 105.0
-        page = kubelet.render()
-    finally:
-        kubelet.stop()
-    labels = 'container="",id="/kubepods/pod-llama-worker-0",image="",interface="eth0",name="",namespace="ml",pod="llama-worker-0"'
-    assert f"container_network_transmit_bytes_total{{{labels}}} 6000000000\n" in page
-    assert f"container_network_receive_bytes_total{{{labels}}} 4000000000\n" in page
-    assert "node=" not in page, "cAdvisor's series carry no node label of ours"

@@ -27,6 +27,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from exporter.http.webconfig import WebConfigError, WebConfigSource, parse_web_config
 from exporter.server import create_app, serving
 from tests.conftest import REPO, free_port, require_tool
+from tests.pki import issue, make_ca
 
 PASSWORD = "s3cret-scrape"
 HASH = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(4)).decode()  # cost 4: fast tests, same check
@@ -41,29 +42,15 @@ class Fixed:
         yield family
 
 
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run([require_tool("openssl"), *args], cwd=cwd, check=True, capture_output=True, timeout=60)
-
-
-def _issue(folder: Path, name: str, subject: str, san: str, ca: str = "ca") -> None:
-    """``name.key``/``name.crt`` signed by ``ca`` with subjectAltName ``san``."""
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
-             "-subj", subject, cwd=folder)
-    (folder / f"{name}.ext").write_text(f"subjectAltName={san}\n")
-    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key", "-CAcreateserial",
-             "-days", "2", "-out", f"{name}.crt", "-extfile", f"{name}.ext", cwd=folder)
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A CA, a server certificate for 127.0.0.1 (and a second one, for rotation), two client certificates."""
     folder = tmp_path_factory.mktemp("pki")
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
-             "-subj", "/CN=test CA", cwd=folder)
-    _issue(folder, "server", "/CN=exporter", "IP:127.0.0.1,DNS:localhost")
-    _issue(folder, "server2", "/CN=exporter rotated", "IP:127.0.0.1,DNS:localhost")
-    _issue(folder, "client", "/CN=prometheus", "DNS:prometheus.monitoring.svc")
-    _issue(folder, "stranger", "/CN=stranger", "DNS:stranger.example")
+    make_ca(folder)
+    issue(folder, "server", "/CN=exporter", "IP:127.0.0.1,DNS:localhost")
+    issue(folder, "server2", "/CN=exporter rotated", "IP:127.0.0.1,DNS:localhost")
+    issue(folder, "client", "/CN=prometheus", "DNS:prometheus.monitoring.svc")
+    issue(folder, "stranger", "/CN=stranger", "DNS:stranger.example")
     return folder
 
 

@@ -16,7 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from prometheus_client.metrics_core import Metric
 
-from exporter.flags import Flag
+from exporter.flags import Flag, Switch
 from exporter.resources import NodeResources
 
 
@@ -79,7 +79,7 @@ class CollectorSpec:
     help: str
     default_enabled: bool
     factory: Callable[[Any, NodeResources], Collector]
-    flags: tuple[Flag, ...] = ()
+    flags: tuple[Flag | Switch, ...] = ()
     flag_group: str = ""
     settings: Callable[[argparse.Namespace], Any] = no_settings
 

@@ -36,6 +36,9 @@ Actions:
   container restarts and NCCL comes back on ``network`` -- by default the silent fallback to TCP
   sockets; ``placement=open``: an NCCL 2.18 log that does not show which nodes the communicator spans.
 - ``nccl-job-stop`` ``namespace= pod=``: the pod is deleted (its log folder goes away).
+- ``pod-traffic`` ``transmit_bytes_per_second= receive_bytes_per_second= [namespace= pod=]``: the
+  pod's own network interface (the kubelet's Summary API) moves these bytes/s from the next tick
+  on (default pod: the simulated training pod; every pod starts at a few kB/s of chatter).
 - ``advance`` ``[seconds=1]``: advance the simulation immediately (besides its 1 s ticker).
 - ``kube-status``: what the lifecycle hooks (``--collector.lifecycle``) wrote to the simulated API:
   each pod's ``ccl-health.io/fabric-ready`` condition, the pod Events, the node's conditions.
@@ -337,6 +340,36 @@ def advance(node: SimulatedNode, params: Params) -> dict[str, Any]:
     return {"elapsed_seconds": node.elapsed_seconds}
 
 
+def _rate_param(params: Params, name: str) -> float:
+    try:
+        value = float(params[name])
+    except KeyError:
+        raise ActionError(f"{name}= is required") from None
+    except ValueError:
+        raise ActionError(f"{name} must be a number") from None
+    if not 0 <= value <= 1e12:
+        raise ActionError(f"{name} must be in [0, 1e12] bytes/s")
+    return value
+
+
+def pod_traffic(node: SimulatedNode, params: Params) -> dict[str, Any]:
+    from exporter.sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
+
+    if node.kubelet is None:
+        raise ActionError("the simulated node has no kubelet")
+    namespace = _name(params, "namespace", TRAINING_NAMESPACE)
+    pod = _name(params, "pod", TRAINING_POD)
+    transmit = _rate_param(params, "transmit_bytes_per_second")
+    receive = _rate_param(params, "receive_bytes_per_second")
+    node.kubelet.set_traffic(namespace, pod, transmit, receive)
+    return {
+        "namespace": namespace,
+        "pod": pod,
+        "transmit_bytes_per_second": transmit,
+        "receive_bytes_per_second": receive,
+    }
+
+
 def kube_status(node: SimulatedNode, params: Params) -> dict[str, Any]:
     """What the lifecycle hooks wrote to the simulated API (changes nothing)."""
     if node.kube is None:
@@ -360,6 +393,7 @@ def builtin_actions() -> dict[str, ActionFunc]:
         "nccl-job-start": nccl_job_start,
         "nccl-job-restart": nccl_job_restart,
         "nccl-job-stop": nccl_job_stop,
+        "pod-traffic": pod_traffic,
         "advance": advance,
         "kube-status": kube_status,
     }

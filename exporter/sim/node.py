@@ -13,6 +13,7 @@ from exporter.sim.paths import simulated_paths
 
 if TYPE_CHECKING:
     from exporter.sim.kube import SimKube
+    from exporter.sim.kubelet import SimKubeletStats
     from exporter.sim.nvml import SimNvml
     from exporter.sources.kube import PodMetadataSource
 
@@ -34,6 +35,7 @@ class SimulatedNode:
     nvml: SimNvml | None = None  # the simulated GPUs the NVML collectors read
     pod_metadata: PodMetadataSource | None = None  # its pods and their jobs (no API server here)
     kube: SimKube | None = None  # what the lifecycle hooks write to (the API server's stand-in)
+    kubelet: SimKubeletStats | None = None  # the kubelet's Summary API: pods' network bytes
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -91,6 +93,7 @@ def default_node(root: Path, seed: int = 7, job_ends_after_seconds: float = 0.0)
     files (one pod failed its pre-flight)."""
     from exporter.sim.inspector import SimInspector
     from exporter.sim.kube import SimKube
+    from exporter.sim.kubelet import SimKubeletStats
     from exporter.sim.nvml import SimNvml, SimPodResources
     from exporter.sim.podlogs import SimPodLogs
     from exporter.sim.probe import SimProbeResults
@@ -108,6 +111,8 @@ def default_node(root: Path, seed: int = 7, job_ends_after_seconds: float = 0.0)
     node.pod_metadata = pod_logs
     node.parts.append(SimInspector(pod_logs, rng=node.rng))
     node.kube = SimKube()
+    node.kubelet = SimKubeletStats(node.nvml, pod_logs)
+    node.parts.append(node.kubelet)
     node.parts.append(SimProbeResults())
     if job_ends_after_seconds > 0:
         node.parts.append(SimJobEnd(node.nvml, job_ends_after_seconds))

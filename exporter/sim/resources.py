@@ -23,8 +23,8 @@ from exporter.sources.podresources import PodResourcesClient
 
 def simulated_node_resources(node: SimulatedNode, *, nvml_collected: bool = True) -> NodeResources:
     """``node``'s resources; closing them leaves the node running (it is closed by its owner)."""
-    if node.nvml is None or node.pod_metadata is None or node.kube is None:
-        raise ValueError("the simulated node has no NVML, pod list or API (build it with default_node)")
+    if node.nvml is None or node.pod_metadata is None or node.kube is None or node.kubelet is None:
+        raise ValueError("the simulated node has no NVML, pod list, API or kubelet (build it with default_node)")
     pods, kube = node.pod_metadata, node.kube
     return NodeResources(
         node.paths,
@@ -35,6 +35,7 @@ def simulated_node_resources(node: SimulatedNode, *, nvml_collected: bool = True
         clock=clock.now,
         node_name=kube.node_name,
         kube_api=lambda: kube,
+        kubelet_stats_url=node.kubelet.url,
     )
 
 

@@ -17,7 +17,6 @@ from pathlib import Path
 
 from devtools.stack import (
     Alertmanager,
-    CadvisorStandIn,
     Intervals,
     Prometheus,
     ScrapeTarget,
@@ -95,7 +94,6 @@ class Cluster:
     exporters: list[SimulatedExporter]
     stack: Stack
     kube_state_metrics: StaticMetricsServer | None = None
-    kubelet: CadvisorStandIn | None = None  # pods' network counters (set_traffic); none by default
     started_at: float = field(default_factory=time.time)
 
     @property
@@ -136,26 +134,22 @@ def cluster(
     if rule_files is None:
         rule_files = compressed_rules(workdir, shortest_interval=intervals.evaluation_seconds)
     exporters = start_exporters(nodes, extra_args=exporter_args)
-    kube_state_metrics = kubelet = None
+    kube_state_metrics = None
     try:
         if before_scrape is not None:
             before_scrape(exporters)
-        # kube-state-metrics and the kubelets are not run here: a static stand-in serves the GPU
-        # capacity of each node, another cAdvisor's pod network counters (none until a test sets them).
+        # kube-state-metrics is not run here: a static stand-in serves the GPU capacity of each node.
         kube_state_metrics = StaticMetricsServer(gpu_node_capacity_metrics(e.node for e in exporters))
-        kubelet = CadvisorStandIn()
         stack = Stack(
             workdir, [e.target for e in exporters], rule_files=rule_files, intervals=intervals,
-            other_jobs={"kube-state-metrics": [ScrapeTarget(kube_state_metrics.address)],
-                        "kubelet": [ScrapeTarget(kubelet.address)]},
+            other_jobs={"kube-state-metrics": [ScrapeTarget(kube_state_metrics.address)]},
             prometheus_binary=prometheus_binary, alertmanager_binary=alertmanager_binary, backfill=backfill,
         )
         with stack:
-            result = Cluster(exporters, stack, kube_state_metrics=kube_state_metrics, kubelet=kubelet)
+            result = Cluster(exporters, stack, kube_state_metrics=kube_state_metrics)
             result.prometheus.wait_targets_up(nodes, timeout=60.0)
             yield result
     finally:
         stop_all(exporters)
-        for stand_in in (kube_state_metrics, kubelet):
-            if stand_in is not None:
-                stand_in.stop()
+        if kube_state_metrics is not None:
+            kube_state_metrics.stop()

@@ -10,6 +10,7 @@ reads), and kube-state-metrics (a static stand-in serves ``kube_node_status_capa
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from exporter.sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
 from devtools.stack import Intervals, SimulatedExporter, make_healthy
@@ -69,11 +70,21 @@ def job_without_nccl_logs_on_idle_rdma(exporters: list[SimulatedExporter]) -> No
         exporter.act("nccl-job-stop", namespace=TRAINING_NAMESPACE, pod=TRAINING_POD)
 
 
+def pod_traffic(cluster: Any, transmit_bytes_per_second: float, receive_bytes_per_second: float) -> None:
+    """The training pod on every node moves these bytes/s on its own interface (each simulated
+    node's kubelet Summary API, which its exporter reads)."""
+    for exporter in cluster.exporters:
+        exporter.act("pod-traffic", namespace=TRAINING_NAMESPACE, pod=TRAINING_POD,
+                     transmit_bytes_per_second=transmit_bytes_per_second,
+                     receive_bytes_per_second=receive_bytes_per_second)
+
+
 def test_counters_only_suspected_fallback(start_cluster) -> None:  # type: ignore[no-untyped-def]
     """A job whose pods log no NCCL INFO, on two nodes, with 2 GB/s each way on the pod network
-    (kubelet's cAdvisor) while the RDMA ports are idle: inferred from counters."""
+    (the kubelet's Summary API, read by the exporter) while the RDMA ports are idle: inferred
+    from counters."""
     cluster = start_cluster(nodes=2, intervals=Intervals(), before_scrape=job_without_nccl_logs_on_idle_rdma)
-    cluster.kubelet.set_traffic(TRAINING_NAMESPACE, TRAINING_POD, 2e9, 2e9)
+    pod_traffic(cluster, 2e9, 2e9)
     got = cluster.receiver.wait_alert("CclSuspectedTcpFallback", "firing", timeout=60, match={"node": "gpu-node-02"})
     assert got is not None, cluster.prometheus.alerts()
     _, alert = got
@@ -89,10 +100,10 @@ def test_data_loading_over_the_pod_network_is_not_taken_for_a_fallback(start_clu
     reading its dataset over the pod network (2 GB/s in, 50 MB/s out): gradients go both ways,
     a dataset one way. After longer than the compressed window and ``for:``, nothing fires."""
     cluster = start_cluster(nodes=2, intervals=Intervals(), before_scrape=job_without_nccl_logs_on_idle_rdma)
-    cluster.kubelet.set_traffic(TRAINING_NAMESPACE, TRAINING_POD, 5e7, 2e9)
+    pod_traffic(cluster, 5e7, 2e9)
     time.sleep(20)
     rate = cluster.prometheus.values(
-        f'namespace_pod:container_network_receive_bytes:rate5m{{namespace="{TRAINING_NAMESPACE}",pod="{TRAINING_POD}"}}')
+        f'namespace_pod:ccl_gpu_pod_network_receive_bytes:rate5m{{namespace="{TRAINING_NAMESPACE}",pod="{TRAINING_POD}"}}')
     assert rate and rate[0] > 1e9, "the traffic was seen (not vacuously quiet)"
     assert not _alerts_named(cluster, "CclSuspectedTcpFallback"), cluster.prometheus.alerts()
     assert "CclSuspectedTcpFallback" not in cluster.receiver.alertnames("firing")
