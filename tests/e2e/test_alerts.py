@@ -140,12 +140,15 @@ def test_tcp_fallback_fires_with_the_job_named_and_resolves_when_the_job_is_gone
 
 
 def probe_history(node: str, peak: float, minutes: int, now: float) -> str:
-    """The node's hourly probe peaks (compressed: one a minute) for ``minutes`` (the compressed
-    rules' baseline reads 7 days -> 168 minutes of them, once they go back a day -> 24 minutes)."""
-    series = f'node:ccl_probe_bus_bandwidth_bytes_per_second:max1h{{node="{node}",collective="all_reduce",' \
-             f'scope="inter_node",source="job"}}'
-    lines = ["# TYPE node:ccl_probe_bus_bandwidth_bytes_per_second:max1h gauge"]
-    lines += [f"{series} {peak:.6e} {int(now) - 60 * i}" for i in range(minutes, 1, -1)]
+    """The node's hourly probe peaks (compressed: one a minute) for ``minutes``, and the daily
+    medians the daily group recorded from them (compressed: one every 24 minutes; the compressed
+    rules' baseline reads 7 days -> 168 minutes of those)."""
+    labels = f'{{node="{node}",collective="all_reduce",scope="inter_node",source="job"}}'
+    hourly, daily = "node:ccl_probe_bus_bandwidth_bytes_per_second:max1h", "node:ccl_probe_bus_bandwidth_bytes_per_second:median1d"
+    lines = [f"# TYPE {hourly} gauge"]
+    lines += [f"{hourly}{labels} {peak:.6e} {int(now) - 60 * i}" for i in range(minutes, 1, -1)]
+    lines += [f"# TYPE {daily} gauge"]
+    lines += [f"{daily}{labels} {peak:.6e} {int(now) - 60 * i}" for i in range(minutes - 24, 1, -24)]
     return "\n".join(lines) + "\n# EOF\n"
 
 
