@@ -530,10 +530,13 @@ def _with_in_job_collectives(board: Dashboard) -> Dashboard:
         .with_panel(_timeseries("Large collectives per node against the network floor", "Bps",
                                 (_sel(f"{node_rule}:rate5m", JOB, LARGE),
                                  "{{node}} {{collective}} {{scope}} {{size_class}}"),
-                                (_sel(f"{node_rule}:floor", JOB), "floor {{node}} {{collective}} {{scope}}"),
+                                (f"{_sel('node_collective:ccl_nccl_collective_bus_bandwidth_bytes_per_second:floor')}"
+                                 " and on (cluster, node, collective, scope) "
+                                 f"{_sel(f'{node_rule}:rate5m', JOB)}", "floor {{node}} {{collective}} {{scope}}"),
                                 description="What CclJobBusBandwidthDegraded compares: the job's 5-minute bus "
-                                "bandwidth per node, and the least its node's network should give (half the probe's "
-                                "7-day median, or the scope's floor).",
+                                "bandwidth per node, and the least its node's network should give: half the probe's "
+                                "7-day median on the node (drawn), or on a node without probes the scope's fixed "
+                                "floor (20 GB/s inter-node, 50 GB/s intra-node; not drawn).",
                                 alerts=("CclJobBusBandwidthDegraded",)))
     )
 

@@ -115,7 +115,7 @@ def test_alert_follows_the_conventions(alert: dict) -> None:  # type: ignore[typ
 
 def test_pod_level_alerts_name_namespace_pod_and_job() -> None:
     for alert in ALERTS:
-        if "pod" in alert["expr"] and "job_name" in alert["expr"] and "ccl_nccl" in alert["expr"]:
+        if re.search(r"\bpod\b", alert["expr"]) and "job_name" in alert["expr"] and "ccl_nccl" in alert["expr"]:
             description = alert["annotations"]["description"]
             for label in ("namespace", "pod", "job_name", "node"):
                 assert f"$labels.{label}" in description, f"{alert['alert']} lacks {label}"
