@@ -535,8 +535,8 @@ def _with_in_job_collectives(board: Dashboard) -> Dashboard:
                                  f"{_sel(f'{node_rule}:rate5m', JOB)}", "floor {{node}} {{collective}} {{scope}}"),
                                 description="What CclJobBusBandwidthDegraded compares: the job's 5-minute bus "
                                 "bandwidth per node, and the least its node's network should give: half the probe's "
-                                "7-day median on the node (drawn), or on a node without probes the scope's fixed "
-                                "floor (20 GB/s inter-node, 50 GB/s intra-node; not drawn).",
+                                "7-day median on the node (drawn), and never under the scope's fixed floor (20 GB/s "
+                                "inter-node, 50 GB/s intra-node; not drawn).",
                                 alerts=("CclJobBusBandwidthDegraded",)))
     )
 

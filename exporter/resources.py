@@ -4,7 +4,8 @@
 one NVML handle, one kubelet pod-resources client, one pod-metadata source (one list/watch of
 the node's pods against the API server, however many collectors label series with jobs), one
 topology source (GPUs and NICs on the PCI tree), the clock, and for the lifecycle hooks the
-node's name, the API they write through and the feed of NCCL verdicts. Every collector factory
+node's name, the API they write through and the feed of NCCL verdicts (and, on the simulated
+node, the address of its kubelet stand-in). Every collector factory
 takes ``(settings, resources)``; no collector opens, starts or closes a shared resource itself.
 
 ``real_node_resources`` builds them for this node from the flags, and

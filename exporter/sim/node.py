@@ -89,8 +89,9 @@ def default_node(root: Path, seed: int = 7, job_ends_after_seconds: float = 0.0)
     with 18 NVLinks each on an HGX-like PCI tree (each GPU beside one compute NIC, two sockets),
     held by one training pod that the pod-resources socket reports with its NICs, and
     training pods whose logs carry NCCL output (one of them fell back to TCP, one crossed its
-    rails) and whose NCCL Inspector writes per-collective timings, and probe / pre-flight result
-    files (one pod failed its pre-flight)."""
+    rails) and whose NCCL Inspector writes per-collective timings, a kubelet Summary API with
+    each pod's network bytes, and probe / pre-flight result files (one pod failed its
+    pre-flight)."""
     from exporter.sim.inspector import SimInspector
     from exporter.sim.kube import SimKube
     from exporter.sim.kubelet import SimKubeletStats
