@@ -4,8 +4,8 @@ would (``label_values`` answered by Prometheus, first value taken).
 
 The fleet shows one of each problem the "problem list" panels exist for (a job on TCP, a job
 without GPUDirect, a port down, an NVLink down, RDMA errors rising), so no panel is
-legitimately empty, and 30 hours of hourly probe history are backfilled for the 7-day
-median panel. Rules are the shipped ones, unchanged (not time-compressed): panels read their
+legitimately empty, and 30 hours of hourly probe history (with the daily median recorded
+from it) are backfilled for the 7-day median panel. Rules are the shipped ones, unchanged (not time-compressed): panels read their
 recording rules. No Grafana server runs here (none is installable); the queries are
 the ones the JSON would send.
 """
@@ -126,12 +126,15 @@ KNOWN_GAPS: dict[str, str] = {}
 
 
 def hourly_probe_history(node: str, hours: int, now: float) -> str:
-    """A day and more of hourly probe peaks (backfilled), so the 7-day median panel has a day of them."""
-    series = f'node:ccl_probe_bus_bandwidth_bytes_per_second:max1h{{node="{node}",collective="all_reduce",' \
-             f'scope="inter_node",source="job"}}'
+    """A day and more of hourly probe peaks (backfilled), and the daily median the once-a-day group
+    recorded from them six hours ago, so the 7-day median panel has a day of them."""
+    labels = f'{{node="{node}",collective="all_reduce",scope="inter_node",source="job"}}'
     top_of_hour = int(now) // 3600 * 3600
     lines = ["# TYPE node:ccl_probe_bus_bandwidth_bytes_per_second:max1h gauge"]
-    lines += [f"{series} 3.5e11 {top_of_hour - 3600 * i}" for i in range(hours, 0, -1)]
+    lines += [f"node:ccl_probe_bus_bandwidth_bytes_per_second:max1h{labels} 3.5e11 {top_of_hour - 3600 * i}"
+              for i in range(hours, 0, -1)]
+    lines += ["# TYPE node:ccl_probe_bus_bandwidth_bytes_per_second:median1d gauge"]
+    lines += [f"node:ccl_probe_bus_bandwidth_bytes_per_second:median1d{labels} 3.5e11 {top_of_hour - 3600 * 6}"]
     return "\n".join(lines) + "\n# EOF\n"
 
 
