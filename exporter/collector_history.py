@@ -23,12 +23,12 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+
+from exporter.atomic_write import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -98,15 +98,7 @@ class CollectorHistory:
             return
         body = json.dumps({"last_success": pending}, sort_keys=True).encode()
         try:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
-            fd, temporary = tempfile.mkstemp(prefix=".collectors-", dir=self._path.parent)
-            try:
-                with os.fdopen(fd, "wb") as out:
-                    out.write(body)
-                os.replace(temporary, self._path)
-            except BaseException:
-                os.unlink(temporary)
-                raise
+            write_atomically(self._path, body, prefix=".collectors-")
         except OSError as exc:
             if not self._write_failed:
                 log.warning("cannot keep collector history in %s (kept in memory): %s", self._path, exc)

@@ -30,16 +30,16 @@ Schema ``ccl-probe-result/v1`` (all sizes bytes, bandwidths bytes/s, times secon
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
 import re
 import stat
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from exporter.atomic_write import write_atomically
 
 SCHEMA = "ccl-probe-result/v1"
 # The collectives a probe runs (nccl-tests names), and the most sizes one sweep may have: what a
@@ -147,20 +147,8 @@ def result_filename(result: ProbeResult) -> str:
 
 def write_result(folder: Path, result: ProbeResult) -> Path:
     """Write atomically (temp file in the same folder, fsync, rename): readers see all or nothing."""
-    folder.mkdir(parents=True, exist_ok=True)
     target = folder / result_filename(result)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=SUFFIX)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(result.to_json())
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_atomically(target, result.to_json().encode(), mode=0o644, suffix=SUFFIX)
     return target
 
 
