@@ -110,6 +110,18 @@ def test_each_threshold_is_defined_in_the_one_file_that_reads_it() -> None:
         assert {n for n in read if n.startswith("ccl:threshold:")} <= defined[path], path.name
 
 
+def test_the_in_job_floor_of_a_scope_is_the_probes_floor() -> None:
+    """The global file's in-job floor per scope repeats the node file's probe floor (each file
+    defines the thresholds it reads): the two must say the same numbers."""
+
+    def floors(path, name):  # type: ignore[no-untyped-def]
+        return {r["labels"]["scope"]: r["expr"] for r in _rules(path) if r.get("record") == name}
+
+    probe = floors(RULES_FILE, "ccl:threshold:probe_bus_bandwidth_floor_bytes_per_second")
+    job = floors(GLOBAL_RULES_FILE, "ccl:threshold:job_bus_bandwidth_floor_bytes_per_second")
+    assert probe == job and set(probe) == {"inter_node", "intra_node"}
+
+
 def test_group_names_are_unique_across_both_files() -> None:
     names = [group["name"] for group in groups()]
     assert len(names) == len(set(names)), names
