@@ -94,6 +94,7 @@ GROUP_SECONDS = 30.0  # the Prometheus Operator's evaluationInterval default
 EVALUATION_SECONDS = 10.0  # how often every group runs while measuring
 # Ranges up to this long fill from live scrapes before measuring; longer ones are backfilled.
 LIVE_SECONDS = 300.0
+RECORDED_ROUNDS = 3  # backfills of recorded history: rules whose inputs need history first
 LOOKBACK_SECONDS = 300.0  # Prometheus' default: how long a series stays fresh after its last sample
 NODES_PER_JOB = 4
 CADVISOR_PODS = 30
@@ -570,21 +571,42 @@ def own_metric(prometheus: Prometheus, name: str) -> float:
 def recorded_history(prometheus: Prometheus, promtool: str, reads: RuleReads, workdir: Path) -> Written:
     """History for the recording rules read over ranges: the values Prometheus records now, held
     over the range at the group's interval up to just before it started, backfilled into its
-    TSDB while it runs; returns once it has loaded and compacted the new blocks."""
+    TSDB while it runs; returns once it has loaded and compacted the new blocks. A rule that
+    records nothing until its own inputs have history (the probe's daily median needs the hourly
+    maxima of a day ago) is waited for again once the history of the others is in: up to
+    ``RECORDED_ROUNDS`` rounds, each backfilling what was recorded since the last."""
     ranges = reads.recorded_ranges()
-    if not ranges:
-        return Written()
     found: dict[str, list[dict[str, Any]]] = {}
-    deadline = time.monotonic() + 120.0
-    while set(ranges) - set(found) and time.monotonic() < deadline:
-        for name in sorted(set(ranges) - set(found)):
-            result = prometheus.query(f'{{__name__="{name}"}}')
-            if result:
-                found[name] = result
-        time.sleep(1.0)
-    progress(
-        f"recording rules with a range to backfill: {sorted(found)}; never recorded: {sorted(set(ranges) - set(found))}"
-    )
+    written = Written()
+    for round_number in range(RECORDED_ROUNDS):
+        missing = set(ranges) - set(found)
+        this_round: dict[str, list[dict[str, Any]]] = {}
+        deadline = time.monotonic() + (120.0 if round_number == 0 else 60.0)
+        while missing - set(this_round) and time.monotonic() < deadline:
+            for name in sorted(missing - set(this_round)):
+                result = prometheus.query(f'{{__name__="{name}"}}')
+                if result:
+                    this_round[name] = result
+            time.sleep(1.0)
+        found.update(this_round)
+        progress(
+            f"recording rules with a range to backfill: {sorted(this_round)}; "
+            f"not recorded (yet): {sorted(set(ranges) - set(found))}"
+        )
+        if not this_round:
+            break
+        written.add(_backfill_recorded(prometheus, promtool, this_round, ranges, reads, workdir))
+    return written
+
+
+def _backfill_recorded(
+    prometheus: Prometheus,
+    promtool: str,
+    found: Mapping[str, list[dict[str, Any]]],
+    ranges: Mapping[str, float],
+    reads: RuleReads,
+    workdir: Path,
+) -> Written:
     end = prometheus_started(prometheus) - 60.0
     written = Written()
     source = workdir / "recorded.om"
@@ -595,14 +617,17 @@ def recorded_history(prometheus: Prometheus, promtool: str, reads: RuleReads, wo
             )
             written.add(write_family(out, name, rows, _times(ranges[name], end, reads.recorded[name]), end))
         out.write("# EOF\n")
-    blocks = own_metric(prometheus, "prometheus_tsdb_blocks_loaded")
     backfill(promtool, source, prometheus.workdir / "tsdb")
-    # Loaded within a minute, then compacted (2 h blocks into larger ones): wait for it to settle.
+    # Loaded within a minute (its oldest samples answer), then compacted (2 h blocks into larger
+    # ones, which may leave as many blocks as before): wait for the block count to settle.
+    name = min(found)
+    oldest = _times(ranges[name], end, reads.recorded[name])[0]
     deadline, last, steady = time.monotonic() + 600.0, -1.0, 0
     while time.monotonic() < deadline and steady < 3:
         time.sleep(20.0)
+        loaded = prometheus.api("query", query=f'count({{__name__="{name}"}})', time=f"{oldest + 1.0:.3f}")["result"]
         now = own_metric(prometheus, "prometheus_tsdb_blocks_loaded")
-        steady = steady + 1 if now == last and now > blocks else 0
+        steady = steady + 1 if loaded and now == last else 0
         last = now
     progress(f"Prometheus holds {last:.0f} blocks")
     return written
