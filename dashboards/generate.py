@@ -407,7 +407,8 @@ def fleet() -> Dashboard:
                                  "{{node}} {{collective}} {{scope}} {{source}}"),
                                 alerts=("CclProbeBusBandwidthBelowFloor",)))
         .with_panel(_timeseries("Probe bus bandwidth, 7-day median", "Bps",
-                                (_sel("node:ccl_probe_bus_bandwidth_bytes_per_second:median7d", node),
+                                # Recorded once an hour: the last two hourly values, as the alert reads it.
+                                (f'max_over_time({_sel("node:ccl_probe_bus_bandwidth_bytes_per_second:median7d", node)}[2h])',
                                  "{{node}} {{collective}} {{scope}} {{source}}"),
                                 alerts=("CclProbeBusBandwidthBelowBaseline",)))
         .with_panel(_timeseries("RDMA throughput per node", "Bps",

@@ -126,8 +126,10 @@ KNOWN_GAPS: dict[str, str] = {}
 
 
 def hourly_probe_history(node: str, hours: int, now: float) -> str:
-    """A day and more of hourly probe peaks (backfilled), and the daily median the once-a-day group
-    recorded from them six hours ago, so the 7-day median panel has a day of them."""
+    """A day and more of hourly probe peaks (backfilled), the daily median the once-a-day group
+    recorded from them six hours ago, and the 7-day median the hourly group recorded from it in
+    the last hour (the group runs at its own minute of the hour: it may not run while the test
+    does), so the 7-day median panel has data."""
     labels = f'{{node="{node}",collective="all_reduce",scope="inter_node",source="job"}}'
     top_of_hour = int(now) // 3600 * 3600
     lines = ["# TYPE node:ccl_probe_bus_bandwidth_bytes_per_second:max1h gauge"]
@@ -135,6 +137,8 @@ def hourly_probe_history(node: str, hours: int, now: float) -> str:
               for i in range(hours, 0, -1)]
     lines += ["# TYPE node:ccl_probe_bus_bandwidth_bytes_per_second:median1d gauge"]
     lines += [f"node:ccl_probe_bus_bandwidth_bytes_per_second:median1d{labels} 3.5e11 {top_of_hour - 3600 * 6}"]
+    lines += ["# TYPE node:ccl_probe_bus_bandwidth_bytes_per_second:median7d gauge"]
+    lines += [f"node:ccl_probe_bus_bandwidth_bytes_per_second:median7d{labels} 3.5e11 {top_of_hour}"]
     return "\n".join(lines) + "\n# EOF\n"
 
 
