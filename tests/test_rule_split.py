@@ -144,3 +144,22 @@ def test_the_five_minute_error_increases_read_the_counters_with_a_threshold() ->
     (expr,) = [r["expr"] for r in rules if r.get("record") == "node_counter:ccl_rdma_node_errors:increase5m"]
     (selected,) = re.findall(r'ccl_rdma_node_errors_total\{counter=~"([^"]+)"\}', expr)
     assert set(selected.split("|")) == thresholds and len(thresholds) == 8
+
+
+def test_the_large_collectives_are_the_exporters_size_classes_from_10_mb() -> None:
+    """The in-job rules restrict to large collectives by a size-class regex, written out in each
+    rule that needs it: each copy names exactly the exporter's classes from 10 MB up, so a class
+    added to the exporter cannot slip past the baseline or the busy check."""
+    from exporter.nccl.inspector import SIZE_CLASSES
+
+    lower_bounds = [0.0] + [upper for _, upper in SIZE_CLASSES[:-1]]  # a class starts where the last ends
+    large = {name for (name, _), lower in zip(SIZE_CLASSES, lower_bounds, strict=True) if lower >= 1e7}
+    assert large == {"10MB_100MB", "100MB_1GB", "ge_1GB"}
+    copies = [
+        set(found.split("|"))
+        for path in RULE_FILES
+        for rule in _rules(path)
+        for found in re.findall(r'size_class=~"([^"]*)"', rule["expr"])
+    ]
+    assert len(copies) >= 4
+    assert all(copy == large for copy in copies), copies
