@@ -24,7 +24,7 @@ While measuring, every rule of both files runs in one group, in file order, ever
 groups would otherwise not run at all), and ``evaluationTime`` of each rule is read from
 ``/api/v1/rules``; a group's cost is the sum of its rules' times, i.e. what the group takes with a
 core to itself, and the sum over all groups is the CPU time a cycle of every group takes. Run as
-they are, 17 groups at once on two cores would wait for each other, and each group's wall time
+they are, 30 groups at once on two cores would wait for each other, and each group's wall time
 would measure that queue. The number reported is the median over ``--cycles`` cycles. Nothing is
 scraped during those cycles, so the numbers are the rules' own cost, not ingestion's (a 2-core
 machine cannot ingest 1,000 nodes and evaluate beside it): Prometheus stops and starts again on
@@ -36,7 +36,7 @@ scrapes, spread over the new interval, much of the fleet would be missing from w
 read.)
 Prometheus is the Debian 2.42 package.
 
-    python -m bench.rule_cost [--nodes 32,256,1000] [--rules FILE ...] [--cycles 5]
+    python -m bench.rule_cost [--nodes 32,256,1000] [--rules FILE ...] [--cycles 15]
 
 All three fleets take about 30 minutes on a 2-core machine, and Prometheus needs ~12 GiB of
 memory at 1,000 nodes.
@@ -94,6 +94,9 @@ GROUP_SECONDS = 30.0  # the Prometheus Operator's evaluationInterval default
 EVALUATION_SECONDS = 10.0  # how often every group runs while measuring
 # Ranges up to this long fill from live scrapes before measuring; longer ones are backfilled.
 LIVE_SECONDS = 300.0
+# Cycles per fleet, the median's count: 15 of 10 s fit in the 5-minute lookback after the restart,
+# and their median moves less between runs on a shared 2-core machine than that of 5.
+CYCLES = 15
 RECORDED_ROUNDS = 3  # backfills of recorded history: rules whose inputs need history first
 LOOKBACK_SECONDS = 300.0  # Prometheus' default: how long a series stays fresh after its last sample
 NODES_PER_JOB = 4
@@ -551,7 +554,7 @@ SEQUENCE_GROUP = "ccl-health-in-sequence"
 def rules_in_sequence(rules: Mapping[str, Any], path: Path) -> list[str]:
     """Every rule of every group, in file order, as one group (no interval: all run at the global
     one); returns the group each rule came from, by position. Prometheus evaluates a group's rules
-    one after another, so each rule's time is its own: with the groups as they are, 17 of them
+    one after another, so each rule's time is its own: with the groups as they are, 30 of them
     evaluated at once on two cores wait for each other, and a group's wall time would measure the
     queue once the fleet's rules need more than the cores give."""
     owners = [str(group["name"]) for group in rules["groups"] for _ in group["rules"]]
@@ -725,7 +728,7 @@ def measure(
     nodes: int,
     template: Sequence[TemplateSeries],
     rules: Mapping[str, Any],
-    cycles: int = 5,
+    cycles: int = CYCLES,
     max_samples: int = MAX_SAMPLES,
     prometheus: str | None = None,
 ) -> FleetCost:
@@ -809,7 +812,7 @@ def measure(
 def run(
     node_counts: Sequence[int] = NODE_COUNTS,
     rule_files: Sequence[Path] = (),
-    cycles: int = 5,
+    cycles: int = CYCLES,
     max_samples: int = MAX_SAMPLES,
     exporter_args: Sequence[str] = (),
     prometheus: str | None = None,
@@ -908,7 +911,7 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="a rule file, repeatable (default: alerts/ccl-health-rules.yaml and alerts/ccl-health-global-rules.yaml)",
     )
-    parser.add_argument("--cycles", type=int, default=5)
+    parser.add_argument("--cycles", type=int, default=CYCLES)
     parser.add_argument("--max-samples", type=int, default=MAX_SAMPLES, help="largest raw history to backfill")
     parser.add_argument(
         "--exporter-arg",
