@@ -24,7 +24,7 @@ While measuring, every rule of both files runs in one group, in file order, ever
 groups would otherwise not run at all), and ``evaluationTime`` of each rule is read from
 ``/api/v1/rules``; a group's cost is the sum of its rules' times, i.e. what the group takes with a
 core to itself, and the sum over all groups is the CPU time a cycle of every group takes. Run as
-they are, 30 groups at once on two cores would wait for each other, and each group's wall time
+they are, 29 groups at once on two cores would wait for each other, and each group's wall time
 would measure that queue. The number reported is the median over ``--cycles`` cycles. Nothing is
 scraped during those cycles, so the numbers are the rules' own cost, not ingestion's (a 2-core
 machine cannot ingest 1,000 nodes and evaluate beside it): Prometheus stops and starts again on
@@ -554,7 +554,7 @@ SEQUENCE_GROUP = "ccl-health-in-sequence"
 def rules_in_sequence(rules: Mapping[str, Any], path: Path) -> list[str]:
     """Every rule of every group, in file order, as one group (no interval: all run at the global
     one); returns the group each rule came from, by position. Prometheus evaluates a group's rules
-    one after another, so each rule's time is its own: with the groups as they are, 30 of them
+    one after another, so each rule's time is its own: with the groups as they are, 29 of them
     evaluated at once on two cores wait for each other, and a group's wall time would measure the
     queue once the fleet's rules need more than the cores give."""
     owners = [str(group["name"]) for group in rules["groups"] for _ in group["rules"]]

@@ -163,3 +163,24 @@ def test_the_large_collectives_are_the_exporters_size_classes_from_10_mb() -> No
     ]
     assert len(copies) >= 4
     assert all(copy == large for copy in copies), copies
+
+
+def test_records_divided_by_each_other_come_from_one_group() -> None:
+    """A bandwidth is bytes over seconds: two records taken by two groups come from different
+    instants, and their ratio mixes two windows (a job's 355 GB/s read as 378 GB/s). Every rule
+    that divides one recorded series by another reads two records of the same group."""
+    group_of = {
+        str(rule["record"]): group["name"]
+        for path in RULE_FILES
+        for group in yaml.safe_load(path.read_text())["groups"]
+        for rule in group["rules"]
+        if "record" in rule
+    }
+    recorded = r"([a-z_]+:[a-z0-9_]+:[a-z0-9_]+)"
+    division = re.compile(recorded + r"\{[^}]*\}\)?\s*/\s*(?:sum by \([^)]*\) \()?" + recorded)
+    pairs = [
+        found.groups() for path in RULE_FILES for rule in _rules(path) for found in division.finditer(rule["expr"])
+    ]
+    assert len(pairs) >= 2, pairs
+    split = [(a, b) for a, b in pairs if a in group_of and b in group_of and group_of[a] != group_of[b]]
+    assert not split, split
