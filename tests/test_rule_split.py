@@ -169,13 +169,7 @@ def test_records_divided_by_each_other_come_from_one_group() -> None:
     """A bandwidth is bytes over seconds: two records taken by two groups come from different
     instants, and their ratio mixes two windows (a job's 355 GB/s read as 378 GB/s). Every rule
     that divides one recorded series by another reads two records of the same group."""
-    group_of = {
-        str(rule["record"]): group["name"]
-        for path in RULE_FILES
-        for group in yaml.safe_load(path.read_text())["groups"]
-        for rule in group["rules"]
-        if "record" in rule
-    }
+    group_of = {str(rule["record"]): group["name"] for group in groups() for rule in group["rules"] if "record" in rule}
     recorded = r"([a-z_]+:[a-z0-9_]+:[a-z0-9_]+)"
     division = re.compile(recorded + r"\{[^}]*\}\)?\s*/\s*(?:sum by \([^)]*\) \()?" + recorded)
     pairs = [

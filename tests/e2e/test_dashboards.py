@@ -4,10 +4,10 @@ would (``label_values`` answered by Prometheus, first value taken).
 
 The fleet shows one of each problem the "problem list" panels exist for (a job on TCP, a job
 without GPUDirect, a port down, an NVLink down, RDMA errors rising), so no panel is
-legitimately empty, and 30 hours of hourly probe history (with the daily median recorded
-from it) are backfilled for the 7-day median panel. Rules are the shipped ones, unchanged (not time-compressed): panels read their
-recording rules. No Grafana server runs here (none is installable); the queries are
-the ones the JSON would send.
+legitimately empty, and 30 hours of hourly probe history (with the daily and 7-day medians
+recorded from it) are backfilled for the 7-day median panel. Rules are the shipped ones,
+unchanged (not time-compressed): panels read their recording rules. No Grafana server runs
+here (none is installable); the queries are the ones the JSON would send.
 """
 
 from __future__ import annotations

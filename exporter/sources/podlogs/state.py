@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
 import json
 import logging
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from exporter.atomic_write import write_atomically
 from exporter.sources.podlogs.compressed import find_compressed
 from exporter.sources.podlogs.cri import STREAMS, Partial
 from exporter.sources.podlogs.files import HEAD_BYTES, File, head_checksum
@@ -131,14 +130,8 @@ class TailState:
                 "note": (notes or {}).get(key),
             }
         body = json.dumps({"version": STATE_VERSION, "streams": entries}, sort_keys=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "w") as handle:
-                handle.write(body)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
+            write_atomically(path, body.encode(), mode=0o644, prefix=f".{path.name}.", suffix=".tmp")
         except OSError as exc:
             self.stats.state_errors += 1
             if not self._save_failing:  # say it once, not every few seconds
@@ -146,8 +139,6 @@ class TailState:
                     "could not save tail state to %s (a restart will re-read from the start caps): %s", path, exc
                 )
             self._save_failing = True
-            with contextlib.suppress(OSError):
-                tmp.unlink()
             return False
         if self._save_failing:
             log.info("tail state saved to %s again", path)
