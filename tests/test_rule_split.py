@@ -165,16 +165,76 @@ def test_the_large_collectives_are_the_exporters_size_classes_from_10_mb() -> No
     assert all(copy == large for copy in copies), copies
 
 
+def _recorders(rule_groups) -> dict[str, dict[str, tuple[str, ...]]]:  # type: ignore[no-untyped-def]
+    """Each record: the groups that record it, each with the label matchers its rule there
+    selects its input by (a record split between groups by a label has one rule per group)."""
+    found: dict[str, dict[str, tuple[str, ...]]] = {}
+    for group in rule_groups:
+        for rule in group["rules"]:
+            if "record" in rule:
+                matchers = tuple(
+                    sorted(m.strip() for s in _SELECTOR.findall(rule["expr"]) for m in s.split(",") if m.strip())
+                )
+                found.setdefault(str(rule["record"]), {})[group["name"]] = matchers
+    return found
+
+
 def test_records_divided_by_each_other_come_from_one_group() -> None:
     """A bandwidth is bytes over seconds: two records taken by two groups come from different
     instants, and their ratio mixes two windows (a job's 355 GB/s read as 378 GB/s). Every rule
-    that divides one recorded series by another reads two records of the same group."""
-    group_of = {str(rule["record"]): group["name"] for group in groups() for rule in group["rules"] if "record" in rule}
+    that divides one recorded series by another reads two records of the same group; where the
+    records are split between groups by a label, each group records both for the same values."""
+    recorders = _recorders(groups())
     recorded = r"([a-z_]+:[a-z0-9_]+:[a-z0-9_]+)"
     division = re.compile(recorded + r"\{[^}]*\}\)?\s*/\s*(?:sum by \([^)]*\) \()?" + recorded)
     pairs = [
         found.groups() for path in RULE_FILES for rule in _rules(path) for found in division.finditer(rule["expr"])
     ]
     assert len(pairs) >= 2, pairs
-    split = [(a, b) for a, b in pairs if a in group_of and b in group_of and group_of[a] != group_of[b]]
+    split = [(a, b) for a, b in pairs if a in recorders and b in recorders and recorders[a] != recorders[b]]
     assert not split, split
+
+
+def test_the_check_sees_a_ratio_of_records_from_two_groups() -> None:
+    """The comparison above on the split the end-to-end test caught (the two rates in two
+    groups), and on groups that split the collectives differently for the two rates."""
+
+    def rate(record: str, selector: str) -> dict[str, str]:
+        return {"record": record, "expr": f"sum by (cluster, node) (rate(x_total{selector}[5m]))"}
+
+    def differ(*rule_groups) -> bool:  # type: ignore[no-untyped-def]
+        found = _recorders([{"name": name, "rules": rules} for name, rules in rule_groups])
+        return found["n:bytes:rate5m"] != found["n:seconds:rate5m"]
+
+    assert differ(("a", [rate("n:bytes:rate5m", "")]), ("b", [rate("n:seconds:rate5m", "")]))
+    assert differ(
+        ("a", [rate("n:bytes:rate5m", '{c="x"}'), rate("n:seconds:rate5m", '{c!="x"}')]),
+        ("b", [rate("n:bytes:rate5m", '{c!="x"}'), rate("n:seconds:rate5m", '{c="x"}')]),
+    )
+    assert not differ(
+        ("a", [rate("n:bytes:rate5m", '{c="x"}'), rate("n:seconds:rate5m", '{c="x"}')]),
+        ("b", [rate("n:bytes:rate5m", '{c!="x"}'), rate("n:seconds:rate5m", '{c!="x"}')]),
+    )
+
+
+def test_a_record_split_between_groups_covers_each_series_once() -> None:
+    """A record written by rules in several groups splits its input by one label: one group
+    takes a value (`label="v"`), the other every other (`label!="v"`), and the rules are
+    otherwise the same text, so no series is recorded twice (two groups writing one series
+    would overwrite each other) and none is left out."""
+    by_record: dict[str, list[str]] = {}
+    for group in groups():
+        for rule in group["rules"]:
+            if "record" in rule:
+                by_record.setdefault(str(rule["record"]), []).append(" ".join(rule["expr"].split()))
+    split = {
+        record: exprs
+        for record, exprs in by_record.items()
+        if len(exprs) > 1 and not record.startswith("ccl:threshold:")
+    }
+    assert split, "no record is split between groups"
+    for record, exprs in split.items():
+        assert len(exprs) == 2, (record, exprs)
+        taken = re.findall(r'([a-z_]+)="([^"]*)"', exprs[0])
+        complements = [exprs[0].replace(f'{label}="{value}"', f'{label}!="{value}"') for label, value in taken]
+        assert exprs[1] in complements, (record, exprs)
