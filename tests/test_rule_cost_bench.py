@@ -138,3 +138,45 @@ def test_a_prometheus_that_is_not_an_executable_is_refused(tmp_path: Path) -> No
     not_a_binary.write_text("")
     with pytest.raises(FileNotFoundError, match="not an executable"):
         rule_cost._binaries(str(not_a_binary))
+
+
+def test_cpu_per_rule_second_is_what_prometheus_spent_beside_its_rules() -> None:
+    before = rule_cost.ProcessSeconds(cpu=93.0, rules=0.0, collections=13)
+    after = rule_cost.ProcessSeconds(cpu=187.0, rules=50.0, collections=16)
+    spent = after.minus(before)
+    assert spent == rule_cost.ProcessSeconds(cpu=94.0, rules=50.0, collections=3)
+    assert spent.cpu_per_rule_second() == 94.0 / 50.0
+    assert rule_cost.ProcessSeconds(cpu=5.0).cpu_per_rule_second() == 0.0  # no rule ran: nothing to say
+
+
+class _Recorder:
+    """What Prometheus answers for a record, one answer per query, the last one repeating."""
+
+    def __init__(self, answers: dict[str, list[int]]) -> None:
+        self.answers = {name: list(counts) for name, counts in answers.items()}
+
+    def query(self, expr: str) -> list[dict[str, object]]:
+        name = expr.split('"')[1]
+        counts = self.answers.get(name, [0])
+        count = counts.pop(0) if len(counts) > 1 else counts[0]
+        return [{"metric": {"__name__": name, "node": str(i)}, "value": [0, "1"]} for i in range(count)]
+
+
+def test_a_record_is_backfilled_once_its_series_count_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rate answers first for the targets scraped twice: the history waits for the whole fleet."""
+    clock = iter(float(i) for i in range(10_000))
+    monkeypatch.setattr(rule_cost.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(rule_cost.time, "sleep", lambda seconds: None)
+    prometheus = _Recorder({"a:b:rate5m": [3, 3, 700, 1000, 1000], "c:d:sum": [0]})
+    found = rule_cost.settled_records(prometheus, ["a:b:rate5m", "c:d:sum"], deadline=200.0)  # type: ignore[arg-type]
+    assert set(found) == {"a:b:rate5m"}
+    assert len(found["a:b:rate5m"]) == 1000
+
+
+def test_a_record_still_growing_at_the_deadline_is_taken_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = iter(float(i) for i in range(10_000))
+    monkeypatch.setattr(rule_cost.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(rule_cost.time, "sleep", lambda seconds: None)
+    prometheus = _Recorder({"a:b:rate5m": list(range(1, 500))})
+    found = rule_cost.settled_records(prometheus, ["a:b:rate5m"], deadline=20.0)  # type: ignore[arg-type]
+    assert 1 < len(found["a:b:rate5m"]) < 20
