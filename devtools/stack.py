@@ -21,6 +21,7 @@ import re
 import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.error
@@ -30,7 +31,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 PROMETHEUS_NAMES = ("prometheus",)
 ALERTMANAGER_NAMES = ("prometheus-alertmanager", "alertmanager")  # Debian name first, upstream second
@@ -687,26 +688,47 @@ class SimulatedExporter:
         ]
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
+        # Where its output goes without a log_path: kept until stop(), so that an exporter that
+        # exits at start says why.
+        self._output: IO[bytes] | None = None
 
     @property
     def target(self) -> ScrapeTarget:
         return ScrapeTarget(self.address, {"node": self.node})
 
     def start(self, wait: bool = True) -> SimulatedExporter:
-        log_file = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115 - closed below
-        try:
-            self.proc = subprocess.Popen(self.argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        finally:
-            if self.log_path:
-                log_file.close()  # type: ignore[union-attr]  # a file whenever log_path is set
+        if self.log_path:
+            with open(self.log_path, "ab") as log_file:
+                self.proc = subprocess.Popen(
+                    self.argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                )
+        else:
+            self._output = tempfile.TemporaryFile()  # noqa: SIM115 - closed by stop()
+            self.proc = subprocess.Popen(
+                self.argv, stdout=self._output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
         if wait:
             self.wait_ready()
         return self
 
+    def output_tail(self, limit: int = 2000) -> str:
+        """The last ``limit`` bytes the exporter wrote (its log file, or the kept output)."""
+        if self.log_path:
+            data = self.log_path.read_bytes() if self.log_path.exists() else b""
+        elif self._output is not None:
+            self._output.seek(0)
+            data = self._output.read()
+        else:
+            data = b""
+        return data[-limit:].decode(errors="replace").strip()
+
     def wait_ready(self, timeout: float = 30.0) -> None:
         assert self.proc is not None, "start() first"
-        if wait_answering(self.url + "/healthz", self.proc, f"exporter for {self.node}", timeout):
-            return
+        try:
+            if wait_answering(self.url + "/healthz", self.proc, f"exporter for {self.node}", timeout):
+                return
+        except RuntimeError as exited:
+            raise RuntimeError(f"{exited}; its output: {self.output_tail() or '(none)'}") from None
         self.stop()
         raise TimeoutError(f"exporter for {self.node} not answering within {timeout}s")
 
@@ -735,6 +757,9 @@ class SimulatedExporter:
 
     def stop(self, timeout: float = 10.0) -> None:
         stop_process(self.proc, timeout)
+        if self._output is not None:
+            self._output.close()
+            self._output = None
 
 
 def start_exporters(

@@ -7,6 +7,7 @@ import pytest
 from devtools.stack import (
     Intervals,
     ScrapeTarget,
+    SimulatedExporter,
     alertmanager_config,
     duration_seconds,
     prometheus_config,
@@ -73,3 +74,15 @@ def test_configs_scrape_like_the_podmonitor_and_stay_on_loopback() -> None:
     route = alertmanager_config("http://127.0.0.1:1/alerts", Intervals.shipped())["route"]
     assert route["group_wait"] == "10000ms"  # the critical route of alerts/alertmanager.yml
     assert {"alertname", "namespace", "job_name", "node"} <= set(route["group_by"])
+
+
+@pytest.mark.parametrize("logged", [False, True], ids=["kept output", "log file"])
+def test_an_exporter_that_exits_at_start_says_why(tmp_path, logged: bool) -> None:  # type: ignore[no-untyped-def]
+    """An e2e run once lost an exporter that exited 1 at start with nothing to say why: its
+    output went nowhere. The error now carries the end of it."""
+    exporter = SimulatedExporter(
+        "gpu-node-1", extra_args=["--no-such-flag"], log_path=tmp_path / "exporter.log" if logged else None
+    )
+    with pytest.raises(RuntimeError, match=r"(?s)exited with 2; its output: .*unrecognized arguments: --no-such-flag"):
+        exporter.start()
+    exporter.stop()
