@@ -24,7 +24,7 @@ While measuring, every rule of both files runs in one group, in file order, ever
 groups would otherwise not run at all), and ``evaluationTime`` of each rule is read from
 ``/api/v1/rules``; a group's cost is the sum of its rules' times, i.e. what the group takes with a
 core to itself, and the sum over all groups is the CPU time a cycle of every group takes. Run as
-they are, 29 groups at once on two cores would wait for each other, and each group's wall time
+they are, 30 groups at once on two cores would wait for each other, and each group's wall time
 would measure that queue. The number reported is the median over ``--cycles`` cycles. Nothing is
 scraped during those cycles, so the numbers are the rules' own cost, not ingestion's (a 2-core
 machine cannot ingest 1,000 nodes and evaluate beside it): Prometheus stops and starts again on
@@ -554,7 +554,7 @@ SEQUENCE_GROUP = "ccl-health-in-sequence"
 def rules_in_sequence(rules: Mapping[str, Any], path: Path) -> list[str]:
     """Every rule of every group, in file order, as one group (no interval: all run at the global
     one); returns the group each rule came from, by position. Prometheus evaluates a group's rules
-    one after another, so each rule's time is its own: with the groups as they are, 29 of them
+    one after another, so each rule's time is its own: with the groups as they are, 30 of them
     evaluated at once on two cores wait for each other, and a group's wall time would measure the
     queue once the fleet's rules need more than the cores give."""
     owners = [str(group["name"]) for group in rules["groups"] for _ in group["rules"]]
@@ -563,12 +563,19 @@ def rules_in_sequence(rules: Mapping[str, Any], path: Path) -> list[str]:
     return owners
 
 
-def own_metric(prometheus: Prometheus, name: str) -> float:
+def own_metrics(prometheus: Prometheus, names: Sequence[str]) -> dict[str, float]:
+    """Prometheus' own unlabelled series of ``names`` from one read of its /metrics (0.0 when absent)."""
+    found = dict.fromkeys(names, 0.0)
     with urllib.request.urlopen(prometheus.url + "/metrics", timeout=30) as response:
         for line in response.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    return 0.0
+            name, _, value = line.partition(" ")
+            if name in found:
+                found[name] = float(value.split()[0])
+    return found
+
+
+def own_metric(prometheus: Prometheus, name: str) -> float:
+    return own_metrics(prometheus, [name])[name]
 
 
 def recorded_history(prometheus: Prometheus, promtool: str, reads: RuleReads, workdir: Path) -> Written:
@@ -739,11 +746,12 @@ class ProcessSeconds:
 
 
 def process_seconds(prometheus: Prometheus) -> ProcessSeconds:
-    return ProcessSeconds(
-        own_metric(prometheus, "process_cpu_seconds_total"),
-        own_metric(prometheus, "prometheus_rule_evaluation_duration_seconds_sum"),
-        own_metric(prometheus, "go_gc_duration_seconds_count"),
+    names = (
+        "process_cpu_seconds_total",
+        "prometheus_rule_evaluation_duration_seconds_sum",
+        "go_gc_duration_seconds_count",
     )
+    return ProcessSeconds(*own_metrics(prometheus, names).values())
 
 
 @dataclass

@@ -386,6 +386,14 @@ def wait_answering(url: str, proc: subprocess.Popen[bytes], what: str, timeout: 
     return False
 
 
+def read_tail(path: Path, lines: int = 20) -> str:
+    """The last ``lines`` lines of a process' log file ("" when it cannot be read)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
 def stop_process(proc: subprocess.Popen[bytes] | None, timeout: float = 15.0) -> None:
     """SIGTERM, wait for the PID; SIGKILL if it does not exit within ``timeout``."""
     if proc is None or proc.poll() is not None:
@@ -449,10 +457,7 @@ class ManagedProcess:
         raise TimeoutError(f"{self.name} not ready within {ready_timeout}s: {self.log_tail()}")
 
     def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return read_tail(self.log_path, lines)
 
     @property
     def alive(self) -> bool:
@@ -696,31 +701,23 @@ class SimulatedExporter:
     def target(self) -> ScrapeTarget:
         return ScrapeTarget(self.address, {"node": self.node})
 
-    def start(self, wait: bool = True) -> SimulatedExporter:
+    def _output_path(self) -> Path:
         if self.log_path:
-            with open(self.log_path, "ab") as log_file:
-                self.proc = subprocess.Popen(
-                    self.argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-                )
-        else:
-            self._output = tempfile.TemporaryFile()  # noqa: SIM115 - closed by stop()
-            self.proc = subprocess.Popen(
-                self.argv, stdout=self._output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-            )
+            return self.log_path
+        if self._output is None:
+            self._output = tempfile.NamedTemporaryFile(prefix=f"exporter-{self.node}-", suffix=".log")  # noqa: SIM115 - closed by stop()
+        return Path(self._output.name)
+
+    def start(self, wait: bool = True) -> SimulatedExporter:
+        with open(self._output_path(), "ab") as log_file:
+            self.proc = subprocess.Popen(self.argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         if wait:
             self.wait_ready()
         return self
 
-    def output_tail(self, limit: int = 2000) -> str:
-        """The last ``limit`` bytes the exporter wrote (its log file, or the kept output)."""
-        if self.log_path:
-            data = self.log_path.read_bytes() if self.log_path.exists() else b""
-        elif self._output is not None:
-            self._output.seek(0)
-            data = self._output.read()
-        else:
-            data = b""
-        return data[-limit:].decode(errors="replace").strip()
+    def output_tail(self, lines: int = 20) -> str:
+        """The last ``lines`` lines the exporter wrote (its log file, or the kept output)."""
+        return read_tail(self._output_path(), lines)
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         assert self.proc is not None, "start() first"
@@ -728,9 +725,10 @@ class SimulatedExporter:
             if wait_answering(self.url + "/healthz", self.proc, f"exporter for {self.node}", timeout):
                 return
         except RuntimeError as exited:
-            raise RuntimeError(f"{exited}; its output: {self.output_tail() or '(none)'}") from None
+            raise RuntimeError(f"{exited}: {self.output_tail()}") from None
+        tail = self.output_tail()
         self.stop()
-        raise TimeoutError(f"exporter for {self.node} not answering within {timeout}s")
+        raise TimeoutError(f"exporter for {self.node} not answering within {timeout}s: {tail}")
 
     def act(self, action: str, **params: object) -> dict[str, Any]:
         """Perform a simulation action (see exporter/sim/control.py); returns its JSON answer."""

@@ -83,6 +83,6 @@ def test_an_exporter_that_exits_at_start_says_why(tmp_path, logged: bool) -> Non
     exporter = SimulatedExporter(
         "gpu-node-1", extra_args=["--no-such-flag"], log_path=tmp_path / "exporter.log" if logged else None
     )
-    with pytest.raises(RuntimeError, match=r"(?s)exited with 2; its output: .*unrecognized arguments: --no-such-flag"):
+    with pytest.raises(RuntimeError, match=r"(?s)exited with 2: .*unrecognized arguments: --no-such-flag"):
         exporter.start()
     exporter.stop()
