@@ -24,7 +24,7 @@ While measuring, every rule of both files runs in one group, in file order, ever
 groups would otherwise not run at all), and ``evaluationTime`` of each rule is read from
 ``/api/v1/rules``; a group's cost is the sum of its rules' times, i.e. what the group takes with a
 core to itself, and the sum over all groups is the CPU time a cycle of every group takes. Run as
-they are, 30 groups at once on two cores would wait for each other, and each group's wall time
+they are, 50-odd groups at once on two cores would wait for each other, and each group's wall time
 would measure that queue. The number reported is the median over ``--cycles`` cycles. Nothing is
 scraped during those cycles, so the numbers are the rules' own cost, not ingestion's (a 2-core
 machine cannot ingest 1,000 nodes and evaluate beside it): Prometheus stops and starts again on
@@ -59,7 +59,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -89,6 +89,10 @@ GOAL_MS = 100.0
 # How long the simulated node may take to drop the series of the pods make_healthy() removes.
 HEALTHY_TIMEOUT_SECONDS = 60.0
 GRACE_SECONDS = 2.0
+# The simulated node's page is taken once its series have held this long: longer than the
+# simulator's slowest cycle (a single-node job's NCCL Inspector file, rewritten every 5 s), so
+# every run measures the same fleet (runs that read the page sooner missed that job's series).
+SETTLE_SECONDS = 12.0
 SCRAPE_SECONDS = 15.0  # manifests/base/podmonitor.yaml
 GROUP_SECONDS = 30.0  # the Prometheus Operator's evaluationInterval default
 EVALUATION_SECONDS = 10.0  # how often every group runs while measuring
@@ -98,6 +102,11 @@ LIVE_SECONDS = 300.0
 # and their median moves less between runs on a shared 2-core machine than that of 5.
 CYCLES = 15
 RECORDED_ROUNDS = 3  # backfills of recorded history: rules whose inputs need history first
+# While the benchmark runs, every rule runs every EVALUATION_SECONDS; the records of groups that
+# run less often than GROUP_SECONDS (every 5 minutes, hour or day) are written under this prefix,
+# so that their readers read them at their own interval (the backfilled history) and not one
+# sample every 10 s (one run read 74 hourly maxima per probe for a day's median instead of 24).
+MEASURED_PREFIX = "measured_"
 LOOKBACK_SECONDS = 300.0  # Prometheus' default: how long a series stays fresh after its last sample
 NODES_PER_JOB = 4
 CADVISOR_PODS = 30
@@ -153,6 +162,24 @@ def _parse_page(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], floa
     return found
 
 
+def settled_page(
+    read: Callable[[], str], hold: float, deadline: float, poll: float = 0.5
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The page ``read`` returns, once the series on it (names and labels) have not changed for
+    ``hold`` seconds; RuntimeError at ``deadline`` (time.monotonic()) if they still do."""
+    page = _parse_page(read())
+    since = time.monotonic()
+    while time.monotonic() - since < hold:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the simulated node's series still change after {hold:g} s")
+        time.sleep(poll)
+        latest = _parse_page(read())
+        if latest.keys() != page.keys():
+            since = time.monotonic()
+        page = latest
+    return page
+
+
 def exporter_template(seconds: float = 3.0, extra_args: Sequence[str] = ()) -> list[TemplateSeries]:
     """Every series of a healthy simulated node, read twice ``seconds`` apart."""
     # A short grace period: the pods make_healthy() deletes leave the page within seconds.
@@ -168,6 +195,7 @@ def exporter_template(seconds: float = 3.0, extra_args: Sequence[str] = ()) -> l
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the simulated node still serves {sorted(removed & pods_on(page))}")
             time.sleep(0.5)
+        page = settled_page(exporter.metrics, SETTLE_SECONDS, deadline)
         first, started = page, time.monotonic()
         time.sleep(seconds)
         second, elapsed = _parse_page(exporter.metrics()), time.monotonic() - started
@@ -551,14 +579,33 @@ def backfill(promtool: str, source: Path, tsdb: Path) -> None:
 SEQUENCE_GROUP = "ccl-health-in-sequence"
 
 
+def written_as(rules: Mapping[str, Any]) -> dict[str, str]:
+    """Each record and the name the sequence writes it under: its own, or MEASURED_PREFIX and its
+    own for the records of groups that run less often than GROUP_SECONDS."""
+    return {
+        str(rule["record"]): (MEASURED_PREFIX if group_interval(group) > GROUP_SECONDS else "") + str(rule["record"])
+        for group in rules["groups"]
+        for rule in group["rules"]
+        if "record" in rule
+    }
+
+
 def rules_in_sequence(rules: Mapping[str, Any], path: Path) -> list[str]:
     """Every rule of every group, in file order, as one group (no interval: all run at the global
     one); returns the group each rule came from, by position. Prometheus evaluates a group's rules
-    one after another, so each rule's time is its own: with the groups as they are, 30 of them
+    one after another, so each rule's time is its own: with the groups as they are, 50-odd of them
     evaluated at once on two cores wait for each other, and a group's wall time would measure the
-    queue once the fleet's rules need more than the cores give."""
+    queue once the fleet's rules need more than the cores give. The records of groups that run
+    less often than GROUP_SECONDS are written under another name (``written_as``): same work,
+    and their readers read their history at their own interval."""
     owners = [str(group["name"]) for group in rules["groups"] for _ in group["rules"]]
-    sequence = [rule for group in rules["groups"] for rule in group["rules"]]
+    sequence = [
+        {**rule, "record": MEASURED_PREFIX + str(rule["record"])}
+        if "record" in rule and group_interval(group) > GROUP_SECONDS
+        else rule
+        for group in rules["groups"]
+        for rule in group["rules"]
+    ]
     path.write_text(yaml.safe_dump({"groups": [{"name": SEQUENCE_GROUP, "rules": sequence}]}, sort_keys=False))
     return owners
 
@@ -578,20 +625,24 @@ def own_metric(prometheus: Prometheus, name: str) -> float:
     return own_metrics(prometheus, [name])[name]
 
 
-def recorded_history(prometheus: Prometheus, promtool: str, reads: RuleReads, workdir: Path) -> Written:
-    """History for the recording rules read over ranges: the values Prometheus records now, held
-    over the range at the group's interval up to just before it started, backfilled into its
-    TSDB while it runs; returns once it has loaded and compacted the new blocks. A rule that
-    records nothing until its own inputs have history (the probe's daily median needs the hourly
-    maxima of a day ago) is waited for again once the history of the others is in: up to
-    ``RECORDED_ROUNDS`` rounds, each backfilling what was recorded since the last."""
+def recorded_history(
+    prometheus: Prometheus, promtool: str, reads: RuleReads, workdir: Path, names: Mapping[str, str]
+) -> Written:
+    """History for the recording rules read over ranges: the values Prometheus records now (under
+    ``names[record]``, see ``written_as``), held over the range at the group's interval up to
+    just before it started, backfilled into its TSDB under the record's own name while it runs;
+    returns once it has loaded and compacted the new blocks. A rule that records nothing until
+    its own inputs have history (the probe's daily median needs the hourly maxima of a day ago)
+    is waited for again once the history of the others is in: up to ``RECORDED_ROUNDS`` rounds,
+    each backfilling what was recorded since the last."""
     ranges = reads.recorded_ranges()
     found: dict[str, list[dict[str, Any]]] = {}
     written = Written()
     for round_number in range(RECORDED_ROUNDS):
-        missing = set(ranges) - set(found)
+        missing = {names.get(name, name): name for name in set(ranges) - set(found)}
         deadline = time.monotonic() + (120.0 if round_number == 0 else 60.0)
-        this_round = settled_records(prometheus, missing, deadline)
+        settled = settled_records(prometheus, missing, deadline)
+        this_round = {missing[name]: samples for name, samples in settled.items()}
         found.update(this_round)
         progress(
             f"recording rules with a range to backfill: {sorted(this_round)}; "
@@ -691,7 +742,8 @@ def costs_of(evaluations: Sequence[Mapping[str, Any]], owners: Sequence[str]) ->
         for owner, rule in zip(owners, rules, strict=True):
             seconds = float(rule.get("evaluationTime", 0.0))
             per_group[owner] = per_group.get(owner, 0.0) + seconds
-            found.rules.setdefault(f"{owner}/{rule['name']}", []).append(seconds)
+            name = str(rule["name"]).removeprefix(MEASURED_PREFIX)  # the rule as the files name it
+            found.rules.setdefault(f"{owner}/{name}", []).append(seconds)
         for owner, seconds in per_group.items():
             found.groups.setdefault(owner, []).append(seconds)
         found.total.append(float(evaluation.get("evaluationTime", 0.0)))
@@ -825,7 +877,7 @@ def measure(
                     "every target scraped",
                     poll=2.0,
                 )
-                written.add(recorded_history(prometheus, promtool, reads, workdir))
+                written.add(recorded_history(prometheus, promtool, reads, workdir, written_as(rules)))
                 live = prometheus_started(prometheus) + LIVE_SECONDS - time.time()
                 if live > 0:
                     progress(f"{live:.0f} s until {LIVE_SECONDS:g} s of scrapes fill the short ranges")

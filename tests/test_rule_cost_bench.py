@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import yaml
 
 from bench.rule_cost import (
     CADVISOR_PODS,
+    MEASURED_PREFIX,
     SEQUENCE_GROUP,
     Node,
     RuleReads,
@@ -23,6 +25,7 @@ from bench.rule_cost import (
     node_template,
     range_reads,
     rules_in_sequence,
+    written_as,
     write_family,
 )
 from bench import rule_cost
@@ -103,8 +106,25 @@ def test_every_rule_runs_in_one_group_in_file_order_and_each_knows_its_group(tmp
     written = yaml.safe_load((tmp_path / "rules.yaml").read_text())
     assert owners == ["a", "a", "b"]
     assert [g["name"] for g in written["groups"]] == [SEQUENCE_GROUP] and "interval" not in written["groups"][0]
-    assert [r.get("record") or r.get("alert") for r in written["groups"][0]["rules"]] == ["n:x:rate5m", "A", "n:x:rate5m"]
+    # Group a runs every 5 minutes: its record is written under another name, so that alert A
+    # (and every other reader) reads n:x:rate5m at its own interval, not every 10 s.
+    assert [r.get("record") or r.get("alert") for r in written["groups"][0]["rules"]] == [
+        MEASURED_PREFIX + "n:x:rate5m", "A", "n:x:rate5m"]
+    assert written["groups"][0]["rules"][1]["expr"] == "n:x:rate5m > 1"
     assert written["groups"][0]["rules"][2]["labels"] == {"k": "v"}
+
+
+def test_only_the_records_of_groups_slower_than_the_default_interval_are_written_elsewhere() -> None:
+    rules = {"groups": [
+        {"name": "fast", "interval": "15s", "rules": [{"record": "a:x:rate5m", "expr": "rate(x[5m])"}]},
+        {"name": "default", "rules": [{"record": "b:x:max", "expr": "max(x)"}]},
+        {"name": "hourly", "interval": "1h", "rules": [{"record": "c:x:max1h", "expr": "max_over_time(b:x:max[1h])"},
+                                                       {"alert": "C", "expr": "c:x:max1h > 1"}]},
+        {"name": "daily", "interval": "1d", "rules": [{"record": "d:x:median1d", "expr": "vector(1)"}]},
+    ]}
+    assert written_as(rules) == {"a:x:rate5m": "a:x:rate5m", "b:x:max": "b:x:max",
+                                 "c:x:max1h": MEASURED_PREFIX + "c:x:max1h",
+                                 "d:x:median1d": MEASURED_PREFIX + "d:x:median1d"}
 
 
 def test_a_group_costs_the_sum_of_its_rules_per_cycle() -> None:
@@ -115,6 +135,8 @@ def test_a_group_costs_the_sum_of_its_rules_per_cycle() -> None:
     assert costs.groups == {"a": [0.1 + 0.2] * 2, "b": [0.4] * 2}
     assert costs.rules == {"a/r1": [0.1, 0.1], "a/r2": [0.2, 0.2], "b/r1": [0.4, 0.4]}
     assert costs.total == [0.7, 0.7]
+    measured = {"evaluationTime": 0.1, "rules": [{"name": MEASURED_PREFIX + "n:x:max1h", "evaluationTime": 0.1}]}
+    assert costs_of([measured], ["hourly"]).rules == {"hourly/n:x:max1h": [0.1]}
     with pytest.raises(ValueError, match="2 rules evaluated, 3 loaded"):
         costs_of([{"rules": cycle["rules"][:2]}], owners)
 
@@ -180,3 +202,18 @@ def test_a_record_still_growing_at_the_deadline_is_taken_as_it_is(monkeypatch: p
     prometheus = _Recorder({"a:b:rate5m": list(range(1, 500))})
     found = rule_cost.settled_records(prometheus, ["a:b:rate5m"], deadline=20.0)  # type: ignore[arg-type]
     assert 1 < len(found["a:b:rate5m"]) < 20
+
+
+def test_the_template_is_taken_once_the_nodes_series_stop_changing() -> None:
+    """A job's series that appear a few seconds late are in the template: the page is taken once
+    its series have held (one run took it before the simulator's single-node job wrote its NCCL
+    Inspector file, and measured a fleet with two thirds of the in-job series)."""
+    pages = iter(["a 1\n", "a 2\n", 'a 3\nb{pod="late"} 1\n'] + ['a 4\nb{pod="late"} 2\n'] * 100)
+    page = rule_cost.settled_page(lambda: next(pages), hold=0.05, deadline=time.monotonic() + 10.0, poll=0.01)
+    assert ("b", (("pod", "late"),)) in page
+
+
+def test_a_page_that_never_settles_is_an_error() -> None:
+    counter = iter(range(10_000))
+    with pytest.raises(RuntimeError, match="still change"):
+        rule_cost.settled_page(lambda: f"s{next(counter)} 1\n", hold=0.05, deadline=time.monotonic() + 0.2, poll=0.01)
