@@ -17,7 +17,7 @@ import subprocess
 import pytest
 import yaml
 
-from tests.conftest import require_tool
+from tests.conftest import REPO, require_tool
 from tests.promql_names import GLOBAL_RULES_FILE, RULE_FILES, RULES_FILE, grouping_labels, groups, referenced_names
 
 # The labels a threshold constant is selected by: a join on only these, with a threshold, is the
@@ -141,9 +141,14 @@ def test_the_five_minute_error_increases_read_the_counters_with_a_threshold() ->
     alert): the selector's list and the thresholds' labels are the same set."""
     rules = _rules(RULES_FILE)
     thresholds = {r["labels"]["counter"] for r in rules if r.get("record") == "ccl:threshold:rdma_port_errors_per_hour"}
-    (expr,) = [r["expr"] for r in rules if r.get("record") == "node_counter:ccl_rdma_node_errors:increase5m"]
-    (selected,) = re.findall(r'ccl_rdma_node_errors_total\{counter=~"([^"]+)"\}', expr)
-    assert set(selected.split("|")) == thresholds and len(thresholds) == 8
+    exprs = [r["expr"] for r in rules if r.get("record") == "node_counter:ccl_rdma_node_errors:increase5m"]
+    selected = [
+        counter
+        for expr in exprs
+        for found in re.findall(r'ccl_rdma_node_errors_total\{counter=~"([^"]+)"\}', expr)
+        for counter in found.split("|")
+    ]
+    assert sorted(selected) == sorted(thresholds) and len(thresholds) == 8, "each counter with a threshold, once"
 
 
 def test_the_large_collectives_are_the_exporters_size_classes_from_10_mb() -> None:
@@ -235,6 +240,69 @@ def test_a_record_split_between_groups_covers_each_series_once() -> None:
     assert split, "no record is split between groups"
     for record, exprs in split.items():
         assert len(exprs) == 2, (record, exprs)
-        taken = re.findall(r'([a-z_]+)="([^"]*)"', exprs[0])
-        complements = [exprs[0].replace(f'{label}="{value}"', f'{label}!="{value}"') for label, value in taken]
-        assert exprs[1] in complements, (record, exprs)
+        assert _covers_each_series_once(*exprs), (record, exprs)
+
+
+def _covers_each_series_once(first: str, second: str) -> bool:
+    """Two rules' expressions take disjoint parts of one input: the same text but for one label,
+    which one takes (`label="v"`) and the other leaves (`label!="v"`), or for which each takes
+    values of its own (`label=~"a|b"` and `label=~"c|d"`, no value in both)."""
+    taken = re.findall(r'([a-z_]+)="([^"]*)"', first)
+    if second in [first.replace(f'{label}="{value}"', f'{label}!="{value}"') for label, value in taken]:
+        return True
+    for label, values in set(re.findall(r'([a-z_]+)=~"([^"]*)"', first)):
+        for other in set(re.findall(label + r'=~"([^"]*)"', second)):
+            same_text = first.replace(f'{label}=~"{values}"', f'{label}=~"{other}"') == second
+            if same_text and not set(values.split("|")) & set(other.split("|")):
+                return True
+    return False
+
+
+def test_the_split_check_sees_overlapping_and_unsplit_pairs() -> None:
+    rate = 'sum by (node) (increase(x_total{counter=~"%s"}[5m]))'
+    assert _covers_each_series_once(rate % "a|b", rate % "c|d")
+    assert not _covers_each_series_once(rate % "a|b", rate % "b|c"), "b in both"
+    assert _covers_each_series_once('rate(x{c="v"}[5m])', 'rate(x{c!="v"}[5m])')
+    assert not _covers_each_series_once('rate(x{c="v"}[5m])', 'rate(x{c="w"}[5m])'), "neither takes the rest"
+    assert not _covers_each_series_once('rate(x{c="v"}[5m])', 'rate(y{c!="v"}[5m])'), "another input"
+
+
+def test_an_alert_in_several_groups_covers_each_series_once() -> None:
+    """An alert in several groups: its rules take disjoint parts of the input as split records do,
+    or each marks what it found with a label value of its own (`evidence`, `compared_to`), so
+    that no alert is raised twice with the same labels."""
+    by_alert: dict[str, list[str]] = {}
+    for group in groups():
+        for rule in group["rules"]:
+            if "alert" in rule:
+                by_alert.setdefault(str(rule["alert"]), []).append(" ".join(rule["expr"].split()))
+    split = {alert: exprs for alert, exprs in by_alert.items() if len(exprs) > 1}
+    assert {"CclNcclTcpFallback", "CclJobBusBandwidthDegraded"} <= set(split)
+    marked = re.compile(r'label_replace\(.*?"(evidence|compared_to)", "([a-z_]+)", "", ""\s*\)')
+    for alert, exprs in split.items():
+        marks = [marked.findall(expr) for expr in exprs]
+        distinct = all(m for m in marks) and len({tuple(m) for m in marks}) == len(marks)
+        assert distinct or (len(exprs) == 2 and _covers_each_series_once(*exprs)), (alert, exprs)
+
+
+def _group_names_in(text: str) -> set[str]:
+    """Group names a text gives, whole or as a prefix (`ccl-health-probe-daily-*`)."""
+    not_groups = {"ccl-health-exporter", "ccl-health-rules", "ccl-health-global-rules"}
+    return {name.rstrip("-") for name in re.findall(r"ccl-health-[a-z0-9-]*[a-z0-9]-?\*?", text)} - not_groups
+
+
+def test_the_group_table_lists_every_group_once_and_the_docs_name_only_groups_that_exist() -> None:
+    """docs/alerts.md's table of groups is the rule files' groups; the rule files' comments, the
+    alert docs and the runbooks name no group that is gone (scaling.md and the changelog keep
+    the names of their time)."""
+    names = [str(group["name"]) for group in groups()]
+    alerts_doc = (REPO / "docs" / "alerts.md").read_text()
+    table = alerts_doc[alerts_doc.index("| group | every | what |") :].split("\n\n", 1)[0]
+    assert sorted(re.findall(r"`(ccl-health-[a-z0-9-]+)`", table)) == sorted(names)
+    texts = [path.read_text() for path in RULE_FILES] + [alerts_doc]
+    texts += [path.read_text() for path in sorted((REPO / "docs" / "runbooks").glob("*.md"))]
+    for name in set().union(*(_group_names_in(text) for text in texts)):
+        if name.endswith("*"):
+            assert any(group.startswith(name[:-1]) for group in names), name
+        else:
+            assert name in names, name
