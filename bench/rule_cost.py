@@ -201,11 +201,24 @@ def exporter_template(seconds: float = 3.0, extra_args: Sequence[str] = ()) -> l
         second, elapsed = _parse_page(exporter.metrics()), time.monotonic() - started
     finally:
         exporter.stop()
+    return template_series(first, second, elapsed)
+
+
+def template_series(
+    first: Mapping[tuple[str, tuple[tuple[str, str], ...]], float],
+    second: Mapping[tuple[str, tuple[tuple[str, str], ...]], float],
+    elapsed: float,
+) -> list[TemplateSeries]:
+    """The template from two reads ``elapsed`` seconds apart: each counter grows at the rate it
+    grew between them, except error counters. The simulator's rare link errors (an NVLink replay
+    now and then) would grow at that rate on every node, all the time: one error in the
+    3-second window is 1,200 an hour, and one run measured an NVLink error alert firing on every
+    node (2.1 s per cycle, its descriptions' queries) instead of a healthy fleet."""
     series = []
     for (name, labels), value in sorted(second.items()):
         grown = value - first.get((name, labels), value)
-        per_second = grown / elapsed if name.endswith("_total") and grown > 0 else 0.0
-        series.append(TemplateSeries(name, labels, value, per_second))
+        counts = name.endswith("_total") and not name.endswith("errors_total")
+        series.append(TemplateSeries(name, labels, value, grown / elapsed if counts and grown > 0 else 0.0))
     return series
 
 

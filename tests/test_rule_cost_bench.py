@@ -217,3 +217,14 @@ def test_a_page_that_never_settles_is_an_error() -> None:
     counter = iter(range(10_000))
     with pytest.raises(RuntimeError, match="still change"):
         rule_cost.settled_page(lambda: f"s{next(counter)} 1\n", hold=0.05, deadline=time.monotonic() + 0.2, poll=0.01)
+
+
+def test_a_healthy_template_grows_its_traffic_counters_and_not_its_error_counters() -> None:
+    link = (("gpu", "0"), ("link", "3"))
+    first = {("ccl_nvlink_transmit_bytes_total", link): 100.0, ("ccl_nvlink_errors_total", link): 0.0,
+             ("ccl_nvlink_node_errors_total", ()): 4.0, ("ccl_rdma_node_ports", ()): 10.0}
+    second = {("ccl_nvlink_transmit_bytes_total", link): 400.0, ("ccl_nvlink_errors_total", link): 1.0,
+              ("ccl_nvlink_node_errors_total", ()): 5.0, ("ccl_rdma_node_ports", ()): 10.0}
+    rates = {s.name: s.per_second for s in rule_cost.template_series(first, second, elapsed=3.0)}
+    assert rates == {"ccl_nvlink_transmit_bytes_total": 100.0, "ccl_nvlink_errors_total": 0.0,
+                     "ccl_nvlink_node_errors_total": 0.0, "ccl_rdma_node_ports": 0.0}
