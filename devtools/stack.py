@@ -17,6 +17,7 @@ or it listens on every interface; both take 1-2 s to exit on SIGTERM.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import socket
@@ -696,6 +697,9 @@ class SimulatedExporter:
         # Where its output goes without a log_path: kept until stop(), so that an exporter that
         # exits at start says why.
         self._output: IO[bytes] | None = None
+        # Its TMPDIR, where the simulated node lays out its folders, removed by stop(): a process
+        # killed on purpose (kill()) cannot remove its own.
+        self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
 
     @property
     def target(self) -> ScrapeTarget:
@@ -709,8 +713,13 @@ class SimulatedExporter:
         return Path(self._output.name)
 
     def start(self, wait: bool = True) -> SimulatedExporter:
+        if self._tmpdir is None:
+            self._tmpdir = tempfile.TemporaryDirectory(prefix=f"exporter-{self.node}-tmp-")
+        env = {**os.environ, "TMPDIR": self._tmpdir.name}
         with open(self._output_path(), "ab") as log_file:
-            self.proc = subprocess.Popen(self.argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(
+                self.argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+            )
         if wait:
             self.wait_ready()
         return self
@@ -758,6 +767,9 @@ class SimulatedExporter:
         if self._output is not None:
             self._output.close()
             self._output = None
+        if self._tmpdir is not None:
+            self._tmpdir.cleanup()
+            self._tmpdir = None
 
 
 def start_exporters(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from devtools.stack import (
@@ -86,3 +88,18 @@ def test_an_exporter_that_exits_at_start_says_why(tmp_path, logged: bool) -> Non
     with pytest.raises(RuntimeError, match=r"(?s)exited with 2: .*unrecognized arguments: --no-such-flag"):
         exporter.start()
     exporter.stop()
+
+
+def test_a_killed_exporter_leaves_no_folder_behind() -> None:
+    """An exporter killed on purpose (CclExporterAbsent's test) cannot remove its simulated
+    node's folder; it lives in the exporter's own TMPDIR, which stop() removes."""
+    exporter = SimulatedExporter("gpu-node-1")
+    exporter.start()
+    try:
+        scratch = exporter._tmpdir
+        assert scratch is not None and list(Path(scratch.name).glob("ccl-exporter-sim-*"))
+        exporter.kill()
+        assert list(Path(scratch.name).glob("ccl-exporter-sim-*")), "killed: nothing cleaned up"
+    finally:
+        exporter.stop()
+    assert not Path(scratch.name).exists()
