@@ -592,11 +592,16 @@ def backfill(promtool: str, source: Path, tsdb: Path) -> None:
 SEQUENCE_GROUP = "ccl-health-in-sequence"
 
 
+def _written_name(group: Mapping[str, Any], record: str) -> str:
+    """The name the sequence writes ``record`` of ``group`` under: MEASURED_PREFIX and its own for
+    a group that runs less often than GROUP_SECONDS, else its own."""
+    return (MEASURED_PREFIX if group_interval(group) > GROUP_SECONDS else "") + record
+
+
 def written_as(rules: Mapping[str, Any]) -> dict[str, str]:
-    """Each record and the name the sequence writes it under: its own, or MEASURED_PREFIX and its
-    own for the records of groups that run less often than GROUP_SECONDS."""
+    """Each record and the name the sequence writes it under (``_written_name``)."""
     return {
-        str(rule["record"]): (MEASURED_PREFIX if group_interval(group) > GROUP_SECONDS else "") + str(rule["record"])
+        str(rule["record"]): _written_name(group, str(rule["record"]))
         for group in rules["groups"]
         for rule in group["rules"]
         if "record" in rule
@@ -613,9 +618,7 @@ def rules_in_sequence(rules: Mapping[str, Any], path: Path) -> list[str]:
     and their readers read their history at their own interval."""
     owners = [str(group["name"]) for group in rules["groups"] for _ in group["rules"]]
     sequence = [
-        {**rule, "record": MEASURED_PREFIX + str(rule["record"])}
-        if "record" in rule and group_interval(group) > GROUP_SECONDS
-        else rule
+        {**rule, "record": _written_name(group, str(rule["record"]))} if "record" in rule else rule
         for group in rules["groups"]
         for rule in group["rules"]
     ]

@@ -222,19 +222,24 @@ def test_the_check_sees_a_ratio_of_records_from_two_groups() -> None:
     )
 
 
+def _expressions_by_name(kind: str) -> dict[str, list[str]]:
+    """Each record's or alert's (``kind``) expressions in both files, whitespace collapsed."""
+    found: dict[str, list[str]] = {}
+    for group in groups():
+        for rule in group["rules"]:
+            if kind in rule:
+                found.setdefault(str(rule[kind]), []).append(" ".join(rule["expr"].split()))
+    return found
+
+
 def test_a_record_split_between_groups_covers_each_series_once() -> None:
     """A record written by rules in several groups splits its input by one label: one group
     takes a value (`label="v"`), the other every other (`label!="v"`), and the rules are
     otherwise the same text, so no series is recorded twice (two groups writing one series
     would overwrite each other) and none is left out."""
-    by_record: dict[str, list[str]] = {}
-    for group in groups():
-        for rule in group["rules"]:
-            if "record" in rule:
-                by_record.setdefault(str(rule["record"]), []).append(" ".join(rule["expr"].split()))
     split = {
         record: exprs
-        for record, exprs in by_record.items()
+        for record, exprs in _expressions_by_name("record").items()
         if len(exprs) > 1 and not record.startswith("ccl:threshold:")
     }
     assert split, "no record is split between groups"
@@ -271,12 +276,7 @@ def test_an_alert_in_several_groups_covers_each_series_once() -> None:
     """An alert in several groups: its rules take disjoint parts of the input as split records do,
     or each marks what it found with a label value of its own (`evidence`, `compared_to`), so
     that no alert is raised twice with the same labels."""
-    by_alert: dict[str, list[str]] = {}
-    for group in groups():
-        for rule in group["rules"]:
-            if "alert" in rule:
-                by_alert.setdefault(str(rule["alert"]), []).append(" ".join(rule["expr"].split()))
-    split = {alert: exprs for alert, exprs in by_alert.items() if len(exprs) > 1}
+    split = {alert: exprs for alert, exprs in _expressions_by_name("alert").items() if len(exprs) > 1}
     assert {"CclNcclTcpFallback", "CclJobBusBandwidthDegraded"} <= set(split)
     marked = re.compile(r'label_replace\(.*?"(evidence|compared_to)", "([a-z_]+)", "", ""\s*\)')
     for alert, exprs in split.items():
