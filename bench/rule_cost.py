@@ -941,6 +941,14 @@ def measure(
 # The benchmark
 
 
+def command_line(node_counts: Sequence[int], rule_files: Sequence[Path], prometheus: str | None) -> str:
+    """The command that repeats a run: its fleets, the rule files it was given (none: the shipped
+    ones) as given, and whether a Prometheus other than the one on PATH measured."""
+    nodes = ",".join(str(n) for n in node_counts)
+    given = "".join(f" --rules {path}" for path in rule_files)
+    return f"python -m bench.rule_cost --nodes {nodes}{given}" + (" --prometheus PATH" if prometheus else "")
+
+
 def run(
     node_counts: Sequence[int] = NODE_COUNTS,
     rule_files: Sequence[Path] = (),
@@ -949,6 +957,7 @@ def run(
     exporter_args: Sequence[str] = (),
     prometheus: str | None = None,
 ) -> BenchResult:
+    command = command_line(node_counts, rule_files, prometheus)
     rule_files = list(rule_files) or find_rule_files()
     if not rule_files:
         raise FileNotFoundError("alerts/ccl-health-rules.yaml not found (run from a source checkout)")
@@ -1028,10 +1037,9 @@ include that wait.
 
 {table}
 """
-    nodes = ",".join(str(n) for n in node_counts)
     return BenchResult(
         title=f"Rule evaluation cost per group (synthetic fleets, one Prometheus {version})",
-        command=f"python -m bench.rule_cost --nodes {nodes}" + (" --prometheus PATH" if prometheus else ""),
+        command=command,
         peer=f"the goal: every group under {GOAL_MS:g} ms per cycle at 1,000 nodes",
         ratio=ratio,
         summary=(

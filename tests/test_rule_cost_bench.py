@@ -29,7 +29,7 @@ from bench.rule_cost import (
     write_family,
 )
 from bench import rule_cost
-from tests.conftest import require_tool
+from tests.conftest import REPO, require_tool
 
 
 def test_range_reads_give_each_series_the_history_its_readers_need() -> None:
@@ -152,6 +152,28 @@ def test_the_report_names_the_prometheus_version() -> None:
     """The engine's version changes the numbers (docs/scaling.md): the report says which ran."""
     binary = require_tool("prometheus")
     assert re.fullmatch(r"\d+\.\d+\.\d+", rule_cost.prometheus_version(binary))
+
+
+def test_the_command_names_the_rule_files_it_was_given() -> None:
+    """A run on other rules (bench/inspector_rate_anatomy.yaml) reports a command that repeats
+    it; one on the shipped rules names none."""
+    assert rule_cost.command_line([1000], [], None) == "python -m bench.rule_cost --nodes 1000"
+    assert (
+        rule_cost.command_line([32, 1000], [Path("bench/inspector_rate_anatomy.yaml")], "/opt/prometheus")
+        == "python -m bench.rule_cost --nodes 32,1000 --rules bench/inspector_rate_anatomy.yaml --prometheus PATH"
+    )
+
+
+def test_the_anatomy_rules_take_apart_the_shipped_inspector_group() -> None:
+    """The first group of the anatomy file is the shipped all_reduce rate group, rule for rule
+    (record names aside): its numbers are comparable with the shipped group's."""
+    anatomy = yaml.safe_load((REPO / "bench" / "inspector_rate_anatomy.yaml").read_text())["groups"][0]
+    shipped = next(
+        group
+        for group in yaml.safe_load((REPO / "alerts" / "ccl-health-rules.yaml").read_text())["groups"]
+        if group["name"] == "ccl-health-job-nodes-all-reduce"
+    )
+    assert [rule["expr"] for rule in anatomy["rules"]] == [rule["expr"] for rule in shipped["rules"]]
 
 
 def test_a_prometheus_that_is_not_an_executable_is_refused(tmp_path: Path) -> None:
