@@ -30,6 +30,7 @@ from bench.rule_cost import (
 )
 from bench import rule_cost
 from tests.conftest import REPO, require_tool
+from tests.promql_names import groups
 
 
 def test_range_reads_give_each_series_the_history_its_readers_need() -> None:
@@ -168,11 +169,7 @@ def test_the_anatomy_rules_take_apart_the_shipped_inspector_group() -> None:
     """The first group of the anatomy file is the shipped all_reduce rate group, rule for rule
     (record names aside): its numbers are comparable with the shipped group's."""
     anatomy = yaml.safe_load((REPO / "bench" / "inspector_rate_anatomy.yaml").read_text())["groups"][0]
-    shipped = next(
-        group
-        for group in yaml.safe_load((REPO / "alerts" / "ccl-health-rules.yaml").read_text())["groups"]
-        if group["name"] == "ccl-health-job-nodes-all-reduce"
-    )
+    shipped = next(group for group in groups() if group["name"] == "ccl-health-job-nodes-all-reduce")
     assert [rule["expr"] for rule in anatomy["rules"]] == [rule["expr"] for rule in shipped["rules"]]
 
 
