@@ -133,6 +133,33 @@ class Intervals:
         )
 
 
+# The PodMonitor's relabeling fields, as prometheus.yml (and vmagent) spell them.
+_RELABEL_KEYS = {
+    "sourceLabels": "source_labels",
+    "targetLabel": "target_label",
+    "separator": "separator",
+    "regex": "regex",
+    "modulus": "modulus",
+    "replacement": "replacement",
+    "action": "action",
+}
+
+
+def pod_monitor_metric_relabelings(checkout: Path | None = None) -> list[dict[str, Any]]:
+    """The ``metricRelabelings`` of ``manifests/base/podmonitor.yaml`` (when the checkout has
+    it) as ``metric_relabel_configs``: what the scrapes here apply, so that the rules read the
+    labels our PodMonitor gives (``ccl_rule_partition`` on the NCCL Inspector's counters)."""
+    root = checkout or Path(__file__).resolve().parents[1]
+    podmonitor = root / "manifests" / "base" / "podmonitor.yaml"
+    if not podmonitor.is_file():
+        return []
+    import yaml
+
+    (endpoint,) = yaml.safe_load(podmonitor.read_text())["spec"]["podMetricsEndpoints"]
+    steps = endpoint.get("metricRelabelings", [])
+    return [{_RELABEL_KEYS[key]: value for key, value in step.items()} for step in steps]
+
+
 def _critical_route(config: Path) -> dict[str, str]:
     """The first sub-route for critical alerts in our example Alertmanager config, or {}."""
     if not config.is_file():
@@ -161,10 +188,12 @@ def prometheus_config(
     other_jobs: Mapping[str, Sequence[ScrapeTarget]] | None = None,
 ) -> dict[str, Any]:
     """A prometheus.yml (as a dict; JSON is valid YAML) that scrapes ``targets`` like our PodMonitor:
-    ``honor_labels`` so the training pod's namespace/pod labels win, ``node`` as a target label.
-    ``other_jobs`` adds scrape jobs (e.g. a kube-state-metrics stand-in), also with honor_labels."""
+    ``honor_labels`` so the training pod's namespace/pod labels win, ``node`` as a target label,
+    the PodMonitor's metric relabelings. ``other_jobs`` adds scrape jobs (e.g. a kube-state-metrics
+    stand-in), also with honor_labels."""
     scrape_timeout = min(intervals.scrape_seconds, 10.0)
     jobs = {job_name: targets, **(other_jobs or {})}
+    relabelings = pod_monitor_metric_relabelings()
     config: dict[str, Any] = {
         "global": {
             "scrape_interval": _duration(intervals.scrape_seconds),
@@ -177,6 +206,7 @@ def prometheus_config(
                 "job_name": name,
                 "honor_labels": True,
                 "static_configs": [{"targets": [t.address], "labels": dict(t.labels)} for t in job_targets],
+                **({"metric_relabel_configs": relabelings} if name == job_name and relabelings else {}),
             }
             for name, job_targets in jobs.items()
         ],

@@ -30,7 +30,8 @@ EXTERNAL_METRICS = {
 }
 
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')
-_CCL_NAME = re.compile(r"(?<![\w:$])(ccl_[a-z0-9_]+)(?![\w:])")
+# A ccl_ name, unless a label name: one matched against a string (strings are "" by then).
+_CCL_NAME = re.compile(r'(?<![\w:$])(ccl_[a-z0-9_]+)(?![\w:])(?!\s*(?:=~|!~|!=|=)\s*"")')
 _RECORDED_NAME = re.compile(r"(?<![\w:$])([a-zA-Z_][a-zA-Z0-9_]*:[a-zA-Z0-9_:]+)")
 _SELECTOR = re.compile(r"(?<![\w:$])([a-zA-Z_][a-zA-Z0-9_:]*)\s*\{")
 

@@ -166,6 +166,9 @@ def test_name_extraction_sees_what_it_must() -> None:
             ' > on (node) node:ccl_rdma_ports:count and max_over_time(x:y:z[7d:1h]) unless up{job="a"}')
     assert referenced_names(expr) == {"ccl_rdma_port_transmit_bytes_total", "node:ccl_rdma_ports:count", "x:y:z", "up"}
     assert "x:y:z" in unknown_names(expr)
+    # a label named ccl_*, in any matcher, is no metric; a ccl_ metric compared is one
+    labelled = 'rate(ccl_a_total{ccl_rule_partition="0"}[5m]) + ccl_b{ccl_c!~"1", ccl_d =~ "2"} and ccl_e != 0'
+    assert referenced_names(labelled) == {"ccl_a_total", "ccl_b", "ccl_e"}
 
 
 def test_external_metrics_are_used() -> None:

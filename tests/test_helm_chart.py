@@ -249,7 +249,7 @@ def _operator_schemas() -> dict[str, Any]:
     endpoint = schemas["PodMonitor"]["properties"]["spec"]["properties"]["podMetricsEndpoints"]["items"]
     endpoint["properties"].update({
         "scheme": {"enum": ["http", "https", "HTTP", "HTTPS"]}, "tlsConfig": {"type": "object"},
-        "basicAuth": {"type": "object"}, "metricRelabelings": endpoint["properties"]["relabelings"],
+        "basicAuth": {"type": "object"},
     })
     service_monitor = copy.deepcopy(schemas["PodMonitor"])
     service_monitor["properties"]["kind"] = {"const": "ServiceMonitor"}
@@ -380,6 +380,20 @@ def test_global_rules_can_be_left_to_a_global_ruler() -> None:
     cross-node rules run on Thanos Ruler, Mimir's ruler or vmalert."""
     assert set(prometheus_rules(chart_objects({"prometheusRule": {"globalRules": False}}))) == {"ccl-health-rules"}
     assert prometheus_rules(chart_objects({"prometheusRule": {"enabled": False}})) == {}
+
+
+def test_both_monitors_relabel_as_the_kustomize_pod_monitor_then_as_the_user_asks() -> None:
+    """The rules need what the base PodMonitor's metric relabelings give (``ccl_rule_partition``
+    on the Inspector's counters, which the in-job rate groups split the nodes by): the chart's
+    Pod- and ServiceMonitor give the same, and append the user's own."""
+    base = yaml.safe_load((REPO / "manifests" / "base" / "podmonitor.yaml").read_text())
+    (base_endpoint,) = base["spec"]["podMetricsEndpoints"]
+    shipped = base_endpoint["metricRelabelings"]
+    assert any(step["targetLabel"] == "ccl_rule_partition" for step in shipped)
+    (pod_endpoint,) = one(chart_objects({}), "PodMonitor")["spec"]["podMetricsEndpoints"]
+    assert pod_endpoint["metricRelabelings"] == shipped
+    (service_endpoint,) = one(chart_objects(NON_DEFAULT), "ServiceMonitor")["spec"]["endpoints"]
+    assert service_endpoint["metricRelabelings"] == shipped + NON_DEFAULT["serviceMonitor"]["metricRelabelings"]
 
 
 def test_service_monitor_needs_the_service() -> None:

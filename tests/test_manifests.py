@@ -141,6 +141,9 @@ _RULE = {
                  "labels": _LABELS, "annotations": _LABELS}, ["alert", "expr"]),
     ]
 }
+_RELABELINGS = {"type": "array", "items": _closed({
+    "sourceLabels": {"type": "array", "items": _STR}, "targetLabel": _STR, "action": _STR,
+    "regex": _STR, "replacement": _STR, "separator": _STR, "modulus": {"type": "integer", "minimum": 1}})}
 CRD_SCHEMAS = {
     "PodMonitor": _closed({
         "apiVersion": {"const": "monitoring.coreos.com/v1"}, "kind": {"const": "PodMonitor"}, "metadata": _METADATA,
@@ -150,9 +153,7 @@ CRD_SCHEMAS = {
             "namespaceSelector": _closed({"matchNames": {"type": "array", "items": _STR}, "any": {"type": "boolean"}}),
             "podMetricsEndpoints": {"type": "array", "minItems": 1, "items": _closed({
                 "port": _STR, "path": _STR, "interval": _STR, "scrapeTimeout": _STR, "honorLabels": {"type": "boolean"},
-                "relabelings": {"type": "array", "items": _closed({
-                    "sourceLabels": {"type": "array", "items": _STR}, "targetLabel": _STR, "action": _STR,
-                    "regex": _STR, "replacement": _STR, "separator": _STR})},
+                "relabelings": _RELABELINGS, "metricRelabelings": _RELABELINGS,
             }, ["port"])},
         }, ["selector", "podMetricsEndpoints"]),
     }, ["apiVersion", "kind", "metadata", "spec"]),

@@ -24,6 +24,8 @@ from tests.promql_names import GLOBAL_RULES_FILE, RULE_FILES, RULES_FILE, groupi
 # one kind of join without `cluster` (the constants are the evaluating ruler's own).
 THRESHOLD_KEYS = {"counter", "error", "scope"}
 _SELECTOR = re.compile(r"\{([^{}]*)\}")
+# How the in-job rate groups select their partition of the nodes (ccl-health-job-nodes-*).
+_PARTITION_MATCHER = re.compile(r'ccl_rule_partition(=~|!~|!=|=)"([^"]*)"')
 
 
 def _rules(path):  # type: ignore[no-untyped-def]
@@ -244,6 +246,8 @@ def test_a_record_split_between_groups_covers_each_series_once() -> None:
     }
     assert split, "no record is split between groups"
     for record, exprs in split.items():
+        if all(_PARTITION_MATCHER.search(expr) for expr in exprs):
+            continue  # split by node partition: test_the_in_job_rate_groups_read_each_node_once
         assert len(exprs) == 2, (record, exprs)
         assert _covers_each_series_once(*exprs), (record, exprs)
 
@@ -306,3 +310,34 @@ def test_the_group_table_lists_every_group_once_and_the_docs_name_only_groups_th
             assert any(group.startswith(name[:-1]) for group in names), name
         else:
             assert name in names, name
+
+
+def _matches(operator: str, value: str, label: str) -> bool:
+    """A PromQL label matcher on one value (an absent label is the empty value)."""
+    equal = re.fullmatch(value, label) is not None if "~" in operator else value == label
+    return equal if operator in ("=", "=~") else not equal
+
+
+def test_the_in_job_rate_groups_read_each_node_once() -> None:
+    """The PodMonitor labels the Inspector's counters with the hash of the node name modulo N
+    (``ccl_rule_partition``): every value a counter can carry, none at all (a scrape without
+    that relabeling) and a value of another modulus, is read by exactly one of the
+    ``ccl-health-job-nodes-*`` groups, and the groups differ only in that matcher."""
+    podmonitor = yaml.safe_load((REPO / "manifests" / "base" / "podmonitor.yaml").read_text())
+    (endpoint,) = podmonitor["spec"]["podMetricsEndpoints"]
+    (hashmod,) = [step for step in endpoint["metricRelabelings"] if step["action"] == "hashmod"]
+    assert hashmod["targetLabel"] == "ccl_rule_partition" and hashmod["sourceLabels"] == ["node"]
+    partition_groups = [g for g in groups() if g["name"].startswith("ccl-health-job-nodes-")]
+    matchers = {}
+    for group in partition_groups:
+        found = {m for rule in group["rules"] for m in _PARTITION_MATCHER.findall(rule["expr"])}
+        assert len(found) == 1, (group["name"], found)
+        matchers[group["name"]] = found.pop()
+    for label in [str(p) for p in range(hashmod["modulus"])] + ["", str(hashmod["modulus"] + 3)]:
+        readers = [name for name, (operator, value) in matchers.items() if _matches(operator, value, label)]
+        assert len(readers) == 1, (label, readers)
+    texts = {tuple(_PARTITION_MATCHER.sub("", rule["expr"]) for rule in group["rules"]) for group in partition_groups}
+    assert len(texts) == 1, texts
+    read = {name for rule in partition_groups[0]["rules"] for name in referenced_names(rule["expr"])}
+    assert {name for name in read if name.endswith("_total")} == {
+        "ccl_nccl_collective_seconds_total", "ccl_nccl_collective_bus_bytes_total"}

@@ -129,3 +129,8 @@ def test_a_simulated_fleets_jobs_carry_their_names_and_their_networks_bandwidth(
     assert got[("research", "bert-finetune", "PyTorchJob")] == pytest.approx(9e9, rel=0.05)
     pods = {r["metric"]["pod"] for r in prometheus.query("ccl_nccl_collective_operations_total")}
     assert {"llama-70b-worker-0", "bert-finetune-worker-0"} <= pods
+    # The PodMonitor's metric relabeling gave the node's Inspector counters one partition of 0 to
+    # 7 and no other series one: the bandwidth above came through a numbered rate group.
+    partitions = {r["metric"].get("ccl_rule_partition") for r in prometheus.query("ccl_nccl_collective_seconds_total")}
+    assert len(partitions) == 1 and partitions <= {str(p) for p in range(8)}, partitions
+    assert prometheus.query('count({ccl_rule_partition!="", __name__!~"ccl_nccl_collective_.+_total"})') == []

@@ -116,3 +116,16 @@ def test_job_split_across_shards_pages_from_the_global_ruler_only(fleet, tmp_pat
         ports = stack.store.query(f'node:ccl_rdma_ports:count{{cluster="{CLUSTER}",node=~"{first}|{second}"}}')
         assert sorted((s["metric"]["node"], s["metric"]["cluster"]) for s in ports) == sorted(
             [(first, CLUSTER), (second, CLUSTER)]), ports
+
+        # The PodMonitor's metric relabeling, as vmagent applies it: each node's NCCL Inspector
+        # counters carry one `ccl_rule_partition` of 0 to 7, no other series carries one, and the
+        # in-job rates recorded by a shard's numbered group (not -unpartitioned) reach the store.
+        counters = stack.store.wait_until(
+            lambda: stack.store.query("ccl_nccl_collective_seconds_total"), 30, "the Inspector's counters")  # type: ignore[union-attr]
+        partitions = {(s["metric"]["node"], s["metric"].get("ccl_rule_partition")) for s in counters}
+        assert {partition for _, partition in partitions} <= {str(p) for p in range(8)}, partitions
+        assert len(partitions) == len({node for node, _ in partitions}), f"one partition per node: {partitions}"
+        assert stack.store.query('count({ccl_rule_partition!="", __name__!~"ccl_nccl_collective_.+_total"})') == []
+        rates = "job_name_node_collective:ccl_nccl_collective_seconds:rate5m"
+        recorded = stack.store.wait_until(lambda: stack.store.query(rates), 30, "the in-job rates")  # type: ignore[union-attr]
+        assert {s["metric"]["node"] for s in recorded} == {node for node, _ in partitions}

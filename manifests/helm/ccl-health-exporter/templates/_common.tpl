@@ -70,7 +70,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 What a PodMonitor's and a ServiceMonitor's endpoint share, from their values. honorLabels:
 the exporter's NCCL and GPU-pod series carry the TRAINING pod's namespace/pod; without it
 Prometheus would rename them exported_namespace/exported_pod. Every series gets the node it
-was read on.
+was read on; the NCCL Inspector's counters also get ccl_rule_partition, the hash of the node's
+name modulo 8, which the in-job rate groups (ccl-health-job-nodes-0 to -7) split the fleet by.
+The same relabelings as manifests/base/podmonitor.yaml (tests/test_helm_chart.py).
 */}}
 {{- define "ccl.scrapeEndpoint" -}}
 interval: {{ .interval }}
@@ -94,10 +96,19 @@ relabelings:
   {{- with .relabelings }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
-{{- with .metricRelabelings }}
 metricRelabelings:
+  - sourceLabels: [node]
+    modulus: 8
+    targetLabel: ccl_rule_partition
+    action: hashmod
+  - sourceLabels: [__name__, ccl_rule_partition]
+    regex: "ccl_nccl_collective_[a-z_]+_total;(.*)|.*"
+    targetLabel: ccl_rule_partition
+    replacement: "$1"
+    action: replace
+  {{- with .metricRelabelings }}
   {{- toYaml . | nindent 2 }}
-{{- end }}
+  {{- end }}
 {{- end }}
 
 {{/* ---- Lifecycle hooks and the admission webhook ---- */}}
