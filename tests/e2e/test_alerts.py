@@ -45,7 +45,13 @@ def test_rdma_port_down_fires_for_that_port_and_resolves_when_it_is_back(start_c
         now = cluster.prometheus.values('node:ccl_rdma_ports_active:count{node="gpu-node-01"}')
         return bool(seen) and seen == now and seen[0] > 0
 
-    cluster.prometheus.wait_until(in_service, timeout=90, what="an hourly roll-up with the node's ports ACTIVE")
+    # Two groups of a (compressed) hour each lie between the first scrape and that record: the
+    # hour's maximum, then the 7-day maximum of those. Prometheus starts each group at an offset
+    # hashed from its name and file (a temporary path here), so the second may first run just
+    # before the first records anything: up to two intervals and the first scrape (90 s was too
+    # short once in a run of the whole suite).
+    hour = 60.0
+    cluster.prometheus.wait_until(in_service, timeout=2 * hour + 60, what="the node's ports ACTIVE in the roll-up")
     node = cluster.node("gpu-node-01")
     node.act("rdma-port-down", device="mlx5_2")
     got = cluster.receiver.wait_alert("CclRdmaPortDown", "firing", timeout=60, match={"node": "gpu-node-01"})
