@@ -117,15 +117,10 @@ class Intervals:
         critical route of ``alerts/alertmanager.yml`` (Alertmanager's defaults without it:
         group_wait 30 s, group_interval 5 m, repeat_interval 4 h)."""
         root = checkout or Path(__file__).resolve().parents[1]
-        scrape = OPERATOR_DEFAULT_INTERVAL_SECONDS
-        podmonitor = root / "manifests" / "base" / "podmonitor.yaml"
-        if podmonitor.is_file():
-            found = re.search(r"(?m)^\s+interval:\s*([0-9a-z]+)\s*$", podmonitor.read_text())
-            if found:
-                scrape = duration_seconds(found.group(1))
+        scrape = pod_monitor_endpoint(root).get("interval")
         route = _critical_route(root / "alerts" / "alertmanager.yml")
         return cls(
-            scrape_seconds=scrape,
+            scrape_seconds=duration_seconds(scrape) if scrape else OPERATOR_DEFAULT_INTERVAL_SECONDS,
             evaluation_seconds=OPERATOR_DEFAULT_INTERVAL_SECONDS,
             group_wait_seconds=duration_seconds(route.get("group_wait", "30s")),
             group_interval_seconds=duration_seconds(route.get("group_interval", "5m")),
@@ -145,18 +140,24 @@ _RELABEL_KEYS = {
 }
 
 
-def pod_monitor_metric_relabelings(checkout: Path | None = None) -> list[dict[str, Any]]:
-    """The ``metricRelabelings`` of ``manifests/base/podmonitor.yaml`` (when the checkout has
-    it) as ``metric_relabel_configs``: what the scrapes here apply, so that the rules read the
-    labels our PodMonitor gives (``ccl_rule_partition`` on the NCCL Inspector's counters)."""
+def pod_monitor_endpoint(checkout: Path | None = None) -> dict[str, Any]:
+    """The scrape endpoint of ``manifests/base/podmonitor.yaml`` as the file has it (interval,
+    relabelings...), or {} where the checkout has no such file."""
     root = checkout or Path(__file__).resolve().parents[1]
     podmonitor = root / "manifests" / "base" / "podmonitor.yaml"
     if not podmonitor.is_file():
-        return []
+        return {}
     import yaml
 
     (endpoint,) = yaml.safe_load(podmonitor.read_text())["spec"]["podMetricsEndpoints"]
-    steps = endpoint.get("metricRelabelings", [])
+    return dict(endpoint)
+
+
+def pod_monitor_metric_relabelings(checkout: Path | None = None) -> list[dict[str, Any]]:
+    """The PodMonitor's ``metricRelabelings`` as ``metric_relabel_configs``: what the scrapes
+    here apply, so that the rules read the labels our PodMonitor gives (``ccl_rule_partition``
+    on the NCCL Inspector's counters)."""
+    steps = pod_monitor_endpoint(checkout).get("metricRelabelings", [])
     return [{_RELABEL_KEYS[key]: value for key, value in step.items()} for step in steps]
 
 

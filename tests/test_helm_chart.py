@@ -26,6 +26,7 @@ from helm_python import Chart, HelmRenderError, HelmValuesError, lint
 
 import exporter
 from devtools import chart_files
+from devtools.stack import pod_monitor_endpoint
 from tests.conftest import REPO
 from tests.test_manifests import (
     CORE_KINDS,
@@ -386,9 +387,7 @@ def test_both_monitors_relabel_as_the_kustomize_pod_monitor_then_as_the_user_ask
     """The rules need what the base PodMonitor's metric relabelings give (``ccl_rule_partition``
     on the Inspector's counters, which the in-job rate groups split the nodes by): the chart's
     Pod- and ServiceMonitor give the same, and append the user's own."""
-    base = yaml.safe_load((REPO / "manifests" / "base" / "podmonitor.yaml").read_text())
-    (base_endpoint,) = base["spec"]["podMetricsEndpoints"]
-    shipped = base_endpoint["metricRelabelings"]
+    shipped = pod_monitor_endpoint(REPO)["metricRelabelings"]
     assert any(step["targetLabel"] == "ccl_rule_partition" for step in shipped)
     (pod_endpoint,) = one(chart_objects({}), "PodMonitor")["spec"]["podMetricsEndpoints"]
     assert pod_endpoint["metricRelabelings"] == shipped

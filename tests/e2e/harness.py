@@ -28,6 +28,7 @@ from devtools.stack import (
     find_rule_files,
     gpu_node_capacity_metrics,
     make_healthy,
+    pod_monitor_metric_relabelings,
     start_exporters,
     stop_all,
 )
@@ -36,6 +37,14 @@ from tests.conftest import REPO, require_tool
 RULES = REPO / "alerts" / "ccl-health-rules.yaml"
 # Series of a pod whose logs are gone stay 300 s by default; tests want resolution in seconds.
 EXPORTER_ARGS = ("--collector.nccl.grace-period=2",)
+# Series other than the NCCL Inspector's counters that carry a node partition: there must be none.
+PARTITIONED_OTHERS = 'count({ccl_rule_partition!="", __name__!~"ccl_nccl_collective_.+_total"})'
+
+
+def rule_partitions() -> set[str]:
+    """The values the PodMonitor's hashmod relabeling gives ``ccl_rule_partition``."""
+    (hashmod,) = [step for step in pod_monitor_metric_relabelings() if step["action"] == "hashmod"]
+    return {str(partition) for partition in range(hashmod["modulus"])}
 _DURATION = r"(?:\d+(?:ms|[smhdwy]))+"
 
 

@@ -24,7 +24,7 @@ from devtools.stack import (
 )
 from exporter.sim.inspector import json_record, prom_bucket_lines, size_range
 from tests.conftest import REPO
-from tests.e2e.harness import require_stack
+from tests.e2e.harness import PARTITIONED_OTHERS, require_stack, rule_partitions
 
 # (collective, message bytes, microseconds): constant per collective, so every window has one mean
 OPERATIONS = (("AllReduce", 256 << 20, 1680), ("AllGather", 16 << 20, 2100), ("Broadcast", 64 << 20, 400))
@@ -132,5 +132,5 @@ def test_a_simulated_fleets_jobs_carry_their_names_and_their_networks_bandwidth(
     # The PodMonitor's metric relabeling gave the node's Inspector counters one partition of 0 to
     # 7 and no other series one: the bandwidth above came through a numbered rate group.
     partitions = {r["metric"].get("ccl_rule_partition") for r in prometheus.query("ccl_nccl_collective_seconds_total")}
-    assert len(partitions) == 1 and partitions <= {str(p) for p in range(8)}, partitions
-    assert prometheus.query('count({ccl_rule_partition!="", __name__!~"ccl_nccl_collective_.+_total"})') == []
+    assert len(partitions) == 1 and partitions <= rule_partitions(), partitions
+    assert prometheus.query(PARTITIONED_OTHERS) == []

@@ -26,7 +26,7 @@ from devtools.stack import Intervals, SimulatedExporter, make_healthy, start_exp
 from devtools.vmstack import ShardedStack
 from exporter.sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
 from tests.conftest import require_tool
-from tests.e2e.harness import EXPORTER_ARGS, compressed_rules
+from tests.e2e.harness import EXPORTER_ARGS, PARTITIONED_OTHERS, compressed_rules, rule_partitions
 
 CLUSTER = "east"
 JOB_NAME = "llama-70b"  # the simulated training pod's job, on every simulated node
@@ -123,9 +123,9 @@ def test_job_split_across_shards_pages_from_the_global_ruler_only(fleet, tmp_pat
         counters = stack.store.wait_until(
             lambda: stack.store.query("ccl_nccl_collective_seconds_total"), 30, "the Inspector's counters")  # type: ignore[union-attr]
         partitions = {(s["metric"]["node"], s["metric"].get("ccl_rule_partition")) for s in counters}
-        assert {partition for _, partition in partitions} <= {str(p) for p in range(8)}, partitions
+        assert {partition for _, partition in partitions} <= rule_partitions(), partitions
         assert len(partitions) == len({node for node, _ in partitions}), f"one partition per node: {partitions}"
-        assert stack.store.query('count({ccl_rule_partition!="", __name__!~"ccl_nccl_collective_.+_total"})') == []
+        assert stack.store.query(PARTITIONED_OTHERS) == []
         rates = "job_name_node_collective:ccl_nccl_collective_seconds:rate5m"
         recorded = stack.store.wait_until(lambda: stack.store.query(rates), 30, "the in-job rates")  # type: ignore[union-attr]
         assert {s["metric"]["node"] for s in recorded} == {node for node, _ in partitions}
