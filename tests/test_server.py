@@ -414,3 +414,13 @@ async def test_concurrent_scrapes_share_builds_and_every_page_is_collected_after
     assert counting.collections == 2 and app.pages.builds == 2
     openmetrics = await client.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
     assert (await openmetrics.text()).rstrip().endswith("# EOF"), "each format is built on its own"
+
+
+async def test_a_collector_failing_the_same_way_every_scrape_is_logged_once(app_client, caplog) -> None:  # type: ignore[no-untyped-def]
+    caplog.set_level(logging.INFO, logger="exporter.registry")
+    client = await app_client(create_app([UndecodableDevice(), Raising()], process_metrics=False))
+    for _ in range(5):
+        assert (await client.get("/metrics")).status == 200
+    logged = [r for r in caplog.records if r.name == "exporter.registry"]
+    assert sorted(r.levelname for r in logged) == ["ERROR", "WARNING"], [r.getMessage() for r in logged]
+    assert "reader exploded" in (await (await client.get("/")).text()), "the landing page still says why"
