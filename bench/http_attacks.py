@@ -49,18 +49,20 @@ def _connect(port: int, timeout: float = 2.0, rcvbuf: int | None = None) -> sock
 
 def _closed(sockets: list[socket.socket]) -> list[socket.socket]:
     """The sockets among ``sockets`` that the server closed or reset (readable with nothing, or an error)."""
+    poller = select.poll()
+    by_fd = {sock.fileno(): sock for sock in sockets}
+    for fd in by_fd:
+        poller.register(fd, select.POLLIN)
     gone = []
-    for start in range(0, len(sockets), 500):
-        chunk = sockets[start : start + 500]
-        readable, _, _ = select.select(chunk, [], [], 0)
-        for sock in readable:
-            try:
-                if not sock.recv(65536, socket.MSG_DONTWAIT):
-                    gone.append(sock)
-            except BlockingIOError:
-                pass
-            except OSError:
+    for fd, _ in poller.poll(0):
+        sock = by_fd[fd]
+        try:
+            if not sock.recv(65536, socket.MSG_DONTWAIT):
                 gone.append(sock)
+        except BlockingIOError:
+            pass
+        except OSError:
+            gone.append(sock)
     return gone
 
 
