@@ -30,7 +30,7 @@ from exporter.sources.podresources import DEFAULT_SOCKET
 from exporter.webhook import command as webhook_command
 
 if TYPE_CHECKING:  # the server is loaded by ``serve`` only
-    from exporter.http.guard import ConnectionLimits
+    from exporter.http.connections import ConnectionLimits
     from exporter.http.webconfig import WebConfigSource
     from exporter.server import StartupHook
 
@@ -52,21 +52,23 @@ WEB_FLAGS = (
     Flag(
         "--web.max-requests",
         4,
-        "/metrics requests handled at once (more wait); the pages themselves are collected and built one at a time",
+        "/metrics pages built at once, one per format and compression; requests that arrive while a page "
+        "is built share the next one",
         dest="max_requests",
         type=int,
     ),
     Flag(
         "--web.max-connections",
-        64,
-        "open connections allowed; a new one closes the least recently active idle one, or is refused",
+        256,
+        "open connections allowed (a TLS one holds ~256 KiB); a new one closes the least recently active "
+        "idle one, or is refused when every one is busy",
         dest="max_connections",
         type=int,
     ),
     Flag(
         "--web.read-header-timeout",
         10.0,
-        "seconds a connection may take to send its request headers",
+        "seconds a new connection may take to send its first request headers (TLS handshake included)",
         dest="read_header_timeout",
         type=float,
     ),
@@ -75,6 +77,13 @@ WEB_FLAGS = (
         45.0,
         "seconds an idle keep-alive connection stays open",
         dest="keepalive_timeout",
+        type=float,
+    ),
+    Flag(
+        "--web.write-timeout",
+        10.0,
+        "seconds a client may take to receive a response; one that does not read has its connection closed",
+        dest="write_timeout",
         type=float,
     ),
     Flag(
@@ -251,7 +260,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
 
 def _web_settings(args: argparse.Namespace) -> tuple[ConnectionLimits, int]:
     """(connection limits, largest page in bytes) from the --web.* flags; SystemExit when invalid."""
-    from exporter.http.guard import ConnectionLimits
+    from exporter.http.connections import ConnectionLimits
 
     if int(args.max_page_bytes) < MIN_PAGE_BYTES:
         raise SystemExit(f"ccl-exporter: --web.max-page-bytes must be at least {MIN_PAGE_BYTES}")
@@ -260,6 +269,7 @@ def _web_settings(args: argparse.Namespace) -> tuple[ConnectionLimits, int]:
             max_connections=int(args.max_connections),
             read_header_timeout_seconds=float(args.read_header_timeout),
             keepalive_timeout_seconds=float(args.keepalive_timeout),
+            write_timeout_seconds=float(args.write_timeout),
         )
     except ValueError as exc:
         raise SystemExit(f"ccl-exporter: --web.*: {exc}") from exc

@@ -339,7 +339,10 @@ class UmbrellaCollector:
 
     @staticmethod
     def _describe_failure(slot: _Slot, failure: BaseException) -> str:
+        """The collector's error for the landing page; logged when it differs from the last scrape's
+        (a collector that fails the same way on every scrape says so once, not on every scrape)."""
         name = slot.collector.name
+        repeated = slot.outcome.error
         if isinstance(failure, CollectorUnavailable):
             error = f"unavailable: {failure}"
             if not slot.unavailable_logged:  # say it once, not on every scrape
@@ -348,10 +351,13 @@ class UmbrellaCollector:
             return error
         if isinstance(failure, PartialCollection):
             error = f"partial: {failure}"
-            log.warning("collector %s %s", name, error)
+            log.log(logging.DEBUG if error == repeated else logging.WARNING, "collector %s %s", name, error)
             return error
         error = f"{type(failure).__name__}: {failure}"
-        log.error("collector %s failed: %s", name, error, exc_info=failure)
+        if error == repeated:
+            log.debug("collector %s failed again: %s", name, error)
+        else:
+            log.error("collector %s failed: %s", name, error, exc_info=failure)
         return error
 
     def close(self) -> None:

@@ -1,14 +1,15 @@
 """The endpoints of ``ccl-exporter serve``, the lifetime of its collectors, and the signals that end it.
 
 ``/metrics`` is rendered in a worker thread (collectors read sysfs, NVML and files, and a
-slow one must not stall ``/healthz``); at most ``max_requests`` requests are handled at once
-(more wait), their pages collected and built one at a time by the umbrella collector, each
-within ``max_page_bytes`` (see exporter/exposition.py), and gzip-compressed in that thread
-when the client accepts it (Prometheus does). Collectors that are a ``BackgroundCollector``
-(tailers, watches, schedulers) have their ``run`` started with the app and cancelled on
-shutdown.
+slow one must not stall ``/healthz``), each page within ``max_page_bytes`` (see
+exporter/exposition.py) and gzip-compressed in that thread when the client accepts it
+(Prometheus does). Pages are built one at a time per format (``SharedPages``): requests that
+arrive while a page is being built wait for the next build and all get that one, so a crowd
+of clients (64 that pipeline scrapes, say) costs one collection at a time, and a scrape waits
+for at most two. Collectors that are a ``BackgroundCollector`` (tailers, watches, schedulers)
+have their ``run`` started with the app and cancelled on shutdown.
 
-The HTTP side (connections, their limits and timeouts, TLS and basic auth from
+The HTTP side (aiohttp, connection limits and timeouts, TLS and basic auth from
 ``--web.config.file``) is exporter/http. ``run_server`` turns SIGTERM into a clean shutdown,
 which every DaemonSet rollout sends.
 """
@@ -22,13 +23,15 @@ import html
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
+from aiohttp import web
+from prometheus_client.exposition import choose_encoder
+
 from exporter import __version__
 from exporter.collector_history import CollectorHistory
 from exporter.collectors.base import BackgroundCollector, Collector, close_collector
 from exporter.exposition import DEFAULT_MAX_PAGE_BYTES, PageRenderer
-from exporter.http.guard import ConnectionLimits
-from exporter.http.messages import Request, Response
-from exporter.http.server import Handler, HttpServer, listening, until_terminated
+from exporter.http.connections import ConnectionLimits
+from exporter.http.server import Handler, WebServer, listening, until_terminated
 from exporter.http.webconfig import WebConfigSource
 from exporter.registry import UmbrellaCollector, build_registry
 
@@ -39,6 +42,7 @@ GZIP_LEVEL = 6  # client_golang's default; level 9 costs twice the CPU for ~3 % 
 # Hooks run at startup; each gets the app and returns an async generator: the code before its
 # ``yield`` runs before the server listens, the code after it once the server has stopped.
 StartupHook = Callable[["ExporterApp"], AsyncIterator[None]]
+Page = tuple[bytes, str]  # (body, content type)
 
 
 def accepts_gzip(accept_encoding: str) -> bool:
@@ -61,6 +65,53 @@ def accepts_gzip(accept_encoding: str) -> bool:
     return False
 
 
+class SharedPages:
+    """``/metrics`` pages built in a worker thread, one build at a time per (format, compression).
+
+    A request joins the build of its kind that has not started yet, or starts one; so every
+    request gets a page collected after it arrived, while any number of requests that arrive
+    together cost one build. Builds of different kinds run at most ``max_builds`` at once.
+    """
+
+    def __init__(self, build: Callable[[str, bool], Page], max_builds: int) -> None:
+        self._build = build
+        self._slots = asyncio.Semaphore(max_builds)
+        self._next: dict[tuple[str, bool], asyncio.Future[Page]] = {}  # not started yet: joinable
+        self._last: dict[tuple[str, bool], asyncio.Task[None]] = {}  # the latest build of each kind
+        self.builds = 0
+
+    async def page(self, accept: str, compress: bool) -> Page:
+        key = (choose_encoder(accept)[1], compress)
+        future = self._next.get(key)
+        if future is None:
+            future = self._next[key] = asyncio.get_running_loop().create_future()
+            self._last[key] = asyncio.create_task(self._run(key, future, self._last.get(key), accept, compress))
+        return await asyncio.shield(future)
+
+    async def _run(
+        self,
+        key: tuple[str, bool],
+        future: asyncio.Future[Page],
+        previous: asyncio.Task[None] | None,
+        accept: str,
+        compress: bool,
+    ) -> None:
+        if previous is not None:
+            await asyncio.wait([previous])
+        async with self._slots:
+            if self._next.get(key) is future:
+                del self._next[key]  # from now on a new request waits for the build after this one
+            self.builds += 1
+            try:
+                page = await asyncio.to_thread(self._build, accept, compress)
+            except Exception as exc:  # noqa: BLE001 - every request waiting for this page gets it
+                future.set_exception(exc)
+            else:
+                future.set_result(page)
+        if self._last.get(key) is asyncio.current_task():
+            del self._last[key]
+
+
 class ExporterApp:
     """The collectors behind ``/metrics``, the other endpoints, and what runs while serving."""
 
@@ -78,7 +129,7 @@ class ExporterApp:
         self.umbrella = UmbrellaCollector(collectors, timeout_seconds=scrape_timeout_seconds, history=collector_history)
         self.registry = build_registry(self.umbrella, process_metrics=process_metrics)
         self.page_renderer = PageRenderer(max_page_bytes)
-        self.render_slots = asyncio.Semaphore(max_requests)
+        self.pages = SharedPages(self._page, max_requests)
         self.ready = asyncio.Event()
         self.startup_hooks = list(startup_hooks)
         self.routes: dict[tuple[str, str], Handler] = {
@@ -95,26 +146,26 @@ class ExporterApp:
             body = gzip.compress(body, compresslevel=GZIP_LEVEL)
         return body, content_type
 
-    async def metrics(self, request: Request) -> Response:
-        compress = accepts_gzip(request.headers.get("accept-encoding", ""))
-        async with self.render_slots:
-            body, content_type = await asyncio.to_thread(self._page, request.headers.get("accept", ""), compress)
+    async def metrics(self, request: web.Request) -> web.Response:
+        compress = accepts_gzip(request.headers.get("Accept-Encoding", ""))
+        body, content_type = await self.pages.page(request.headers.get("Accept", ""), compress)
         mime, _, params = content_type.partition(";")
-        response = Response(body=body, content_type=content_type if params else f"{mime}; charset=utf-8")
+        response = web.Response(body=body)
+        response.headers["Content-Type"] = content_type if params else f"{mime}; charset=utf-8"
         response.headers["Vary"] = "Accept-Encoding"
         if compress:
             response.headers["Content-Encoding"] = "gzip"
         return response
 
-    async def healthz(self, request: Request) -> Response:
-        return Response.text("ok\n")
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
 
-    async def readyz(self, request: Request) -> Response:
+    async def readyz(self, request: web.Request) -> web.Response:
         if self.ready.is_set():
-            return Response.text("ready\n")
-        return Response.text("starting\n", status=503)
+            return web.Response(text="ready\n")
+        return web.Response(text="starting\n", status=503)
 
-    async def landing(self, request: Request) -> Response:
+    async def landing(self, request: web.Request) -> web.Response:
         rows = []
         for name, outcome in self.umbrella.outcomes().items():
             status = "never scraped" if not outcome.finished_at else ("ok" if outcome.success else "failing")
@@ -142,7 +193,9 @@ class ExporterApp:
 </table>
 </body></html>
 """
-        return Response.html(page)
+        # A collector's error may quote a file name that is not UTF-8 (os.fsdecode's surrogates).
+        body = page.encode("utf-8", "backslashreplace")
+        return web.Response(body=body, content_type="text/html", charset="utf-8")
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -206,11 +259,11 @@ async def serving(
     port: int,
     limits: ConnectionLimits = ConnectionLimits(),
     web_config: WebConfigSource | None = None,
-) -> AsyncIterator[HttpServer]:
+) -> AsyncIterator[WebServer]:
     """``app`` running and listening on ``host:port`` (port 0: any) until the block ends."""
     async with (
         app.running(),
-        listening(HttpServer(app.routes, limits=limits, web_config=web_config), host, port) as server,
+        listening(WebServer(app.routes, limits=limits, web_config=web_config), host, port) as server,
     ):
         yield server
 

@@ -143,12 +143,12 @@ def exporter_process() -> Iterator[type[ExporterProcess]]:
 
 
 class AppClient:
-    """An HTTP client (aiohttp's) on an app served by our own server on a loopback port."""
+    """An HTTP client (aiohttp's) on an app served by ``exporter.server.serving`` on a loopback port."""
 
     def __init__(self, session: object, port: int, server: object) -> None:
         self.session = session
         self.port = port
-        self.server = server  # exporter.http.server.HttpServer: its guard, its port
+        self.server = server  # exporter.http.server.WebServer: its guard, its port
 
     def get(self, path: str, **kwargs: object):  # type: ignore[no-untyped-def]
         return self.session.get(path, **kwargs)  # type: ignore[attr-defined]

@@ -24,7 +24,7 @@ from exporter.build import read_build_info
 from exporter.collectors.base import CollectorUnavailable
 from exporter.collectors.rdma import RdmaCollector
 from exporter.registry import MAX_LABEL_VALUE_CHARS
-from exporter.http.guard import ConnectionGuard, ConnectionLimits
+from exporter.http.connections import ConnectionGuard, ConnectionLimits
 from exporter.server import accepts_gzip, create_app, serving
 from tests.conftest import REPO
 from tests.metrics_text import samples, value
@@ -305,7 +305,7 @@ async def test_connections_beyond_the_cap_shed_the_least_recently_active_idle_on
 
 async def test_a_new_connection_is_refused_when_every_connection_is_busy() -> None:
     guard = ConnectionGuard(asyncio.get_running_loop(), ConnectionLimits(max_connections=2))
-    first, second, third = (mock.Mock(name=f"transport{i}") for i in range(3))
+    first, second, third = (mock.Mock(name=f"transport{i}", **{"is_closing.return_value": False}) for i in range(3))
     assert guard.admit(first) and guard.admit(second)
     guard.request_started(first)
     guard.request_started(second)
@@ -330,6 +330,7 @@ async def test_a_malformed_request_is_logged_as_one_line(served, caplog) -> None
     assert len(records) == 1
     assert records[0].exc_info is None and "\n" not in records[0].getMessage()
     assert "127.0.0.1" in records[0].getMessage()
+    assert not [r for r in caplog.records if r.exc_info], "no traceback anywhere"
 
 
 def test_web_flags_are_validated_before_anything_starts() -> None:
@@ -360,3 +361,66 @@ def test_an_address_in_use_is_one_error_line_and_exit_1(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+
+
+class UndecodableDevice:
+    """A partial RDMA read that names a device folder whose name is not UTF-8 (os.fsdecode's surrogate)."""
+
+    name = "undecodable"
+
+    def collect(self) -> Iterable[Metric]:
+        from exporter.collectors.base import PartialCollection
+
+        yield from Fixed("undecodable").collect()
+        raise PartialCollection("cannot read /sys/class/infiniband/mlx5_\udcff/ports/1/state")
+
+
+async def test_the_landing_page_survives_a_device_name_that_is_not_utf8(app_client) -> None:  # type: ignore[no-untyped-def]
+    client = await app_client(create_app([UndecodableDevice()], process_metrics=False))
+    assert (await client.get("/metrics")).status == 200
+    landing = await client.get("/")
+    assert landing.status == 200 and landing.headers["Content-Type"] == "text/html; charset=utf-8"
+    assert "mlx5_\\udcff" in await landing.text()
+
+
+class Counting:
+    """Counts its collections; each takes ``seconds``."""
+
+    name = "counting"
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.collections = 0
+
+    def collect(self) -> Iterable[Metric]:
+        self.collections += 1
+        time.sleep(self.seconds)
+        yield from Fixed("counted", self.collections).collect()
+
+
+async def test_concurrent_scrapes_share_builds_and_every_page_is_collected_after_its_request(app_client) -> None:  # type: ignore[no-untyped-def]
+    counting = Counting(0.2)
+    app = create_app([counting], process_metrics=False)
+    client = await app_client(app)
+
+    async def scrape() -> float:
+        return value(await (await client.get("/metrics")).text(), "ccl_test_counted", x="a")
+
+    first = asyncio.create_task(scrape())
+    await asyncio.sleep(0.05)  # the first build is under way: the crowd waits for the next one
+    crowd = await asyncio.gather(*(scrape() for _ in range(40)))
+    assert await first == 1.0
+    assert set(crowd) == {2.0}, "all 40 share the one build that started after they arrived"
+    assert counting.collections == 2 and app.pages.builds == 2
+    openmetrics = await client.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+    assert (await openmetrics.text()).rstrip().endswith("# EOF"), "each format is built on its own"
+
+
+async def test_a_collector_failing_the_same_way_every_scrape_is_logged_once(app_client, caplog) -> None:  # type: ignore[no-untyped-def]
+    caplog.set_level(logging.INFO, logger="exporter.registry")
+    client = await app_client(create_app([UndecodableDevice(), Raising()], process_metrics=False))
+    for _ in range(5):
+        assert (await client.get("/metrics")).status == 200
+    logged = [r for r in caplog.records if r.name == "exporter.registry"]
+    assert sorted(r.levelname for r in logged) == ["ERROR", "WARNING"], [r.getMessage() for r in logged]
+    assert "reader exploded" in (await (await client.get("/")).text()), "the landing page still says why"

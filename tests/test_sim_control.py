@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from exporter.collectors.rdma import RdmaCollector
-from exporter.http.messages import Request
 from exporter.server import create_app
 from exporter.sim.control import SimControl, add_control_routes
 from exporter.sim.node import default_node
@@ -96,14 +95,21 @@ def test_plain_serve_has_no_control_routes(exporter_process) -> None:  # type: i
 
 async def test_clients_off_loopback_are_forbidden(tmp_path: Path) -> None:
     """Binding a non-loopback address is not allowed in tests; a request whose peer is 10.0.0.5 is built instead."""
+    from unittest import mock
+
+    from aiohttp.test_utils import make_mocked_request
+
     node = default_node(tmp_path)
     node.setup()
     app = create_app([], process_metrics=False)
     add_control_routes(app, SimControl(node))
+    transport = mock.Mock(**{"get_extra_info.side_effect": {"peername": ("10.0.0.5", 51000),
+                                                             "sockname": ("10.0.0.1", 40000)}.get})
     try:
         for method, path in (("POST", "/-/sim/rdma-port-down"), ("GET", "/-/sim")):
-            handler = app.routes[(method, "/-/sim/*" if method == "POST" else path)]
-            response = await handler(Request(method, path, peer="10.0.0.5", local_port=40000))
+            handler = app.routes[(method, "/-/sim/{action}" if method == "POST" else path)]
+            response = await handler(make_mocked_request(method, path, transport=transport,
+                                                         match_info={"action": "rdma-port-down"}))
             assert response.status == 403 and b"loopback clients only" in response.body
     finally:
         node.close()

@@ -1,8 +1,8 @@
 """``--web.config.file``: exporter-toolkit's web configuration (TLS, client certificates, basic auth).
 
 Certificates are made in the test with the ``openssl`` command line (a CA, a server certificate
-for 127.0.0.1, a client certificate); the server is our own, served on loopback; the clients are
-Python's ssl, aiohttp and a real Prometheus.
+for 127.0.0.1, a client certificate); the server is ours (aiohttp behind exporter/http), served on
+loopback; the clients are Python's ssl, aiohttp and a real Prometheus.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -24,7 +25,7 @@ import bcrypt
 import pytest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
-from exporter.http.webconfig import WebConfigError, WebConfigSource, parse_web_config
+from exporter.http.webconfig import AUTH_CACHE_SIZE, AuthBusy, WebConfigError, WebConfigSource, parse_web_config
 from exporter.server import create_app, serving
 from tests.conftest import REPO, free_port, require_tool
 from tests.pki import issue, make_ca
@@ -162,6 +163,7 @@ def test_no_tls_key_means_plain_http_and_an_empty_file_is_valid(tmp_path: Path) 
         ("http_server_config:\n  headers:\n    Server: ours\n", "unknown field 'Server'"),
         ("http_server_config:\n  headers:\n    X-Frame-Options: allow\n", "is not one of deny, sameorigin"),
         ("rate_limit:\n  burst: 5\n  interval: soon\n", "not a duration"),
+        ("rate_limit:\n  burst: -1\n  interval: 1s\n", "burst must be a whole number"),
         ("[1, 2", "not YAML"),
         ("- a list\n", "must be a mapping"),
     ],
@@ -251,11 +253,69 @@ async def test_rotated_certificates_apply_to_new_connections(tmp_path: Path, pki
         assert await served_subject(port) == "exporter rotated"
 
 
-async def test_the_rate_limit_answers_429(tmp_path: Path) -> None:
+async def test_the_rate_limit_answers_429_but_never_to_the_health_paths(tmp_path: Path) -> None:
     config = _write_config(tmp_path, "rate_limit:\n  burst: 2\n  interval: 1h\n")
     async with _serving(config) as port:
-        statuses = [(await _get(port, "/healthz", None))[0] for _ in range(4)]
+        statuses = [(await _get(port, "/metrics", None))[0] for _ in range(4)]
+        health = [(await _get(port, path, None))[0] for path in ("/healthz", "/readyz") for _ in range(3)]
     assert statuses == [200, 200, 429, 429]
+    assert health == [200] * 6, "kubelet probes are never rate limited"
+
+
+@pytest.mark.parametrize(("rate_limit", "expected"), [
+    ("burst: 0\n  interval: 1s", [429, 429, 429]),  # exporter-toolkit: a zero burst allows nothing
+    ("burst: 1\n  interval: 0", [200, 200, 200]),  # a zero interval turns the limiter off
+    ("burst: 1", [200, 200, 200]),
+])
+async def test_rate_limit_edges_as_exporter_toolkit(tmp_path: Path, rate_limit: str, expected: list[int]) -> None:
+    config = _write_config(tmp_path, f"rate_limit:\n  {rate_limit}\n")
+    async with _serving(config) as port:
+        assert [(await _get(port, "/metrics", None))[0] for _ in range(3)] == expected
+
+
+async def test_anonymous_clients_exhausting_the_rate_limit_leave_a_known_scraper_alone(tmp_path: Path) -> None:
+    config = _write_config(tmp_path, f"basic_auth_users:\n  prometheus: {HASH}\nrate_limit:\n  burst: 3\n"
+                                     "  interval: 1h\n")
+    async with _serving(config) as port:
+        good = _auth("prometheus", PASSWORD)
+        assert (await _get(port, "/metrics", None, good))[0] == 200  # checked once: takes a token
+        anonymous = [(await _get(port, "/metrics", None))[0] for _ in range(5)]
+        assert anonymous == [401, 401, 429, 429, 429]
+        assert [(await _get(port, "/metrics", None, good))[0] for _ in range(3)] == [200] * 3
+        assert (await _get(port, "/metrics", None, _auth("prometheus", "guess")))[0] == 429, "a new guess waits"
+        assert (await _get(port, "/healthz", None))[0] == 200
+
+
+async def test_a_cached_login_never_waits_for_bcrypt(tmp_path: Path) -> None:
+    """A flood of wrong passwords keeps the hashing thread busy; a known client is answered meanwhile."""
+    config = _write_config(tmp_path, f"basic_auth_users:\n  prometheus: {HASH}\n")
+    source = WebConfigSource.from_file(config)
+    users = source.current().config.basic_auth_users
+    good = _auth("prometheus", PASSWORD)["Authorization"]
+    assert await source.auth.allows(users, good)
+    hashing = threading.Event()
+    release = threading.Event()
+
+    def slow(password: bytes, hashed: bytes) -> bool:
+        hashing.set()
+        release.wait(10)
+        return bcrypt.checkpw(password, hashed)
+
+    source.auth._check = slow
+    floods = [asyncio.create_task(source.auth.allows(users, _auth("prometheus", f"guess{i}")["Authorization"]))
+              for i in range(source.auth.MAX_WAITING)]
+    await asyncio.to_thread(hashing.wait, 5)
+    started = time.perf_counter()
+    assert await source.auth.allows(users, good)
+    assert time.perf_counter() - started < 0.1, "the cache is read outside the hashing lock"
+    with pytest.raises(AuthBusy):
+        await source.auth.allows(users, _auth("prometheus", "one-too-many")["Authorization"])
+    release.set()
+    assert not any(await asyncio.gather(*floods))
+    for _ in range(3 * AUTH_CACHE_SIZE):  # wrong passwords fill and churn the failure cache ...
+        source.auth._remember(os.urandom(32), False)
+    assert source.auth.cached(source.auth.credentials(users, good)[0]) is True, "... never the good one"  # type: ignore[index]
+    source.auth.close()
 
 
 async def test_basic_auth_checks_bcrypt_once_per_credentials(tmp_path: Path) -> None:
@@ -271,10 +331,31 @@ async def test_basic_auth_checks_bcrypt_once_per_credentials(tmp_path: Path) -> 
     source.auth._check = counting
     users = source.current().config.basic_auth_users
     header = _auth("prometheus", PASSWORD)["Authorization"]
-    assert all(source.auth.allows(users, header) for _ in range(5))
-    assert not source.auth.allows(users, _auth("prometheus", "nope")["Authorization"])
-    assert not source.auth.allows(users, _auth("ghost", "nope")["Authorization"])
+    assert all([await source.auth.allows(users, header) for _ in range(5)])
+    for _ in range(2):  # failures are cached too (exporter-toolkit's cache.go)
+        assert not await source.auth.allows(users, _auth("prometheus", "nope")["Authorization"])
+        assert not await source.auth.allows(users, _auth("ghost", "nope")["Authorization"])
     assert len(checks) == 3, "one bcrypt per distinct (user, password); an unknown user costs one too"
+    source.auth.close()
+
+
+async def test_a_reload_that_would_leave_no_user_keeps_the_last_good_config(tmp_path: Path,
+                                                                           caplog: pytest.LogCaptureFixture) -> None:
+    config = _write_config(tmp_path, f"basic_auth_users:\n  prometheus: {HASH}\n")
+    async with _serving(config) as port:
+        assert (await _get(port, "/metrics", None))[0] == 401
+        for text in ("", "basic_auth_users: {}\n", "basic_auth_users:\n  prometheus: [oops\n"):
+            await asyncio.sleep(WebConfigSource.RECHECK_SECONDS)
+            config.write_text(text)
+            await asyncio.sleep(WebConfigSource.RECHECK_SECONDS + 0.1)
+            assert (await _get(port, "/metrics", None))[0] == 401, f"auth still on after {text!r}"
+            assert (await _get(port, "/metrics", None, _auth("prometheus", PASSWORD)))[0] == 200
+        await asyncio.sleep(WebConfigSource.RECHECK_SECONDS)
+        config.write_text(f"basic_auth_users:\n  prometheus: {HASH}\n  grafana: {HASH}\n")
+        await asyncio.sleep(WebConfigSource.RECHECK_SECONDS + 0.1)
+        assert (await _get(port, "/metrics", None, _auth("grafana", PASSWORD)))[0] == 200, "a good file still loads"
+    kept = [r.getMessage() for r in caplog.records if "keeping the last" in r.getMessage()]
+    assert len(kept) == 3 and sum("no basic auth user is left" in message for message in kept) == 2, kept
 
 
 # --- the command and a real Prometheus ---------------------------------------------------------

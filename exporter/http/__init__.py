@@ -1,6 +1,7 @@
-"""A small HTTP/1.1 server on asyncio for the exporter's and the webhook's endpoints.
+"""The exporter's and the webhook's HTTP side, on aiohttp.
 
-``messages`` parses requests and writes responses (pure), ``guard`` bounds connections and
-their idle time, ``webconfig`` reads an exporter-toolkit web configuration file (TLS, client
-certificates, basic auth, response headers), ``server`` ties them to sockets.
+``connections`` admits connections (a cap, the first-request timeout, TLS from the web
+configuration), ``webconfig`` reads an exporter-toolkit web configuration file (TLS, client
+certificates, basic auth, rate limit, response headers), ``server`` serves a table of routes on
+aiohttp behind both and writes each response within a deadline.
 """

@@ -15,7 +15,7 @@ headers exporter-toolkit allows. Supported::
       prefer_server_cipher_suites           # accepted; OpenSSL servers prefer their own order
     http_server_config: {headers: {...}, http2: ...}   # http2 accepted, served as HTTP/1.1
     basic_auth_users: {user: bcrypt hash}
-    rate_limit: {burst: N, interval: 1s}
+    rate_limit: {burst: N, interval: 1s}   # interval 0 or absent: off; burst 0: every request 429
 
 Refused with a one-line reason: inline ``cert``/``key``/``client_ca`` (mount files),
 ``RequestClientCert`` and ``RequireAnyClientCert`` (OpenSSL cannot ask for a certificate it
@@ -24,20 +24,27 @@ does not check) and ``curve_preferences``.
 ``WebConfigSource`` re-reads the file, and the certificate files it names, when any of them
 changes on disk (checked at most once a second, on new connections and requests): cert-manager
 and kubelet rotate mounted Secrets in place. A change that does not load is logged and the
-last good configuration stays in force.
+last good configuration stays in force, and so does one that would switch TLS on or off or leave
+no basic auth user (an emptied file): those take a restart. The rate limiter, as
+exporter-toolkit's, is built once at start.
 """
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import binascii
 import hashlib
 import logging
 import os
+import random
 import re
 import ssl
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -166,6 +173,8 @@ def _strings(value: object, where: str) -> tuple[str, ...]:
 
 def _duration_seconds(value: object, where: str) -> float:
     text = str(value)
+    if value is None or text == "0":  # Go's time.ParseDuration takes a bare 0
+        return 0.0
     parts = _DURATION.findall(text)
     if not parts or "".join(number + unit for number, unit in parts) != text:
         raise WebConfigError(f"{where}: {text!r} is not a duration like 1s or 500ms")
@@ -252,11 +261,12 @@ def parse_web_config(text: str, folder: Path) -> WebConfig:
             raise WebConfigError(f"basic_auth_users.{user}: not a bcrypt hash (generate one with htpasswd -nBC 10)")
     rate = _mapping(top.get("rate_limit"), "rate_limit", _RATE_KEYS)
     rate_limit = None
-    if rate.get("burst") or rate.get("interval"):
-        burst = rate.get("burst")
-        if not isinstance(burst, int) or burst < 1:
-            raise WebConfigError("rate_limit.burst must be a positive integer")
-        rate_limit = RateLimit(burst, _duration_seconds(rate.get("interval", "0s"), "rate_limit.interval"))
+    interval = _duration_seconds(rate.get("interval"), "rate_limit.interval")
+    burst = rate.get("burst", 0)
+    if not isinstance(burst, int) or isinstance(burst, bool) or burst < 0:
+        raise WebConfigError("rate_limit.burst must be a whole number, 0 or more")
+    if interval > 0:  # exporter-toolkit: an interval of 0 (or none) turns the limiter off
+        rate_limit = RateLimit(burst, interval)
     return WebConfig(
         tls=tls, basic_auth_users={str(k): v for k, v in users.items()}, headers=headers, rate_limit=rate_limit
     )
@@ -297,52 +307,123 @@ class LoadedWebConfig:
     ssl_context: ssl.SSLContext | None
 
 
+class AuthBusy(Exception):
+    """Too many passwords are waiting for bcrypt already; answered 429 without checking this one."""
+
+
 class BasicAuth:
-    """Checks ``Authorization: Basic`` against bcrypt hashes; results cached (bcrypt costs ~50 ms)."""
+    """Checks ``Authorization: Basic`` against bcrypt hashes, as exporter-toolkit does.
+
+    bcrypt costs tens of milliseconds by design, so results are cached, failures too
+    (exporter-toolkit's cache.go), and the cache is read without waiting for any hashing: a
+    client whose credentials were checked once never waits behind a flood of wrong passwords.
+    Hashes are computed one at a time (exporter-toolkit's ``bcryptMtx``) on a thread of their
+    own, not on the pool the collectors use, and at most ``MAX_WAITING`` requests wait for one;
+    more are refused (``AuthBusy``). Successes are kept apart from failures, so a flood of wrong
+    passwords never evicts a known-good client. An unknown user is checked against a dummy
+    hash, so a wrong user costs as long as a wrong password.
+    """
+
+    MAX_WAITING = 16
 
     def __init__(self, check: Callable[[bytes, bytes], bool] | None = None) -> None:
         self._check = check
-        self._cache: OrderedDict[bytes, bool] = OrderedDict()
-        self._lock = threading.Lock()  # one bcrypt at a time, as exporter-toolkit does
+        self._good: OrderedDict[bytes, None] = OrderedDict()  # least recently used first
+        self._bad: dict[bytes, None] = {}
+        self._cache_lock = threading.Lock()  # held for dictionary operations only
+        self._hash_lock = threading.Lock()  # one bcrypt at a time
+        self._pool: ThreadPoolExecutor | None = None
+        self._waiting = 0
+        self.checks = 0  # bcrypt computations so far
 
-    def allows(self, users: Mapping[str, str], authorization: str) -> bool:
-        import base64
-        import binascii
-
-        scheme, _, credentials = authorization.partition(" ")
+    @staticmethod
+    def credentials(users: Mapping[str, str], authorization: str) -> tuple[bytes, bytes, bytes, bool] | None:
+        """(cache key, password, hash to check it against, whether the user exists), or None for no
+        usable Basic credentials."""
+        scheme, _, encoded = authorization.partition(" ")
         if scheme.lower() != "basic":
-            return False
+            return None
         try:
-            user, colon, password = base64.b64decode(credentials.strip(), validate=True).decode().partition(":")
+            user, colon, password = base64.b64decode(encoded.strip(), validate=True).decode().partition(":")
         except (binascii.Error, UnicodeDecodeError):
-            return False
+            return None
         if not colon:
-            return False
-        known = user in users
+            return None
         hashed = users.get(user, _DUMMY_HASH)
         key = hashlib.sha256("\0".join((user, hashed, password)).encode()).digest()
-        with self._lock:
-            cached = self._cache.get(key)
-            if cached is None:
-                cached = self._bcrypt(password.encode(), hashed.encode()) and known  # bcrypt first: same cost
-                self._cache[key] = cached
-                if len(self._cache) > AUTH_CACHE_SIZE:
-                    self._cache.popitem(last=False)
-        return cached
+        return key, password.encode(), hashed.encode(), user in users
+
+    def cached(self, key: bytes) -> bool | None:
+        """The cached result for ``key`` (from ``credentials``), or None when it was never checked."""
+        with self._cache_lock:
+            if key in self._good:
+                self._good.move_to_end(key)
+                return True
+            return False if key in self._bad else None
+
+    def _remember(self, key: bytes, allowed: bool) -> None:
+        with self._cache_lock:
+            if allowed:
+                self._good[key] = None
+                if len(self._good) > AUTH_CACHE_SIZE:
+                    self._good.popitem(last=False)
+            else:
+                if len(self._bad) >= AUTH_CACHE_SIZE:
+                    del self._bad[random.choice(list(self._bad))]
+                self._bad[key] = None
+
+    def check(self, users: Mapping[str, str], authorization: str) -> bool:
+        """Whether ``authorization`` names a user with its password; blocking (bcrypt on a miss)."""
+        found = self.credentials(users, authorization)
+        if found is None:
+            return False
+        key, password, hashed, known = found
+        cached = self.cached(key)
+        if cached is not None:
+            return cached
+        allowed = self._bcrypt(password, hashed) and known  # bcrypt first: same cost either way
+        self._remember(key, allowed)
+        return allowed
+
+    async def allows(self, users: Mapping[str, str], authorization: str) -> bool:
+        """``check`` for the event loop: a cached answer at once, a miss on the hashing thread.
+        ``AuthBusy`` when ``MAX_WAITING`` misses wait already."""
+        found = self.credentials(users, authorization)
+        if found is None:
+            return False
+        cached = self.cached(found[0])
+        if cached is not None:
+            return cached
+        if self._waiting >= self.MAX_WAITING:
+            raise AuthBusy(f"{self._waiting} passwords are waiting for bcrypt")
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bcrypt")
+        self._waiting += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, self.check, users, authorization)
+        finally:
+            self._waiting -= 1
 
     def _bcrypt(self, password: bytes, hashed: bytes) -> bool:
         if self._check is None:
             import bcrypt
 
             self._check = bcrypt.checkpw
-        try:
-            return self._check(password, hashed)
-        except ValueError:
-            return False
+        with self._hash_lock:
+            self.checks += 1
+            try:
+                return self._check(password, hashed)
+            except ValueError:
+                return False
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 class RateLimiter:
-    """A token bucket: ``burst`` requests, one more every ``interval_seconds``."""
+    """exporter-toolkit's limiter (Go's ``rate.NewLimiter(rate.Every(interval), burst)``): a bucket of
+    ``burst`` tokens, full at start, one more every ``interval_seconds``; ``burst`` 0 refuses everything."""
 
     def __init__(self, limit: RateLimit) -> None:
         self._limit = limit
@@ -351,8 +432,7 @@ class RateLimiter:
 
     def allow(self) -> bool:
         now = time.monotonic()
-        if self._limit.interval_seconds > 0:
-            self._tokens = min(float(self._limit.burst), self._tokens + (now - self._at) / self._limit.interval_seconds)
+        self._tokens = min(float(self._limit.burst), self._tokens + (now - self._at) / self._limit.interval_seconds)
         self._at = now
         if self._tokens >= 1:
             self._tokens -= 1
@@ -385,7 +465,11 @@ class WebConfigSource:
         self._current = self._build()  # raises WebConfigError: a bad file stops the start
         self._stamps = self._stamp_all(self._current.config)
         self.auth = BasicAuth()
-        self._limiter = RateLimiter(self._current.config.rate_limit) if self._current.config.rate_limit else None
+        # exporter-toolkit builds its limiter once, at start: a changed rate_limit takes a restart.
+        rate_limit = self._current.config.rate_limit
+        self._limiter = RateLimiter(rate_limit) if rate_limit else None
+        if rate_limit is not None and rate_limit.burst == 0:
+            log.warning("web configuration %s: rate_limit.burst is 0, so every request is refused (429)", name)
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> WebConfigSource:
@@ -433,18 +517,31 @@ class WebConfigSource:
                     "web configuration %s changed but does not load, keeping the last good one: %s", self.name, exc
                 )
                 return self._current
-            if (loaded.ssl_context is None) != (self._current.ssl_context is None):
+            refusal = self._refusal(loaded.config)
+            if refusal:
                 self.reload_failures += 1
                 log.error(
-                    "web configuration %s changed whether TLS is on; that takes a restart, keeping the last one",
-                    self.name,
+                    "web configuration %s changed %s; that takes a restart, keeping the last one", self.name, refusal
                 )
                 return self._current
+            if loaded.config.rate_limit != self._current.config.rate_limit:
+                log.warning("web configuration %s: a changed rate_limit applies after a restart", self.name)
             self._current = loaded
             self._stamps = self._stamp_all(loaded.config)
-            self._limiter = RateLimiter(loaded.config.rate_limit) if loaded.config.rate_limit else None
             log.info("web configuration %s reloaded", self.name)
             return loaded
+
+    def _refusal(self, new: WebConfig) -> str:
+        """What a reload to ``new`` would switch off or on that only a restart may (empty: nothing).
+
+        A file emptied or cut short during an edit would otherwise turn basic auth off without a word.
+        """
+        old = self._current.config
+        if (new.tls is None) != (old.tls is None):
+            return "whether TLS is on"
+        if old.basic_auth_users and not new.basic_auth_users:
+            return "so that no basic auth user is left (auth would be off)"
+        return ""
 
     @property
     def tls(self) -> bool:

@@ -56,7 +56,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from exporter.http.messages import Request, Response
+from aiohttp import web
+
 from exporter.sim.clock import now
 from exporter.sim.node import SimulatedNode
 
@@ -440,11 +441,16 @@ def ticker_hook(control: SimControl, tick_seconds: float = 1.0) -> Callable[[Exp
     return hook
 
 
-def _from_loopback(request: Request) -> bool:
+def _from_loopback(request: web.Request) -> bool:
     try:
-        return ipaddress.ip_address(request.peer.split("%")[0]).is_loopback
+        return ipaddress.ip_address((request.remote or "").split("%")[0]).is_loopback
     except ValueError:
         return False
+
+
+def _local_port(request: web.Request) -> int | None:
+    sockname = request.transport.get_extra_info("sockname") if request.transport is not None else None
+    return int(sockname[1]) if isinstance(sockname, tuple) and len(sockname) >= 2 else None
 
 
 def _is_own_origin(url: str, port: int | None) -> bool:
@@ -459,11 +465,11 @@ def _is_own_origin(url: str, port: int | None) -> bool:
         return False
 
 
-def _cross_origin(request: Request) -> str | None:
+def _cross_origin(request: web.Request) -> str | None:
     """Why a POST looks like a web page's (another origin), or None when it does not."""
-    origin = request.headers.get("origin")
-    header, url = ("Origin", origin) if origin is not None else ("Referer", request.headers.get("referer"))
-    if url is None or _is_own_origin(url, request.local_port):
+    origin = request.headers.get("Origin")
+    header, url = ("Origin", origin) if origin is not None else ("Referer", request.headers.get("Referer"))
+    if url is None or _is_own_origin(url, _local_port(request)):
         return None
     return f"{header} {url[:100]!r} is not this exporter's loopback origin"
 
@@ -471,23 +477,23 @@ def _cross_origin(request: Request) -> str | None:
 def add_control_routes(app: ExporterApp, control: SimControl) -> None:
     """``GET /-/sim`` and ``POST /-/sim/<action>``; call before the app starts."""
 
-    async def list_actions(request: Request) -> Response:
+    async def list_actions(request: web.Request) -> web.Response:
         if not _from_loopback(request):
-            return Response.text("simulation control answers loopback clients only\n", status=403)
-        return Response.json({"actions": sorted(control.actions)})
+            return web.Response(text="simulation control answers loopback clients only\n", status=403)
+        return web.json_response({"actions": sorted(control.actions)})
 
-    async def perform(request: Request) -> Response:
+    async def perform(request: web.Request) -> web.Response:
         if not _from_loopback(request):
-            return Response.text("simulation control answers loopback clients only\n", status=403)
+            return web.Response(text="simulation control answers loopback clients only\n", status=403)
         refused = _cross_origin(request)
         if refused is not None:
-            return Response.text(f"simulation control refuses cross-origin requests: {refused}\n", status=403)
-        action = request.path.removeprefix("/-/sim/")
+            return web.Response(text=f"simulation control refuses cross-origin requests: {refused}\n", status=403)
+        action = request.match_info["action"]
         try:
-            result = await asyncio.to_thread(control.perform, action, request.query_params())
+            result = await asyncio.to_thread(control.perform, action, dict(request.query))
         except ActionError as exc:
-            return Response.json({"error": str(exc)}, status=400)
-        return Response.json(result)
+            return web.json_response({"error": str(exc)}, status=400)
+        return web.json_response(result)
 
     app.routes[("GET", "/-/sim")] = list_actions
-    app.routes[("POST", "/-/sim/*")] = perform
+    app.routes[("POST", "/-/sim/{action}")] = perform

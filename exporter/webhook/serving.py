@@ -2,9 +2,10 @@
 
 The certificate and key come from ``WebConfigSource.from_tls_files``, which reads them again when
 they change on disk (a renewed certificate applies to new connections without a restart). The
-server answers an unknown path 404, another method 405, a body over ``--web.max-body-bytes`` 413
-and a malformed request 400; a review is decided in a worker thread, so a large pod never stalls
-other connections.
+server (aiohttp, behind ``exporter.http``'s connection guard) answers an unknown path 404, another
+method 405, a body over ``--web.max-body-bytes`` 413 (from its ``Content-Length``, unread), a body
+that does not arrive within the header timeout 408 and a malformed request 400; a review is
+decided in a worker thread, so a large pod never stalls other connections.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 
+from aiohttp import web
+
 from exporter import __version__
 from exporter.config import parse_listen_address
-from exporter.http.guard import ConnectionLimits
-from exporter.http.messages import Request, Response
-from exporter.http.server import HttpServer, listening, until_terminated
+from exporter.http.connections import ConnectionLimits
+from exporter.http.server import WebServer, listening, read_body, until_terminated
 from exporter.http.webconfig import WebConfigError, WebConfigSource
 from exporter.webhook.admission import WebhookConfig
 from exporter.webhook.metrics import Answer, WebhookService
@@ -27,30 +29,34 @@ from exporter.webhook.metrics import Answer, WebhookService
 log = logging.getLogger("exporter.webhook")
 
 
-def _response(answer: Answer) -> Response:
-    return Response(answer.status, answer.body, answer.content_type)
+def _response(answer: Answer) -> web.Response:
+    response = web.Response(status=answer.status, body=answer.body)
+    response.headers["Content-Type"] = answer.content_type
+    return response
 
 
-def webhook_server(service: WebhookService, web_config: WebConfigSource | None, max_body_bytes: int) -> HttpServer:
-    """The routes of the webhook on an ``HttpServer`` (not started)."""
+def webhook_server(service: WebhookService, web_config: WebConfigSource | None, max_body_bytes: int) -> WebServer:
+    """The routes of the webhook on a ``WebServer`` (not started)."""
+    limits = ConnectionLimits()
 
-    async def mutate(request: Request) -> Response:
-        return _response(await asyncio.to_thread(service.mutate, request.body))
+    async def mutate(request: web.Request) -> web.Response:
+        body = await read_body(request, limits.read_header_timeout_seconds)
+        return _response(await asyncio.to_thread(service.mutate, body))
 
-    async def metrics(request: Request) -> Response:
+    async def metrics(request: web.Request) -> web.Response:
         return _response(service.render_metrics())
 
-    async def healthz(request: Request) -> Response:
-        return Response.text("ok\n")
+    async def healthz(request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
 
     routes = {("POST", "/mutate"): mutate, ("GET", "/metrics"): metrics, ("GET", "/healthz"): healthz}
-    return HttpServer(routes, limits=ConnectionLimits(), web_config=web_config, max_body_bytes=max_body_bytes)
+    return WebServer(routes, limits=limits, web_config=web_config, max_body_bytes=max_body_bytes)
 
 
 @contextlib.asynccontextmanager
 async def serving_webhook(
     service: WebhookService, host: str, port: int, web_config: WebConfigSource | None, max_body_bytes: int
-) -> AsyncIterator[HttpServer]:
+) -> AsyncIterator[WebServer]:
     """The webhook listening on ``host:port`` (port 0: any) until the block ends."""
     async with listening(webhook_server(service, web_config, max_body_bytes), host, port) as server:
         yield server
