@@ -175,9 +175,9 @@ class _Patch:
             self.withheld.append((change, reason))
         self.warnings.append(f"ccl-health: {warning}")
 
-    def add_volume(self, volume: dict[str, Any]) -> None:
-        if volume_state(self.spec, volume) == ABSENT and volume not in self.volumes:
-            self.volumes.append(volume)
+    def add_volume(self, folder: _HostFolder) -> None:
+        if folder.state == ABSENT and folder.volume not in self.volumes:
+            self.volumes.append(folder.volume)
 
 
 def escape_pointer(token: str) -> str:
@@ -249,16 +249,16 @@ def _build(patch: _Patch, pod: Mapping[str, Any], config: WebhookConfig, gpu_nam
     """Every operation, in an order that keeps each path valid: edits inside containers before
     the pre-flight is inserted at index 0 of the init containers."""
     spec = patch.spec
-    debug_volume = _debug_volume(config)
+    debug = _HostFolder.of(spec, NCCL_DEBUG_VOLUME, config.nccl_debug_file_host_path)
     for index, container in listed(spec, "containers"):
         edit = _ContainerEdit(f"/spec/containers/{index}", container)
         if requests_gpu(container, gpu_names):
-            _plan_nccl(patch, edit, config, debug_volume)
-        _plan_identity(patch, edit, debug_volume)
+            _plan_nccl(patch, edit, config, debug)
+        _plan_identity(patch, edit, debug)
         edit.emit(patch)
     for index, container in listed(spec, "initContainers"):
         edit = _ContainerEdit(f"/spec/initContainers/{index}", container)
-        _plan_identity(patch, edit, debug_volume)
+        _plan_identity(patch, edit, debug)
         edit.emit(patch)
     metadata = mapping(pod, "metadata")
     annotations = mapping(metadata, "annotations")
@@ -271,13 +271,20 @@ def _build(patch: _Patch, pod: Mapping[str, Any], config: WebhookConfig, gpu_nam
         _annotate(patch, pod, metadata)
 
 
-def _debug_volume(config: WebhookConfig) -> dict[str, Any] | None:
-    if not config.nccl_debug_file_host_path:
-        return None
-    return {
-        "name": NCCL_DEBUG_VOLUME,
-        "hostPath": {"path": config.nccl_debug_file_host_path, "type": "DirectoryOrCreate"},
-    }
+@dataclass(frozen=True)
+class _HostFolder:
+    """A hostPath volume the webhook adds, and whether the pod has it (``volume_state``)."""
+
+    volume: dict[str, Any]
+    state: str
+
+    @classmethod
+    def of(cls, spec: Mapping[str, Any], name: str, host_path: str) -> _HostFolder | None:
+        """The folder (``None`` when not configured), its state read once per review."""
+        if not host_path:
+            return None
+        volume = {"name": name, "hostPath": {"path": host_path, "type": "DirectoryOrCreate"}}
+        return cls(volume, volume_state(spec, volume))
 
 
 def _debug_mount() -> dict[str, Any]:
@@ -295,8 +302,9 @@ class _ContainerEdit:
     mount: dict[str, Any] | None = None
 
     def mounts_debug_folder(self) -> bool:
-        """The container mounts (or will) the debug volume with the per-pod ``subPathExpr``."""
-        return self.mount is not None or any(m == _debug_mount() for m in dicts(self.container.get("volumeMounts")))
+        """The container mounts (or will) the debug volume, in whatever way."""
+        mounts = dicts(self.container.get("volumeMounts"))
+        return self.mount is not None or any(m.get("name") == NCCL_DEBUG_VOLUME for m in mounts)
 
     def emit(self, patch: _Patch) -> None:
         for index, entry in self.replace.items():
@@ -306,7 +314,7 @@ class _ContainerEdit:
             patch.append(f"{self.path}/volumeMounts", [self.mount], is_list(self.container, "volumeMounts"))
 
 
-def _plan_nccl(patch: _Patch, edit: _ContainerEdit, config: WebhookConfig, debug_volume: dict[str, Any] | None) -> None:
+def _plan_nccl(patch: _Patch, edit: _ContainerEdit, config: WebhookConfig, debug: _HostFolder | None) -> None:
     container = edit.container
     index = int(edit.path.rpartition("/")[2])
     name = shown_name(container, index)
@@ -333,13 +341,13 @@ def _plan_nccl(patch: _Patch, edit: _ContainerEdit, config: WebhookConfig, debug
     if "NCCL_DEBUG_SUBSYS" not in names:
         edit.env.append({"name": "NCCL_DEBUG_SUBSYS", "value": config.nccl_debug_subsys})
     patch.note(NCCL_ENV)
-    if debug_volume is None or "NCCL_DEBUG_FILE" in names:
+    if debug is None or "NCCL_DEBUG_FILE" in names:
         return
-    if volume_state(patch.spec, debug_volume) == TAKEN:
+    if debug.state == TAKEN:
         patch.withhold(
             NCCL_DEBUG_FILE,
             VOLUME_NAME_TAKEN,
-            f"the pod has a volume named {NCCL_DEBUG_VOLUME} of its own: NCCL's log stays on stdout",
+            f"the pod has or mounts a volume named {NCCL_DEBUG_VOLUME} of its own: NCCL's log stays on stdout",
         )
         return
     mounts = dicts(container.get("volumeMounts"))
@@ -356,7 +364,7 @@ def _plan_nccl(patch: _Patch, edit: _ContainerEdit, config: WebhookConfig, debug
     edit.env.append({"name": "NCCL_DEBUG_FILE", "value": f"{NCCL_DEBUG_MOUNT}/nccl.%h.%p.log"})
     if not ours:
         edit.mount = _debug_mount()
-    patch.add_volume(debug_volume)
+    patch.add_volume(debug)
     patch.note(NCCL_DEBUG_FILE)
 
 
@@ -374,12 +382,12 @@ def _is_identity_entry(entry: Mapping[str, Any], field_path: str) -> bool:
     return isinstance(ref, dict) and ref in ({"fieldPath": field_path}, {"apiVersion": "v1", "fieldPath": field_path})
 
 
-def _plan_identity(patch: _Patch, edit: _ContainerEdit, debug_volume: dict[str, Any] | None) -> None:
+def _plan_identity(patch: _Patch, edit: _ContainerEdit, debug: _HostFolder | None) -> None:
     """In a container that mounts the per-pod debug folder, every definition of ``CCL_POD_*``
     becomes the downward API one: replaced where the pod defined it (its position kept, so an
     entry after it that refers to it with ``$(...)`` sees the real value), appended where it did
     not (``env`` takes precedence over ``envFrom``, so a ConfigMap cannot set them either)."""
-    if debug_volume is None or volume_state(patch.spec, debug_volume) == TAKEN or not edit.mounts_debug_folder():
+    if debug is None or debug.state == TAKEN or not edit.mounts_debug_folder():
         return
     entries = edit.container.get("env")
     for env_name, field_path in POD_IDENTITY_ENV:
@@ -444,13 +452,6 @@ def preflight_container(metadata: Mapping[str, Any], like: Mapping[str, Any], co
     return container
 
 
-def _results_volume(config: WebhookConfig) -> dict[str, Any]:
-    return {
-        "name": PROBE_RESULTS_VOLUME,
-        "hostPath": {"path": config.probe_results_host_path, "type": "DirectoryOrCreate"},
-    }
-
-
 def _add_preflight(patch: _Patch, metadata: Mapping[str, Any], gpu_names: Sequence[str], config: WebhookConfig) -> None:
     """The pre-flight, first among the init containers. An init container named ``ccl-preflight``
     is taken to be it (added by hand, or by an earlier call); any other container of that name
@@ -466,15 +467,16 @@ def _add_preflight(patch: _Patch, metadata: Mapping[str, Any], gpu_names: Sequen
             f"the pod has a container named {PREFLIGHT_CONTAINER} of its own: no pre-flight added",
         )
         return
-    if config.probe_results_host_path:
-        if volume_state(spec, _results_volume(config)) == TAKEN:
+    results = _HostFolder.of(spec, PROBE_RESULTS_VOLUME, config.probe_results_host_path)
+    if results is not None:
+        if results.state == TAKEN:
             patch.withhold(
                 PREFLIGHT,
                 VOLUME_NAME_TAKEN,
-                f"the pod has a volume named {PROBE_RESULTS_VOLUME} of its own: no pre-flight added",
+                f"the pod has or mounts a volume named {PROBE_RESULTS_VOLUME} of its own: no pre-flight added",
             )
             return
-        patch.add_volume(_results_volume(config))
+        patch.add_volume(results)
     container = preflight_container(metadata, largest_gpu_container(spec, gpu_names), config)
     if is_list(spec, "initContainers"):
         # First among the init containers: nothing else starts on a fabric that failed its check.

@@ -96,14 +96,22 @@ def last_literal_env(container: Mapping[str, Any], name: str) -> str | None:
 
 # Whether a volume of our name is in the pod, and whether it is exactly ours.
 ABSENT, OURS, TAKEN = "absent", "ours", "taken"
+CONTAINER_KINDS = ("containers", "initContainers", "ephemeralContainers")
 
 
 def volume_state(spec: Mapping[str, Any], volume: Mapping[str, Any]) -> str:
-    """``ABSENT`` (no volume of its name), ``OURS`` (exactly it) or ``TAKEN`` (another volume)."""
-    same = [v for v in dicts(spec.get("volumes")) if v.get("name") == volume["name"]]
-    if not same:
-        return ABSENT
-    return OURS if all(v == volume for v in same) else TAKEN
+    """``OURS`` (the pod has exactly this volume), ``TAKEN`` (it has another of its name, or a
+    container mounts that name without the pod declaring it: adding ours would lend that
+    container a host folder to mount as it likes) or ``ABSENT``."""
+    name = volume["name"]
+    same = [v for v in dicts(spec.get("volumes")) if v.get("name") == name]
+    if same:
+        return OURS if all(v == volume for v in same) else TAKEN
+    for kind in CONTAINER_KINDS:
+        for container in dicts(spec.get(kind)):
+            if any(m.get("name") == name for m in dicts(container.get("volumeMounts"))):
+                return TAKEN
+    return ABSENT
 
 
 def same_path(path: object, other: str) -> bool:
