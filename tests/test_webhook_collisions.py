@@ -173,6 +173,29 @@ def test_identity_is_enforced_wherever_the_folder_is_mounted_even_with_env_from(
     assert set(withheld(pod, DEBUG_FILE)) == {("nccl_env", ENV_FROM)}
 
 
+def test_identity_is_enforced_however_the_pod_mounts_the_folder() -> None:
+    pod = gpu_pod(volumes=[copy.deepcopy(OUR_DEBUG_VOLUME)])
+    sidecar = {"name": "reader", "image": "reader:1", "env": [{"name": "CCL_POD_NAME", "value": "victim"}],
+               "volumeMounts": [dict(OUR_DEBUG_MOUNT, mountPath=NCCL_DEBUG_MOUNT + "/")]}
+    pod["spec"]["containers"].append(sidecar)
+    out, _, _ = patched(pod, DEBUG_FILE)
+    assert_identity_from_the_downward_api(out["spec"]["containers"][2])
+    assert out["spec"]["containers"][2]["volumeMounts"] == sidecar["volumeMounts"]
+
+
+def test_a_pod_that_mounts_our_volume_without_declaring_it_is_not_lent_the_host_folder() -> None:
+    """Invalid as sent; the hostPath the webhook adds would make it valid, with the host folder
+    mounted where and how the pod chose (another pod's folder, the pre-flight results)."""
+    for volume, config, change in ((NCCL_DEBUG_VOLUME, DEBUG_FILE, "nccl_debug_file"),
+                                   ("ccl-probe-results", WebhookConfig(), "preflight")):
+        pod = gpu_pod(annotations=PREFLIGHT)
+        pod["spec"]["containers"][1]["volumeMounts"] = [{"name": volume, "mountPath": "/x", "subPath": "ml_victim_u"}]
+        result = review(admission(pod), config)
+        out = jsonpatch.apply_patch(pod, list(result.patch))
+        assert volume not in [v["name"] for v in out["spec"].get("volumes", [])], volume
+        assert (change, VOLUME_NAME_TAKEN) in result.withheld
+
+
 def test_identity_entries_as_the_api_server_stores_them_are_not_patched_again() -> None:
     once, _, _ = patched(gpu_pod(annotations=PREFLIGHT | {"ccl-health.io/readiness-gate": "true"}), DEBUG_FILE)
     stored = copy.deepcopy(once)

@@ -96,7 +96,9 @@ def mounts(draw: st.DrawFn, volumes: list[dict[str, Any]]) -> list[dict[str, Any
     found: list[dict[str, Any]] = []
     names = [v["name"] for v in volumes]
     if NCCL_DEBUG_VOLUME in names and draw(st.booleans()):
-        found.append(copy.deepcopy(OUR_MOUNT))
+        # The webhook's own mount, or one that differs from it in one way.
+        found.append(dict(OUR_MOUNT, **draw(st.sampled_from([{}, {}, {"mountPath": NCCL_DEBUG_MOUNT + "/"},
+                                                             {"mountPath": "/logs"}, {"readOnly": True}]))))
     for _ in range(draw(st.integers(0, 3))):
         mount: dict[str, Any] = {"name": draw(st.sampled_from(names)), "mountPath": draw(mount_paths)}
         extra = draw(st.sampled_from([{}, {"readOnly": True}, {"subPath": "sub"}, {"subPathExpr": "$(POD_NAME)"},
