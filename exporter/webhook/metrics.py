@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -121,9 +122,17 @@ class WebhookService:
         self.config = config
         self.metrics = metrics or WebhookMetrics()
         self._clock = clock
+        # One review decided at a time: a review at the bounds takes about 35 MiB while it is
+        # parsed, and the interpreter lock runs one at a time anyway.
+        self._deciding = threading.Lock()
 
     def mutate(self, body: bytes) -> Answer:
-        """The answer to one ``POST /mutate`` body, counted; never raises."""
+        """The answer to one ``POST /mutate`` body, counted; never raises. Safe to call from
+        several threads (the server's workers): the reviews are decided one after another."""
+        with self._deciding:
+            return self._mutate(body)
+
+    def _mutate(self, body: bytes) -> Answer:
         started = self._clock()
         try:
             document = parse_review(body)
