@@ -131,7 +131,10 @@ def pods(draw: st.DrawFn, apps: st.SearchStrategy[int] = st.integers(1, 5)) -> d
     # The rest start with a digit, which no drawn name does: many containers, no retries.
     names = draw(st.permutations(drawn + [f"{i}-c" for i in range(apps_ + inits - len(drawn))]))
     spec: dict[str, Any] = {
-        "containers": [draw(containers(n, volume_list, gpu_often=True)) for n in names[:apps_]],
+        # Past the first eight, plain GPU containers: a pod of 130 is drawn in a fraction of the time.
+        "containers": [draw(containers(n, volume_list, gpu_often=True)) if i < 8 else
+                       {"name": n, "image": "train:1", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+                       for i, n in enumerate(names[:apps_])],
         "restartPolicy": "Never",
     }
     if inits or draw(st.booleans()):
@@ -309,7 +312,7 @@ def test_every_patch_leaves_a_valid_pod_and_a_reinvocation_adds_nothing(pod: dic
     check_one(pod, config)
 
 
-@given(pods(apps=st.integers(MAX_POD_CONTAINERS - 6, MAX_POD_CONTAINERS + 3)), configs)
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(pods(apps=st.sampled_from(range(MAX_POD_CONTAINERS - 4, MAX_POD_CONTAINERS + 3))), configs)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 def test_pods_around_the_container_limit(pod: dict[str, Any], config: WebhookConfig) -> None:
     check_one(pod, config)
