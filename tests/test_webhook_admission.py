@@ -1,7 +1,8 @@
 """The webhook's decision (exporter/webhook/admission.py), without HTTP: AdmissionReview v1 in,
-AdmissionReview out. Every returned JSONPatch is applied to the pod (an RFC 6902 applier written
-from the RFC, tests/jsonpatch_apply.py) and the result validated strictly against the Kubernetes
-schema, as the API server would before storing it.
+AdmissionReview out. Every returned JSONPatch is applied to the pod with a real RFC 6902 library
+(``jsonpatch``) and the result checked as the API server would before storing it: the strict Pod
+schema and the rules a schema cannot state (tests/pod_rules.py). tests/test_webhook_properties.py
+does the same for generated pods.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import copy
 import json
 from typing import Any
 
-import kubernetes_validate
+import jsonpatch
 import pytest
 
 from exporter.webhook.admission import (
@@ -25,13 +26,12 @@ from exporter.webhook.admission import (
     MalformedReview,
     WebhookConfig,
     escape_pointer,
-    parse_review,
     review,
 )
+from exporter.webhook.body import parse_review
 from exporter.sources.kube import FABRIC_READY_CONDITION
-from tests.jsonpatch_apply import apply_patch
+from tests.pod_rules import check_pod, validate_with_the_library
 
-KUBERNETES_VERSION = "1.30.0"
 CONFIG = WebhookConfig()
 
 
@@ -91,8 +91,9 @@ def patched(pod: dict[str, Any], config: WebhookConfig = CONFIG) -> tuple[dict[s
     assert response["patchType"] == "JSONPatch"
     operations = json.loads(base64.b64decode(response["patch"]))
     assert operations == list(result.patch)
-    out = apply_patch(pod, operations)
-    kubernetes_validate.validate(out, KUBERNETES_VERSION, strict=True)
+    out = jsonpatch.apply_patch(pod, operations)
+    check_pod(out)
+    validate_with_the_library(out)
     return out, response, result.decision
 
 
@@ -197,7 +198,7 @@ def test_annotation_keys_are_escaped_in_the_pointer() -> None:
     result = review(admission(pod), CONFIG)
     paths = [op["path"] for op in result.patch]
     assert "/metadata/annotations/ccl-health.io~1injected" in paths
-    out = apply_patch(pod, list(result.patch))
+    out = jsonpatch.apply_patch(pod, list(result.patch))
     assert out["metadata"]["annotations"] == {"team": "llm", INJECTED_ANNOTATION: "nccl_env"}
 
 
@@ -280,7 +281,7 @@ def test_requests_without_a_pod_being_created_are_allowed_without_a_patch() -> N
 
 @pytest.mark.parametrize(("body", "reason"), [
     (b"", "not JSON"),
-    (b"\xff\xfe garbage", "not JSON"),
+    (b"\xff\xfe garbage", "not UTF-8"),
     (b"[1, 2]", "not a JSON object"),
     (b'{"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview", "request": {"uid": "x"}}', "v1"),
     (b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}', "no request"),
@@ -303,9 +304,9 @@ def test_the_input_is_never_modified() -> None:
 def test_decisions_are_the_documented_ones() -> None:
     from pathlib import Path
 
-    from exporter.webhook.admission import CHANGES, DECISIONS
+    from exporter.webhook.admission import CHANGES, DECISIONS, WITHHELD
 
     doc = (Path(__file__).resolve().parent.parent / "docs" / "metrics.md").read_text()
-    for value in (*DECISIONS, *CHANGES):
+    for value in (*DECISIONS, *CHANGES, *(reason for _, reason in WITHHELD)):
         assert f"`{value}`" in doc, f"{value} is not documented in docs/metrics.md"
     assert ERROR in DECISIONS

@@ -50,6 +50,60 @@ def test_a_failure_while_deciding_allows_the_pod_without_a_patch(monkeypatch: py
     assert sample(service, "ccl_webhook_admission_reviews_total", decision="error") == 1
 
 
+def test_withheld_changes_are_counted_by_change_and_reason() -> None:
+    from exporter.webhook.admission import WITHHELD
+
+    service = WebhookService(WebhookConfig(nccl_debug_file_host_path="/var/log/nccl"))
+    for change, reason in WITHHELD:
+        assert sample(service, "ccl_webhook_withheld_changes_total", change=change, reason=reason) == 0
+    pod = gpu_pod(annotations={"ccl-health.io/preflight": "true"},
+                  volumes=[{"name": "ccl-nccl-debug", "emptyDir": {}}])
+    pod["spec"]["containers"][1]["name"] = "ccl-preflight"
+    pod["spec"]["containers"][0]["env"].append({"name": "CCL_POD_NAME", "value": "someone-else"})
+    assert service.mutate(json.dumps(review_request(pod)).encode()).status == 200
+    assert sample(service, "ccl_webhook_withheld_changes_total", change="preflight",
+                  reason="container_name_taken") == 1
+    assert sample(service, "ccl_webhook_withheld_changes_total", change="nccl_debug_file",
+                  reason="volume_name_taken") == 1
+    assert sample(service, "ccl_webhook_mutations_total", change="nccl_env") == 1
+    assert sample(service, "ccl_webhook_mutations_total", change="pod_identity_env") == 0, \
+        "no folder is named from it: the pod's own CCL_POD_NAME is left alone"
+    pod["spec"]["volumes"] = []
+    assert service.mutate(json.dumps(review_request(pod)).encode()).status == 200
+    assert sample(service, "ccl_webhook_mutations_total", change="pod_identity_env") == 1
+
+
+def test_reviews_from_many_threads_are_decided_one_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memory of a review at the bounds is taken once, however many workers call."""
+    import threading
+    import time
+
+    from exporter.webhook import admission
+
+    active, most = [0], [0]
+    lock = threading.Lock()
+
+    def slow_review(*args: object) -> admission.Review:
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        time.sleep(0.02)
+        with lock:
+            active[0] -= 1
+        return admission.review(*args)
+
+    monkeypatch.setattr("exporter.webhook.metrics.review", slow_review)
+    service = WebhookService(WebhookConfig())
+    body = json.dumps(review_request(gpu_pod())).encode()
+    threads = [threading.Thread(target=service.mutate, args=(body,)) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert most[0] == 1
+    assert sample(service, "ccl_webhook_admission_reviews_total", decision="mutated") == 8
+
+
 def test_two_services_do_not_share_counts() -> None:
     first, second = WebhookService(WebhookConfig()), WebhookService(WebhookConfig())
     first.mutate(b"[]")

@@ -1,16 +1,21 @@
 """The webhook's own ``/metrics``: every review counted by its decision, on a registry of its own.
 
 ``WebhookService`` is what the HTTP layer calls, independent of it: ``mutate`` turns a request
-body into (status, body) and counts the decision; ``metrics`` renders the registry. A body that
-is not an AdmissionReview v1 request is answered 400 with a one-line reason; a failure while
-deciding about a pod answers "allowed, no patch" (decision ``error``): the webhook never keeps a
-pod from starting.
+body into (status, body) and counts the decision; ``render_metrics`` renders the registry. Every
+body gets an answer and is counted, whatever the server in front of it let through: one over
+``MAX_REVIEW_BYTES`` (the limit a server in front should apply too) or holding more values than
+an API server sends is answered 413 (decision ``oversized``), one that is not an AdmissionReview
+v1 request as an API server sends it (not UTF-8 or not JSON, nested too deep, a key twice, ...)
+400 (``malformed``), both with a one-line reason; a failure while deciding about a pod answers
+"allowed, no patch" (decision ``error``): the webhook never keeps a pod from starting (with
+``failurePolicy: Ignore`` a 400 or 413 does not either).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,14 +29,17 @@ from exporter.webhook.admission import (
     DECISIONS,
     ERROR,
     MALFORMED,
-    MalformedReview,
+    OVERSIZED,
+    WITHHELD,
     Review,
     WebhookConfig,
-    parse_review,
     request_uid,
     response_for,
     review,
 )
+from exporter.webhook.body import MAX_REVIEW_BYTES, MalformedReview, ReviewTooLarge, parse_review
+
+__all__ = ["MAX_REVIEW_BYTES", "Answer", "WebhookMetrics", "WebhookService"]
 
 log = logging.getLogger(__name__)
 
@@ -58,14 +66,21 @@ class WebhookMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.reviews = Counter(
             "ccl_webhook_admission_reviews",
-            "AdmissionReview requests answered, by decision: mutated, unchanged, no_gpu, skipped, malformed, error.",
+            "AdmissionReview requests answered, by decision: " + ", ".join(DECISIONS) + ".",
             ["decision"],
             registry=self.registry,
         )
         self.mutations = Counter(
             "ccl_webhook_mutations",
-            "Pods patched, by what the patch added: nccl_env, nccl_debug_file, readiness_gate, preflight.",
+            "Pods patched, by what the patch added: " + ", ".join(CHANGES) + ".",
             ["change"],
+            registry=self.registry,
+        )
+        self.withheld = Counter(
+            "ccl_webhook_withheld_changes",
+            "Pods a change was not made to, by change and why (the pod already uses its name or path, "
+            "or sets NCCL_DEBUG its own way); each also an admission warning.",
+            ["change", "reason"],
             registry=self.registry,
         )
         self.duration = Histogram(
@@ -80,11 +95,15 @@ class WebhookMetrics:
             self.reviews.labels(decision)
         for change in CHANGES:
             self.mutations.labels(change)
+        for change, reason in WITHHELD:
+            self.withheld.labels(change, reason)
 
-    def record(self, decision: str, changes: tuple[str, ...], seconds: float) -> None:
-        self.reviews.labels(decision).inc()
-        for change in changes:
+    def record(self, result: Review, seconds: float) -> None:
+        self.reviews.labels(result.decision).inc()
+        for change in result.changes:
             self.mutations.labels(change).inc()
+        for change, reason in result.withheld:
+            self.withheld.labels(change, reason).inc()
         self.duration.observe(seconds)
 
     def render(self) -> bytes:
@@ -103,23 +122,39 @@ class WebhookService:
         self.config = config
         self.metrics = metrics or WebhookMetrics()
         self._clock = clock
+        # One review decided at a time: a review at the bounds takes about 35 MiB while it is
+        # parsed, and the interpreter lock runs one at a time anyway.
+        self._deciding = threading.Lock()
 
     def mutate(self, body: bytes) -> Answer:
+        """The answer to one ``POST /mutate`` body, counted; never raises. Safe to call from
+        several threads (the server's workers): the reviews are decided one after another."""
+        with self._deciding:
+            return self._mutate(body)
+
+    def _mutate(self, body: bytes) -> Answer:
         started = self._clock()
         try:
             document = parse_review(body)
             uid = request_uid(document)
+        except ReviewTooLarge as exc:
+            return self._refuse(413, OVERSIZED, str(exc), started)
         except MalformedReview as exc:
-            self.metrics.record(MALFORMED, (), self._clock() - started)
-            log.info("malformed AdmissionReview: %s", exc)
-            return Answer(400, f"{exc}\n".encode(), TEXT)
+            return self._refuse(400, MALFORMED, str(exc), started)
         try:
             result = review(document, self.config)
+            answer = json.dumps(result.response, separators=(",", ":")).encode()
         except Exception:  # a bug here must never keep a pod from starting
             log.exception("deciding on AdmissionReview %s failed; allowing it without a patch", uid)
             result = Review(response_for(uid), ERROR)
-        self.metrics.record(result.decision, result.changes, self._clock() - started)
-        return Answer(200, json.dumps(result.response, separators=(",", ":")).encode(), JSON)
+            answer = json.dumps(result.response, separators=(",", ":")).encode()
+        self.metrics.record(result, self._clock() - started)
+        return Answer(200, answer, JSON)
+
+    def _refuse(self, status: int, decision: str, reason: str, started: float) -> Answer:
+        self.metrics.record(Review({}, decision), self._clock() - started)
+        log.info("AdmissionReview refused (%d): %s", status, reason)
+        return Answer(status, f"{reason}\n".encode(errors="backslashreplace"), TEXT)
 
     def render_metrics(self) -> Answer:
         return Answer(200, self.metrics.render(), METRICS_CONTENT_TYPE)
