@@ -382,9 +382,11 @@ def down_while(pods: Path, state: Path, limits: TailLimits | None = None) -> Pod
     return tailer
 
 
-def test_rotation_compressed_while_down_is_read_from_the_saved_offset(tmp_path: Path) -> None:
+@pytest.mark.parametrize("tick_lines", [16384, 7], ids=["bytes_bound", "lines_bound"])
+def test_rotation_compressed_while_down_is_read_from_the_saved_offset(tmp_path: Path, tick_lines: int) -> None:
     """In small steps (several polls), in order, before the new live file; a CRI ``P`` piece
-    at the end of the .gz is joined with its ``F`` end at the start of the live file."""
+    at the end of the .gz is joined with its ``F`` end at the start of the live file. With
+    few lines per poll, the lines inflated but not handed back wait for the next poll."""
     pods, state = tmp_path / "pods", tmp_path / "state"
     folder = container_dir(pods)
     append(folder / "0.log.20260301-090000", "".join(cri(nccl(n) + " older history") for n in range(50)))
@@ -398,9 +400,10 @@ def test_rotation_compressed_while_down_is_read_from_the_saved_offset(tmp_path: 
     compress(folder / "0.log.20260301-110000")
     append(folder / "0.log", cri("ross files") + "".join(cri(nccl(n)) for n in range(2000, 2100)))
 
-    limits = TailLimits(tick_bytes=16 * 1024, file_chunk_bytes=8 * 1024, start_bytes=1024)
+    limits = TailLimits(tick_bytes=16 * 1024, file_chunk_bytes=8 * 1024, start_bytes=1024, tick_lines=tick_lines)
     second = PodLogTailer(pods, None, state, limits)
-    batches = drain(second, 40)
+    batches = drain(second, 40 if tick_lines > 100 else 400)
+    assert max(len(all_lines([b])) for b in batches) <= tick_lines
     expected = [nccl(n) for n in range(50, 2000)] + ["host-0:41:41 [0] NCCL INFO joined across files"]
     expected += [nccl(n) for n in range(2000, 2100)]
     assert all_lines(batches) == expected

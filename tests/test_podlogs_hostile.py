@@ -163,7 +163,7 @@ def test_round_robin_resumes_where_the_budget_ran_out(tmp_path: Path) -> None:
 
 def test_one_busy_stream_may_use_the_whole_tick_budget(tmp_path: Path) -> None:
     """One pod writing fast on an idle node is not held to one chunk per poll."""
-    limits = TailLimits(tick_bytes=8 << 20, file_chunk_bytes=1 << 20)
+    limits = TailLimits(tick_bytes=8 << 20, file_chunk_bytes=1 << 20, tick_lines=65536)
     tailer = PodLogTailer(tmp_path, None, limits=limits)
     tailer.poll()
     log = container_dir(tmp_path) / "0.log"
@@ -182,6 +182,66 @@ def test_busy_streams_share_the_budget_evenly(tmp_path: Path) -> None:
     got = lines_by_pod([tailer.poll()])
     counts = sorted(len(lines) for lines in got.values())
     assert len(counts) == 3 and counts[-1] - counts[0] <= counts[-1] // 4, counts
+
+
+@pytest.mark.parametrize("in_pieces", [False, True], ids=["whole_lines", "cri_partial_pieces"])
+def test_a_poll_hands_back_at_most_tick_lines_and_the_rest_follows_in_order(tmp_path: Path, in_pieces: bool) -> None:
+    """The line budget cuts a turn at a line boundary: the next poll goes on from there, nothing
+    lost, nothing twice, every byte counted once (whole lines, and CRI lines in P pieces)."""
+    limits = TailLimits(tick_lines=100, min_turn_lines=10)
+    tailer = PodLogTailer(tmp_path, None, limits=limits)
+    tailer.poll()
+    log = container_dir(tmp_path) / "0.log"
+
+    def record(n: int) -> str:
+        if in_pieces:
+            return cri(nccl(n)[:20], tag="P") + cri(nccl(n)[20:]) + cri(f"step {n}")
+        return cri(nccl(n)) + cri(f"step {n}")
+
+    append(log, "".join(record(n) for n in range(3000)))
+    batches = drain(tailer, 40)
+    assert max(len(all_lines([b])) for b in batches) == 100
+    assert all_lines(batches) == [nccl(n) for n in range(3000)]
+    assert tailer.stats.bytes_read[SOURCE_POD_LOG] == log.stat().st_size
+    assert tailer.stats.backlog_bytes == 0
+
+
+def test_streams_with_a_backlog_share_the_lines_of_a_poll_evenly(tmp_path: Path) -> None:
+    limits = TailLimits(tick_lines=3000)
+    tailer = PodLogTailer(tmp_path, None, limits=limits)
+    tailer.poll()
+    for pod in ("a-0", "b-0", "c-0"):
+        append(container_dir(tmp_path, pod=pod) / "0.log", "".join(cri(nccl(n)) for n in range(20_000)))
+    for _ in range(3):
+        counts = [len(lines) for lines in lines_by_pod([tailer.poll()]).values()]
+        assert counts == [1000, 1000, 1000]
+
+
+@pytest.mark.parametrize("victim_in_debug_file", [False, True], ids=["victim_pod_log", "victim_debug_file"])
+def test_a_noisy_stream_cannot_hold_back_another_streams_lines(tmp_path: Path, victim_in_debug_file: bool) -> None:
+    """One pod's backlog of NCCL-looking lines (50 polls' worth) bounds no one else: a new pod's
+    lines are all handed back at the next poll, and no poll hands back more than tick_lines, so
+    the caller's work per poll stays bounded too."""
+    pods, debug = tmp_path / "pods", tmp_path / "nccl"
+    limits = TailLimits(tick_lines=1000, min_turn_lines=50)
+    tailer = PodLogTailer(pods, debug, limits=limits)
+    tailer.poll()
+    noisy = container_dir(pods, pod="noisy-0") / "0.log"
+    append(noisy, "".join(cri(f"host-9:9:{n} [0] NCCL INFO Channel {n % 32:02d}/0 : {n}[0] -> {n + 1}[1] "
+                              "via NET/Socket/0") for n in range(50_000)))
+    per_poll = [len(all_lines([tailer.poll()]))]
+    victim = [nccl(n) for n in range(40)]
+    if victim_in_debug_file:
+        append(debug_file(debug, f"research_victim-0_{UID}"), "".join(line + "\n" for line in victim))
+    else:
+        append(container_dir(pods, pod="victim-0") / "0.log", "".join(cri(line) for line in victim))
+    batch = tailer.poll()
+    per_poll.append(len(all_lines([batch])))
+    got = {key.pod: lines for key, lines in batch.lines.items()}
+    assert got["victim-0"] == victim
+    assert len(got["noisy-0"]) >= 900  # the noisy pod keeps what the victim leaves
+    per_poll += [len(all_lines([tailer.poll()])) for _ in range(5)]
+    assert max(per_poll) <= 1000, per_poll
 
 
 def test_a_new_pod_is_read_at_once_among_static_hostile_debug_files(tmp_path: Path) -> None:

@@ -60,14 +60,18 @@ prints its init lines) and is then followed from its end, the bytes in between c
 Work per ``poll`` is bounded and shared fairly: directory listings are reused while a
 folder's mtime is unchanged (at most ``max_listed_entries_per_folder`` entries looked at,
 ``max_entries_per_folder`` examined after the name and pod checks; a cut listing is counted,
-event ``folder_cap``), each file is ``lstat``-ed once, and at most ``tick_bytes`` are read in
-all. Pod logs are served first; debug files keep ``debug_file_tick_bytes`` of the budget while
-they have bytes waiting, and whatever one source leaves unused the other may take. Within a
-source, streams take turns in round-robin order that resumes where the last poll stopped;
-each turn reads a fair share of the budget (between ``max_line_bytes`` and
-``file_chunk_bytes``), and turns go round again while budget is left, so a lone busy stream
-may use all of it. An unfinished last line is never read again until its file grows (only
-the new bytes are read until a newline comes). Only lines containing ``NCCL`` are decoded
+event ``folder_cap``), each file is ``lstat``-ed once, at most ``tick_bytes`` are read in
+all and at most ``tick_lines`` lines handed back (what the caller parses per poll). Pod logs
+are served first; debug files keep ``debug_file_tick_bytes`` of the budget (and as large a
+share of the lines) while they have bytes waiting, and whatever one source leaves unused the
+other may take. Within a source, streams take turns in round-robin order that resumes where
+the last poll stopped; each turn takes a fair share of the bytes (between ``max_line_bytes``
+and ``file_chunk_bytes``) and of the lines (at least ``min_turn_lines``) and stops at a line
+boundary when its lines are used (the rest is read again at its next turn, counted once), and
+turns go round again while budget is left, so a lone busy stream may use all of it and a noisy
+one never delays another stream's lines past the next poll. An unfinished last line is never
+read again until its file grows (only the new bytes are read until a newline comes). Only
+lines containing ``NCCL`` are decoded
 and returned (every line the NCCL logger writes carries that word in its prefix); a tailer
 built with another ``TailSelection`` hands back the lines with its own needle, follows only the
 debug-folder files its name test accepts and keeps its offsets in its own state file (the NCCL
