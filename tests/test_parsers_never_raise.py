@@ -346,7 +346,7 @@ def test_the_results_folder_reader_survives_any_file(tmp_path_factory: pytest.Te
     for index, data in enumerate(files):
         (folder / f"preflight-{index}.json").write_bytes(data)
     reading = read_probe_results(folder, 3.0, 86_400)
-    assert len(reading.results) + len(reading.malformed) + len(reading.stale) + len(reading.not_on_node) == len(files)
+    assert len(reading.results) + len(reading.malformed) + len(reading.stale) + len(reading.unattributed) == len(files)
 
 
 # ---- pods of the node (labels and annotations are the tenant's) --------------------------------

@@ -11,16 +11,20 @@ Two kinds of log stream are read:
   ``<RFC3339Nano> stdout|stderr F|P <message>``; ``P`` (partial) pieces are joined until
   the ``F`` piece, with the joined message capped at ``TailLimits.max_line_bytes``.
 * **NCCL debug files** (``--path.nccl-debug-files``, ``NCCL_DEBUG_FILE``): one file per
-  process, attributed by folder: ``<root>/<namespace>_<pod>[_<uid>]/<any file, up to 2
+  process, attributed by folder: ``<root>/<namespace>_<pod>_<uid>/<any file, up to 2
   folders deep>``. Files outside such a folder are not read (``TailStats.unattributed_files``).
 
 **Trust.** Folders are bound to the pods of this node through the injected ``pod_known``
 predicate (see ``pod_known_on_node``): while the node's pod list is complete, a pod-log or
 debug-file folder that names a pod not on the node, or carries another UID than the pod's,
-is not read (events ``pod_not_on_node``, ``pod_uid_mismatch``). Without a pod list every
-well-named folder is read. Symlinks are never followed below a root: folders and files are
-looked at with ``lstat``, files opened with ``O_NOFOLLOW`` and the opened file's real path
-checked against the expected one (a symlink is skipped and counted, event ``symlink``).
+is not read (events ``pod_not_on_node``, ``pod_uid_mismatch``). A debug-file folder, which
+any pod with the hostPath can name, speaks for a pod only through the pod's UID: one without
+a UID is never read (``pod_uid_missing``), and while the pod list is not complete only those
+bound earlier in the run are read (new ones wait, ``pod_list_unavailable``); pod-log folders,
+named by kubelet, are read as named then (``scan``). Symlinks are never followed below a
+root: folders and files are looked at with ``lstat``, files opened with ``O_NOFOLLOW`` and the
+opened file's real path checked against the expected one (a symlink is skipped and counted,
+event ``symlink``).
 
 Files are identified by (device, inode) plus a checksum of their first bytes, never by
 name: a rotated file is followed under its new name to its end before the new live file is

@@ -109,7 +109,9 @@ class PodLogTailer:
             gz_names = scan.compressed.get(key, [])
             stream = self._streams.get(key)
             if stream is None:
-                stream = self._open_stream(key, selected[key], gz_names, first_scan, batch)
+                # A folder that waited for the pod list since the start holds what was there then.
+                from_start = first_scan or (key.source, key.namespace, key.pod, key.pod_uid) in scan.held_since_start
+                stream = self._open_stream(key, selected[key], gz_names, from_start, batch)
                 self._streams[key] = stream
             self._file_sync.sync(stream, selected[key], gz_names, batch)
             by_source[key.source].append(stream)
