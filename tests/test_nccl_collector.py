@@ -15,8 +15,8 @@ from prometheus_client.exposition import generate_latest
 from exporter.collectors.nccl import NcclCollector
 from exporter.nccl import Limits
 from exporter.sim.node import SimulatedNode, default_node
-from exporter.sim.podlogs import SimJob, SimPodLogs, pytorchjob_labels
-from exporter.sources.podlogs import PodLogTailer, TailLimits
+from exporter.sim.podlogs import SimJob, SimPodLogs, nccl_init_lines, pytorchjob_labels
+from exporter.sources.podlogs import PodLogTailer, TailLimits, pod_known_on_node
 
 
 class Clock:
@@ -221,6 +221,33 @@ def test_hostile_pod_keeps_memory_and_series_bounded(tmp_path: Path) -> None:
     assert value(found, "ccl_nccl_log_skipped_bytes_total", reason="long_line") > 99 << 20
     assert growth < 2 << 20, f"memory grew {growth} bytes between waves"
     assert peak - first < 40 << 20, f"peak {peak - first} bytes above the first wave"
+
+
+def test_a_neighbour_cannot_flag_a_healthy_pod_through_a_debug_folder(tmp_path: Path) -> None:
+    """The forgery of issue 31: fallback lines in a debug-file folder named for a healthy pod of the
+    node, without its UID or with another one. Neither is read or credited to the pod (counted by
+    reason); the pod's own folder, with its UID, is."""
+    node, sim = sim_node(tmp_path)
+    tailer = PodLogTailer(sim.pod_logs, node.root / "nccl", node.root / "state", pod_known=pod_known_on_node(sim))
+    collector = NcclCollector(tailer, node.sysfs, sim, clock=Clock())
+    collector.step()
+    victim = next(job for job in sim.running() if job.pod == "llama-70b-worker-0")
+    socket_lines = nccl_init_lines(SimJob(victim.namespace, victim.pod, victim.labels, network="Socket"))
+    for folder in (f"{victim.namespace}_{victim.pod}", f"{victim.namespace}_{victim.pod}_{'0' * 8}-{victim.uid[9:]}"):
+        path = node.root / "nccl" / folder / "nccl.forged.1.log"
+        path.parent.mkdir(parents=True)
+        path.write_text("".join(line + "\n" for line in socket_lines))
+    for _ in range(3):
+        collector.step()
+    found = samples(collector)
+    assert value(found, "ccl_nccl_tcp_fallback", pod=victim.pod) == 0
+    assert value(found, "ccl_nccl_dropped_total", reason="tail_pod_uid_missing") == 1
+    assert value(found, "ccl_nccl_dropped_total", reason="tail_pod_uid_mismatch") == 1
+    own = node.root / "nccl" / f"{victim.namespace}_{victim.pod}_{victim.uid}" / "nccl.own.1.log"
+    own.parent.mkdir(parents=True)
+    own.write_text("".join(line + "\n" for line in socket_lines))
+    collector.step()
+    assert value(samples(collector), "ccl_nccl_tcp_fallback", pod=victim.pod) == 1
 
 
 def polls_until_fallback_is_shown(tmp_path: Path, noisy_lines: int) -> tuple[int, list[int], int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -130,6 +131,8 @@ JSON_RECORDS = [json.loads(line) for line in (INSPECTOR / "nccl-2.30-json.log").
 ))
 @example('{"header":{"n_ranks":8,"nnodes":1},"coll_perf":{"coll":"AllReduce","coll_msg_size_bytes":' + "1" * 400
          + ',"coll_exec_time_us":1e400,"coll_busbw_gbs":NaN}}')
+@example('{"header":{"n_ranks":8,"nnodes":1},"coll_perf":{"coll":"AllReduce","coll_msg_size_bytes":1,'
+         '"coll_exec_time_us":' + "1" * 400 + "}}")
 def test_inspector_json_records_are_an_operation_or_a_reason(line: str) -> None:
     parsed = parse_json_record(line)
     if isinstance(parsed, str):
@@ -181,6 +184,12 @@ class _Clock:
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(prom=st.one_of(prom_texts.map(str.encode), invalid_utf8), log=st.lists(st.one_of(invalid_utf8, json_values.map(
     lambda v: dumps(v).encode())), max_size=5))
+@example(prom=('nccl_bus_bandwidth_gbs{nranks="2",n_nodes="1",collective="AllReduce",message_size="' + "1" * 400
+               + 'GB"} 1\nnccl_collective_exec_time_microseconds{nranks="2",n_nodes="1",collective="AllReduce",'
+               'message_size="' + "1" * 400 + 'GB"} 1').encode(), log=[])
+@example(prom=('nccl_bus_bandwidth_gbs{nranks="²",collective="AllReduce",message_size="1GB"} 1\n'
+               'nccl_collective_exec_time_microseconds{nranks="²",collective="AllReduce",message_size="1GB"} 1').encode(),
+         log=[])
 def test_the_inspector_collector_survives_any_file(tmp_path_factory: pytest.TempPathFactory, prom: bytes,
                                                    log: list[bytes]) -> None:
     """The files as the collector reads them: a .prom and a JSON Lines file of any bytes, through
@@ -192,10 +201,12 @@ def test_the_inspector_collector_survives_any_file(tmp_path_factory: pytest.Temp
     source = InspectorSource(root, clock=clock)
     collector = InspectorCollector(source, clock=clock)
     collector.step()  # what is there at the first poll is taken as counted
-    (folder / "nccl_inspector_metrics_0a1b.prom").write_bytes(prom + b"\n")
+    prom_file = folder / "nccl_inspector_metrics_0a1b.prom"
+    prom_file.write_bytes(prom + b"\n")
     (folder / "host-pid1.log").write_bytes(b"".join(line.replace(b"\n", b" ") + b' "_perf"\n' for line in log))
-    clock.now += 10
+    os.utime(prom_file, (clock.now - 10, clock.now - 10))  # settled: read at this poll
     snapshot = collector.step()
+    assert source.stats.read_bytes["prom"] == len(prom) + 1  # the .prom file was read (and parsed)
     assert all(math.isfinite(value) for row in snapshot.series for value in row[-3:])
     list(collector.collect())
 
