@@ -498,9 +498,8 @@ def run(drain_mb: int = 48) -> BenchResult:
         f"on the static tree, {hostile['busy_poll_ms']:.1f} ms with the noisy pod. A tailer that read every "
         f"unfinished line again at each poll would read min(500 x {UNFINISHED_BYTES >> 10} KiB, tick_bytes) per poll "
         f"= {min(500 * UNFINISHED_BYTES, limits.tick_bytes) / TICK_SECONDS / MB:.0f} MB/s on the static tree. "
-        f"No pod list in this run: the bench's own tailer has no pod check (every folder named with a pod UID is "
-        f"read, the hostile ones too); serve reads the pod logs and leaves the debug-file folders waiting for a "
-        f"pod list (`tail_pod_list_unavailable`), so (c) measures serve on pod logs only."
+        f"No pod list in this run (serve has no node name): every folder named with a pod UID is read, the hostile "
+        f"ones too."
     )
     return BenchResult(
         title="Log tailer under a busy pod and hostile tenants",

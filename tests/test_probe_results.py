@@ -317,7 +317,7 @@ def test_serve_binds_log_folders_and_result_files_to_the_node_pod_list(tmp_path:
     config = HostPaths(pod_logs=tmp_path / "pods", nccl_debug_files=tmp_path / "nccl", state=tmp_path / "state",
                        sysfs=tmp_path / "sys", probe_results=tmp_path / "results", pod_resources=tmp_path / "kubelet.sock")
     resources = NodeResources(config, nvml=PynvmlBackend(), pod_resources=PodResourcesClient(config.pod_resources),
-                              pod_metadata=lambda: node)
+                              pod_metadata=lambda: node, node_name="gpu-node-1")
     append(debug_file(tmp_path / "nccl", "training_real-0"), nccl(1) + "\n")
     append(debug_file(tmp_path / "nccl", "training_victim-0"), nccl(2) + "\n")
     append(debug_file(tmp_path / "nccl", "training_real-0", uid=""), nccl(3) + "\n")
@@ -331,3 +331,13 @@ def test_serve_binds_log_folders_and_result_files_to_the_node_pod_list(tmp_path:
     files = {s.labels["status"]: s.value for family in probe.collect() for s in family.samples
              if s.name == "ccl_probe_result_files"}
     assert (files["valid"], files["not_on_node"], files["pod_uid_missing"]) == (1.0, 1.0, 1.0)
+
+    # A node without a node name has no pod list: what is named with a UID is taken as named.
+    unbound = NodeResources(config, nvml=PynvmlBackend(), pod_resources=PodResourcesClient(config.pod_resources),
+                            pod_metadata=lambda: node)
+    tailer = build_collector(NcclSettings(300.0, NcclLimits()), unbound).tailer
+    assert sorted(lines_by_pod([tailer.poll()])) == [("nccl_debug_file", "real-0", UID),
+                                                      ("nccl_debug_file", "victim-0", UID)]
+    files = {s.labels["status"]: s.value for family in build_probe(ProbeCollectorSettings(86_400.0, None), unbound)
+             .collect() for s in family.samples if s.name == "ccl_probe_result_files"}
+    assert (files["valid"], files["pod_uid_missing"]) == (2.0, 1.0)

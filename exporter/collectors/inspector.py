@@ -293,7 +293,9 @@ def build_collector(settings: InspectorSettings, resources: NodeResources) -> In
     pods of this node; job names from the node's pod list."""
     metadata = resources.pod_metadata
     paths = resources.paths
-    source = InspectorSource(paths.nccl_inspector, paths.state, pod_known=pod_known_on_node(metadata))
+    # Without a node name there is no pod list to bind folders to: names are taken as they are.
+    pod_known = pod_known_on_node(metadata) if resources.node_name else None
+    source = InspectorSource(paths.nccl_inspector, paths.state, pod_known=pod_known)
     return InspectorCollector(source, metadata, grace_seconds=settings.grace_seconds)
 
 

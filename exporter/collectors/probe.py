@@ -249,7 +249,9 @@ def build(settings: ProbeCollectorSettings, resources: NodeResources) -> ProbeCo
         # How this node tells that its GPUs are in use: pod-resources, then NVML.
         occupancy: list[GpuOccupancy] = [PodResourcesOccupancy(resources.pod_resources), NvmlOccupancy(resources.nvml)]
         scheduler = ProbeScheduler(settings.schedule, resources.paths.probe_results, occupancy, clock=resources.clock)
-    pod_known = pod_known_on_node(resources.pod_metadata) if settings.bind_results_to_node_pods else None
+    # Without a node name there is no pod list to bind results to: a result with a UID is taken as it says.
+    bound = settings.bind_results_to_node_pods and bool(resources.node_name)
+    pod_known = pod_known_on_node(resources.pod_metadata) if bound else None
     return ProbeCollector(
         resources.paths.probe_results, settings.max_age_seconds, scheduler, clock=resources.clock, pod_known=pod_known
     )

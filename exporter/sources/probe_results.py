@@ -25,8 +25,9 @@ through the pod's UID, and only to a pod the node runs. Each file that is not is
 * ``foreign_owner``: a ``scheduled`` result (node-wide, written by the exporter itself) in a
   file the exporter's user does not own.
 
-Without a ``pod_known`` predicate (the simulated node's probe collector, tools) a result with a
-UID and its own file name is used as it says. Results without a pod (probe Jobs without the
+Without a ``pod_known`` predicate (an exporter without a node name, hence no pod list; the
+simulated node's probe collector; tools) a result with a UID and its own file name is used as it
+says. Results without a pod (probe Jobs without the
 downward API) are node-wide and not bound.
 
 Scrapes come every few seconds and files rarely change: pass a ``ParseCache`` (owned by the

@@ -10,8 +10,9 @@ is read when the node's pod list holds that pod with that UID; a folder without 
 read (``pod_uid_missing``), one whose pod the complete list does not hold is refused
 (``pod_not_on_node``, ``pod_uid_mismatch``), and while the list is not complete (the API is
 down, or not listed yet at start) only folders already bound in this run go on being read, new
-ones wait (``pod_list_unavailable``). A tailer built without a ``pod_known`` predicate (tests,
-tools) reads every folder that carries a UID.
+ones wait (``pod_list_unavailable``). A tailer built without a ``pod_known`` predicate (an
+exporter without a node name, hence no pod list; tests, tools) reads every folder that carries
+a UID.
 """
 
 from __future__ import annotations
