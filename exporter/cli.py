@@ -116,7 +116,7 @@ PATH_FLAGS = (
     Flag(
         "--path.nccl-inspector",
         str(DEFAULT_NCCL_INSPECTOR),
-        "folder of NCCL Inspector output (<namespace>_<pod>/ per pod: JSON Lines and .prom files)",
+        "folder of NCCL Inspector output (<namespace>_<pod>_<uid>/ per pod: JSON Lines and .prom files)",
         dest="nccl_inspector",
     ),
 )

@@ -7,16 +7,21 @@ reads it, and neither imports the other.
 Writers: ``ccl-exporter probe`` (source ``job`` by default, ``scheduled`` when the exporter
 runs it) and ``ccl-exporter preflight`` (source ``preflight``). They write into
 ``--path.probe-results``, a hostPath shared with the exporter's DaemonSet on the node, one file
-per (source, namespace, pod): a newer run of the same pod replaces the older file.
+per (source, namespace, pod, pod UID): ``<source>-<namespace>-<pod>-<pod uid>.json``, so a newer
+run of the same pod object replaces the older file and no other pod's run ever does. The pod's
+identity comes from the downward API (``CCL_POD_NAMESPACE``, ``CCL_POD_NAME``, ``CCL_POD_UID``;
+see ``exporter.probe.runner.Identity``); the reader uses a pod's result only when its UID is that
+pod's on this node and the file has the name its content gives (``exporter.sources.probe_results``).
 
 Reader: ``exporter.sources.probe_results``. A file that is not valid JSON, has another schema,
-or misses a field raises ``MalformedResult`` with the reason; it never crashes the reader.
+misses a field or holds a number no result can have (not finite, beyond a float, negative)
+raises ``MalformedResult`` with the reason; nothing else escapes the parser.
 
 Schema ``ccl-probe-result/v1`` (all sizes bytes, bandwidths bytes/s, times seconds)::
 
     {"schema": "ccl-probe-result/v1", "source": "scheduled" | "preflight" | "job",
      "started_at": <unix>, "finished_at": <unix>, "hostname": str,
-     "namespace": str, "pod": str, "job_name": str,
+     "namespace": str, "pod": str, "pod_uid": str (optional, "" when absent), "job_name": str,
      "backend": "nccl" | "gloo" | "", "world_size": int, "nnodes": int,
      "scope": "intra_node" | "inter_node" | "",
      "transport": {"kind": "rdma" | "tcp" | "intra_node" | "unknown", "name": str,
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import re
 import stat
@@ -53,6 +59,8 @@ MAX_FILE_BYTES = 1024 * 1024  # a result is a few KiB; anything larger is not ou
 MAX_ROWS = MAX_SWEEP_POINTS  # sizes per collective
 MAX_CHECKS = 32
 MAX_TEXT = 2000
+MAX_UID_CHARS = 128  # a Kubernetes UID is 36; a static pod's config hash 32
+MAX_INTEGER = 2**63 - 1  # sizes, counts and ranks: what int64 holds
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -116,6 +124,7 @@ class ProbeResult:
     hostname: str = ""
     namespace: str = ""
     pod: str = ""
+    pod_uid: str = ""  # metadata.uid of the pod that ran it (downward API); "" for node-wide results
     job_name: str = ""
     backend: str = ""
     world_size: int = 0
@@ -136,10 +145,13 @@ class ProbeResult:
 
 
 def result_filename(result: ProbeResult) -> str:
-    """``<source>[-<namespace>-<pod>].json``, safe as a file name."""
+    """``<source>[-<namespace>-<pod>[-<pod uid>]].json``, safe as a file name: one name per pod
+    object, so the runs of two pods (even two of the same name) never replace each other's file."""
     parts = [result.source]
     if result.pod:
         parts += [result.namespace or "default", result.pod]
+        if result.pod_uid:
+            parts.append(result.pod_uid)
     elif result.source != "scheduled" and result.hostname:
         parts.append(result.hostname)
     return "-".join(_UNSAFE.sub("_", p)[:100] for p in parts) + SUFFIX
@@ -197,19 +209,39 @@ _NUMBER = (int, float)
 _OPT_STR = (str, type(None))
 
 
+def _float(obj: dict[str, Any], key: str, where: str) -> float:
+    """A finite number (JSON allows integers no float holds, and writers may put NaN or Infinity)."""
+    value = _get(obj, key, _NUMBER, where)
+    try:
+        number = float(value)
+    except OverflowError:
+        raise MalformedResult(f"{where}: {key!r} is beyond a float") from None
+    if not math.isfinite(number):
+        raise MalformedResult(f"{where}: {key!r} is not finite")
+    return number
+
+
+def _count(obj: dict[str, Any], key: str, where: str) -> int:
+    """An integer of 0 to ``MAX_INTEGER``."""
+    value: int = _get(obj, key, int, where)
+    if not 0 <= value <= MAX_INTEGER:
+        raise MalformedResult(f"{where}: {key!r} is out of range")
+    return value
+
+
 def _row(obj: Any, where: str) -> Row:
     if not isinstance(obj, dict):
         raise MalformedResult(f"{where}: not an object")
     row = Row(
-        size_bytes=_get(obj, "size_bytes", int, where),
-        count=_get(obj, "count", int, where),
+        size_bytes=_count(obj, "size_bytes", where),
+        count=_count(obj, "count", where),
         type=_get(obj, "type", str, where),
-        time_seconds=float(_get(obj, "time_seconds", _NUMBER, where)),
-        algbw_bytes_per_second=float(_get(obj, "algbw_bytes_per_second", _NUMBER, where)),
-        busbw_bytes_per_second=float(_get(obj, "busbw_bytes_per_second", _NUMBER, where)),
-        wrong=_get(obj, "wrong", int, where),
+        time_seconds=_float(obj, "time_seconds", where),
+        algbw_bytes_per_second=_float(obj, "algbw_bytes_per_second", where),
+        busbw_bytes_per_second=_float(obj, "busbw_bytes_per_second", where),
+        wrong=_count(obj, "wrong", where),
     )
-    if row.size_bytes < 0 or row.time_seconds < 0 or row.busbw_bytes_per_second < 0 or row.wrong < 0:
+    if row.time_seconds < 0 or row.busbw_bytes_per_second < 0:
         raise MalformedResult(f"{where}: negative value")
     return row
 
@@ -273,17 +305,21 @@ def parse_result(text: str) -> ProbeResult:
         if not name or len(name) > 64:
             raise MalformedResult(f"{where}: check name is empty or longer than 64 characters")
         checks.append(Check(name, _get(c, "ok", bool, where), _get(c, "message", str, where)))
+    pod_uid = _get(doc, "pod_uid", str, "result") if "pod_uid" in doc else ""  # older writers had none
+    if len(pod_uid) > MAX_UID_CHARS:
+        raise MalformedResult(f"result: 'pod_uid' is longer than {MAX_UID_CHARS} characters")
     return ProbeResult(
         source=source,
-        started_at=float(_get(doc, "started_at", _NUMBER, "result")),
-        finished_at=float(_get(doc, "finished_at", _NUMBER, "result")),
+        started_at=_float(doc, "started_at", "result"),
+        finished_at=_float(doc, "finished_at", "result"),
         hostname=_get(doc, "hostname", str, "result"),
         namespace=_get(doc, "namespace", str, "result"),
         pod=_get(doc, "pod", str, "result"),
+        pod_uid=pod_uid,
         job_name=_get(doc, "job_name", str, "result"),
         backend=_get(doc, "backend", str, "result"),
-        world_size=_get(doc, "world_size", int, "result"),
-        nnodes=_get(doc, "nnodes", int, "result"),
+        world_size=_count(doc, "world_size", "result"),
+        nnodes=_count(doc, "nnodes", "result"),
         scope=_get(doc, "scope", str, "result"),
         transport=transport,
         collectives=tuple(collectives),

@@ -27,6 +27,7 @@ from aiohttp import web
 from prometheus_client.exposition import choose_encoder
 
 from exporter import __version__
+from exporter.backoff import supervise
 from exporter.collector_history import CollectorHistory
 from exporter.collectors.base import BackgroundCollector, Collector, close_collector
 from exporter.exposition import DEFAULT_MAX_PAGE_BYTES, PageRenderer
@@ -228,17 +229,7 @@ create_app = ExporterApp
 
 async def _supervise(name: str, run: Callable[[], Awaitable[None]]) -> None:
     """Keep a collector's background coroutine alive: log a crash, back off, restart."""
-    backoff = 1.0
-    while True:
-        try:
-            await run()
-            return
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # logged: one broken tailer must not end the exporter
-            log.exception("background task of collector %s crashed; restarting in %.0fs", name, backoff)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 60.0)
+    await supervise(name, run)  # the back-off resets once a run lasted (exporter.backoff)
 
 
 async def _cancel(tasks: Sequence[asyncio.Task[None]]) -> None:

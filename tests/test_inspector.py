@@ -16,11 +16,13 @@ from exporter.nccl.inspector import parse_json_record
 from exporter.sim.inspector import json_record, prom_bucket_lines, size_range
 from exporter.sources.inspector import InspectorLimits, InspectorSource
 from exporter.sources.kube import PodMetadata
-from exporter.sources.podlogs import TailLimits
+from exporter.sources.podlogs import TailLimits, pod_known_on_node
 from tests.conftest import require_tool
 from tests.metrics_text import promtool_check_metrics, samples, scrape_collectors
 
 NS, POD = "ml", "llama-worker-0"
+UID = "5f0c1d2e-aaaa-4bbb-8ccc-000000000001"
+OTHER_UID = "5f0c1d2e-aaaa-4bbb-8ccc-000000000002"
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "inspector"
 
 
@@ -33,13 +35,13 @@ class Pods:
 
     def lookup(self, namespace: str, pod: str) -> PodMetadata | None:
         job = self.jobs.get((namespace, pod))
-        return None if job is None else PodMetadata(namespace, pod, "", job[0], job[1])
+        return None if job is None else PodMetadata(namespace, pod, UID, job[0], job[1])
 
     def is_authoritative(self) -> bool:
         return self.authoritative
 
     def pods(self) -> list[PodMetadata]:
-        return [PodMetadata(ns, pod, "", *job) for (ns, pod), job in sorted(self.jobs.items())]
+        return [PodMetadata(ns, pod, UID, *job) for (ns, pod), job in sorted(self.jobs.items())]
 
 
 class Clock:
@@ -74,8 +76,9 @@ def totals(c: InspectorCollector) -> dict[tuple[str, ...], tuple[float, float, f
     return {row[:7]: row[7:] for row in c._snapshot.series}
 
 
-def folder(root: Path, namespace: str = NS, pod: str = POD) -> Path:
-    return root / f"{namespace}_{pod}"
+def folder(root: Path, namespace: str = NS, pod: str = POD, uid: str = UID) -> Path:
+    """A pod's Inspector folder, ``<namespace>_<pod>_<uid>`` (no ``_<uid>`` when ``uid`` is "")."""
+    return root / (f"{namespace}_{pod}_{uid}" if uid else f"{namespace}_{pod}")
 
 
 # ---- JSON Lines ------------------------------------------------------------------------------
@@ -313,6 +316,29 @@ def test_symlinked_prom_files_and_folders_of_other_pods_are_not_read(tmp_path: P
     skipped = dict(c._snapshot.skipped)
     assert skipped["prom_symlink"] == 1 and skipped["prom_pod_not_on_node"] == 1
     assert skipped["tail_pod_not_on_node"] == 1
+
+
+def test_only_a_folder_naming_the_pods_uid_speaks_for_it(tmp_path: Path) -> None:
+    """A neighbour that can write the whole hostPath forges ``<ns>_<pod>`` or a wrong UID for a
+    pod of the node: neither is counted for that pod, both are counted as skipped with a reason;
+    the pod's own folder (with its UID, as the downward API gives it) is."""
+    root = tmp_path / "inspector"
+    clock = Clock()
+    pods = Pods()
+    source = InspectorSource(root, None, clock=clock, pod_known=pod_known_on_node(pods))
+    c = InspectorCollector(source, pods, clock=clock)
+    c.step()
+    for uid in ("", OTHER_UID, UID):
+        write(folder(root, uid=uid) / "x-pid1.log", record(1) + "\n")
+        prom = folder(root, uid=uid) / "nccl_inspector_metrics_a1.prom"
+        write(prom, prom_text(3000, 300.0))
+        set_mtime(prom, clock.now - 10)
+    c.step()
+    ops = {key[4:]: value[0] for key, value in totals(c).items() if key[:2] == (NS, POD)}
+    assert ops == {("all_reduce", "inter_node", "100MB_1GB"): 2}  # its own record and bucket, no forged one
+    skipped = dict(c._snapshot.skipped)
+    assert skipped["tail_pod_uid_missing"] == skipped["prom_pod_uid_missing"] == 1
+    assert skipped["tail_pod_uid_mismatch"] == skipped["prom_pod_uid_mismatch"] == 1
 
 
 def test_prom_fixture_versions_count_their_operations(tmp_path: Path) -> None:

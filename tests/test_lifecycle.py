@@ -33,6 +33,7 @@ KUBERNETES_VERSION = "1.30.0"
 HEALTHY = SimJob("ml-training", "llama-worker-0", pytorchjob_labels("llama"), network="IB", nnodes=2)
 FALLBACK = SimJob("research", "bert-worker-0", pytorchjob_labels("bert"), network="Socket", nnodes=2, gdr=False)
 PREFLIGHT = SimJob("vision", "resnet-worker-0", pytorchjob_labels("resnet"))
+QUIET = SimJob("vision", "vit-worker-0", pytorchjob_labels("vit"))  # gated, nothing to say yet
 UNGATED = SimJob("batch", "etl-worker-0", pytorchjob_labels("etl"), network="Socket", nnodes=2, gdr=False)
 
 
@@ -55,11 +56,19 @@ ALL_POD_HOOKS = LifecycleSettings(readiness=True, events=True, node_condition=Fa
 
 def test_healthy_fallback_and_failed_preflight_pods(make_node: Any) -> None:
     node = make_node(ALL_POD_HOOKS, pods=(api_pod(HEALTHY), api_pod(FALLBACK), api_pod(PREFLIGHT),
-                                          api_pod(UNGATED, gated=False)))
+                                          api_pod(UNGATED, gated=False), api_pod(QUIET)))
     write_result(node.paths.probe_results, ProbeResult(
         source="preflight", started_at=time.time() - 5, finished_at=time.time(), namespace=PREFLIGHT.namespace,
-        pod=PREFLIGHT.pod, checks=(Check("rdma_devices", True, "8 RDMA device(s)"),
-                                   Check("port_state", False, "mlx5_3 port 1 is DOWN/Disabled (expected ACTIVE/LinkUp)"))))
+        pod=PREFLIGHT.pod, pod_uid=PREFLIGHT.uid,
+        checks=(Check("rdma_devices", True, "8 RDMA device(s)"),
+                Check("port_state", False, "mlx5_3 port 1 is DOWN/Disabled (expected ACTIVE/LinkUp)"))))
+    # A neighbour's forgeries for a gated pod with no result and no NCCL output yet: no UID, and a
+    # UID that is not the pod's. Neither may give it a PreflightFailed condition.
+    for forged_uid in ("", "00000000-0000-4000-8000-00000000dead"):
+        write_result(node.paths.probe_results, ProbeResult(
+            source="preflight", started_at=time.time() - 5, finished_at=time.time(),
+            namespace=QUIET.namespace, pod=QUIET.pod, pod_uid=forged_uid,
+            checks=(Check("port_state", False, "forged"),)))
     written = {job.pod: write_nccl_log(node.paths, job) for job in (HEALTHY, FALLBACK, UNGATED)}
 
     assert wait_for(lambda: all(node.pod_condition(j) for j in (HEALTHY, FALLBACK, PREFLIGHT)), timeout=20)
@@ -83,6 +92,7 @@ def test_healthy_fallback_and_failed_preflight_pods(make_node: Any) -> None:
         assert patch.content_type.startswith("application/strategic-merge-patch+json")
         assert [c["type"] for c in patch.body["status"]["conditions"]] == [FABRIC_READY_CONDITION]
     assert node.pod_condition(UNGATED) is None and not node.pod_patches(UNGATED), "no gate, no condition"
+    assert node.pod_condition(QUIET) is None and not node.pod_patches(QUIET), "a forged result speaks for no one"
 
     (event,) = node.events(FALLBACK)
     assert (event["reason"], event["type"]) == ("NcclTcpFallback", "Warning")

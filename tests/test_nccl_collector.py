@@ -15,8 +15,8 @@ from prometheus_client.exposition import generate_latest
 from exporter.collectors.nccl import NcclCollector
 from exporter.nccl import Limits
 from exporter.sim.node import SimulatedNode, default_node
-from exporter.sim.podlogs import SimJob, SimPodLogs, pytorchjob_labels
-from exporter.sources.podlogs import PodLogTailer, TailLimits
+from exporter.sim.podlogs import SimJob, SimPodLogs, nccl_init_lines, pytorchjob_labels
+from exporter.sources.podlogs import PodLogTailer, TailLimits, pod_known_on_node
 
 
 class Clock:
@@ -221,6 +221,72 @@ def test_hostile_pod_keeps_memory_and_series_bounded(tmp_path: Path) -> None:
     assert value(found, "ccl_nccl_log_skipped_bytes_total", reason="long_line") > 99 << 20
     assert growth < 2 << 20, f"memory grew {growth} bytes between waves"
     assert peak - first < 40 << 20, f"peak {peak - first} bytes above the first wave"
+
+
+def test_a_neighbour_cannot_flag_a_healthy_pod_through_a_debug_folder(tmp_path: Path) -> None:
+    """The forgery of issue 31: fallback lines in a debug-file folder named for a healthy pod of the
+    node, without its UID or with another one. Neither is read or credited to the pod (counted by
+    reason); the pod's own folder, with its UID, is."""
+    node, sim = sim_node(tmp_path)
+    tailer = PodLogTailer(sim.pod_logs, node.root / "nccl", node.root / "state", pod_known=pod_known_on_node(sim))
+    collector = NcclCollector(tailer, node.sysfs, sim, clock=Clock())
+    collector.step()
+    victim = next(job for job in sim.running() if job.pod == "llama-70b-worker-0")
+    socket_lines = nccl_init_lines(SimJob(victim.namespace, victim.pod, victim.labels, network="Socket"))
+    for folder in (f"{victim.namespace}_{victim.pod}", f"{victim.namespace}_{victim.pod}_{'0' * 8}-{victim.uid[9:]}"):
+        path = node.root / "nccl" / folder / "nccl.forged.1.log"
+        path.parent.mkdir(parents=True)
+        path.write_text("".join(line + "\n" for line in socket_lines))
+    for _ in range(3):
+        collector.step()
+    found = samples(collector)
+    assert value(found, "ccl_nccl_tcp_fallback", pod=victim.pod) == 0
+    assert value(found, "ccl_nccl_dropped_total", reason="tail_pod_uid_missing") == 1
+    assert value(found, "ccl_nccl_dropped_total", reason="tail_pod_uid_mismatch") == 1
+    own = node.root / "nccl" / f"{victim.namespace}_{victim.pod}_{victim.uid}" / "nccl.own.1.log"
+    own.parent.mkdir(parents=True)
+    own.write_text("".join(line + "\n" for line in socket_lines))
+    collector.step()
+    assert value(samples(collector), "ccl_nccl_tcp_fallback", pod=victim.pod) == 1
+
+
+def polls_until_fallback_is_shown(tmp_path: Path, noisy_lines: int) -> tuple[int, list[int], int]:
+    """A pod starts on ``Socket`` while another pod has ``noisy_lines`` of NCCL-looking lines
+    waiting (distinct connection lines: each one the analyzer must parse, none that decides
+    anything for the victim). The polls (collector steps) until the victim's
+    ``ccl_nccl_tcp_fallback`` is 1, the lines each of them fed to the analyzers, and the noisy
+    pod's bytes still waiting then."""
+    node, sim = sim_node(tmp_path)
+    collector = make_collector(node, sim, tail_limits=TailLimits(tick_lines=2000))
+    collector.step()
+    noisy = sim.start_job(SimJob("team-x", "noisy-0", pytorchjob_labels("noisy"), network="IB"))
+    log = sim.pod_logs / f"team-x_noisy-0_{noisy.uid}" / "pytorch" / "0.log"
+    stamp = "2026-03-01T10:00:00.000000000Z stdout F "
+    with open(log, "a") as handle:
+        handle.writelines(f"{stamp}noisy:7:{n % 64} [0] NCCL INFO Channel {n % 32:02d}/0 : {n}[0] -> {n + 1}[1] "
+                          f"via P2P/CUMEM/read\n" for n in range(noisy_lines))
+    collector.step()
+    sim.start_job(SimJob("research", "victim-0", pytorchjob_labels("victim"), network="Socket", node_index=1))
+    fed: list[int] = []
+    for poll in range(1, 30):
+        before = sum(collector.tailer.stats.lines.values())
+        collector.step()
+        fed.append(sum(collector.tailer.stats.lines.values()) - before)
+        if value(samples(collector), "ccl_nccl_tcp_fallback", pod="victim-0") == 1:
+            return poll, fed, collector.tailer.stats.backlog_bytes
+    raise AssertionError(f"no fallback shown after {len(fed)} polls; lines fed per poll: {fed}")
+
+
+def test_a_noisy_pod_does_not_delay_another_pods_fallback(tmp_path: Path) -> None:
+    """Fair share, counted in polls and lines rather than timed: with a neighbour whose backlog
+    would fill 40 polls, the victim's fallback shows at the same poll as on a quiet node, and no
+    poll feeds more than ``tick_lines`` lines to the analyzers (what a poll costs)."""
+    quiet_polls, quiet_fed, _ = polls_until_fallback_is_shown(tmp_path / "quiet", 0)
+    noisy_polls, noisy_fed, waiting = polls_until_fallback_is_shown(tmp_path / "noisy", 80_000)
+    assert noisy_polls == quiet_polls == 1
+    assert waiting > 4 << 20  # the neighbour still had most of its backlog
+    assert max(noisy_fed) <= 2000 and min(noisy_fed) >= 1900, noisy_fed
+    assert max(quiet_fed) < 200
 
 
 def test_serve_simulate_shows_the_fallback(exporter_process) -> None:  # type: ignore[no-untyped-def]

@@ -166,7 +166,7 @@ def test_copytruncate_restarts_a_pod_log_at_zero(tmp_path: Path) -> None:
 
 
 def test_debug_file_rewritten_by_a_new_process_is_a_restarted_stream(tmp_path: Path) -> None:
-    debug = tmp_path / "nccl" / "training_llama-worker-0" / "nccl.llama-worker-0.41.log"
+    debug = tmp_path / "nccl" / f"training_llama-worker-0_{UID}" / "nccl.llama-worker-0.41.log"
     append(debug, "\n".join(nccl(n) for n in range(1, 40)) + "\n")
     tailer = PodLogTailer(None, tmp_path / "nccl")
     assert len(all_lines([tailer.poll()])) == 39
@@ -174,7 +174,7 @@ def test_debug_file_rewritten_by_a_new_process_is_a_restarted_stream(tmp_path: P
     with open(debug, "w") as handle:
         handle.write("\n".join(f"host-0:77:77 [0] NCCL INFO new {n}" for n in range(80)) + "\n")
     batch = tailer.poll()
-    key = StreamKey(SOURCE_DEBUG_FILE, "training", "llama-worker-0", "", "", "nccl.llama-worker-0.41.log")
+    key = StreamKey(SOURCE_DEBUG_FILE, "training", "llama-worker-0", UID, "", "nccl.llama-worker-0.41.log")
     assert batch.restarted == [key]
     assert batch.lines[key][0] == "host-0:77:77 [0] NCCL INFO new 0"
     assert len(batch.lines[key]) == 80
@@ -277,7 +277,7 @@ def test_container_restart_is_a_new_stream(tmp_path: Path) -> None:
 
 def test_debug_file_convention_and_unattributed_files(tmp_path: Path) -> None:
     root = tmp_path / "nccl"
-    append(root / "research_bert-0" / "rank0" / "nccl.bert-0.12.log", nccl(1) + "\n")
+    append(root / f"research_bert-0_{UID}" / "rank0" / "nccl.bert-0.12.log", nccl(1) + "\n")
     append(root / "stray.log", nccl(2) + "\n")
     append(root / "no-pod-folder" / "x.log", nccl(3) + "\n")
     tailer = PodLogTailer(None, root)
@@ -290,7 +290,7 @@ def test_debug_file_convention_and_unattributed_files(tmp_path: Path) -> None:
 
 def test_long_lines_are_cut_and_memory_stays_bounded(tmp_path: Path) -> None:
     """A 100 MB line without a newline in a debug file, then a normal line."""
-    debug = tmp_path / "nccl" / "evil_pod-0" / "nccl.log"
+    debug = tmp_path / "nccl" / f"evil_pod-0_{UID}" / "nccl.log"
     debug.parent.mkdir(parents=True)
     limits = TailLimits(tick_bytes=8 << 20, file_chunk_bytes=1 << 20, max_line_bytes=64 << 10)
     tailer = PodLogTailer(None, tmp_path / "nccl", limits=limits)
@@ -322,7 +322,7 @@ def test_joined_partial_lines_are_capped(tmp_path: Path) -> None:
 
 
 def test_stream_caps_evict_the_least_recent_and_do_not_reread(tmp_path: Path) -> None:
-    folder = tmp_path / "nccl" / "evil_pod-0"
+    folder = tmp_path / "nccl" / f"evil_pod-0_{UID}"
     for n in range(30):
         append(folder / f"f{n:02d}.log", nccl(n) + "\n")
         os.utime(folder / f"f{n:02d}.log", (1_000_000 + n, 1_000_000 + n))
@@ -382,9 +382,11 @@ def down_while(pods: Path, state: Path, limits: TailLimits | None = None) -> Pod
     return tailer
 
 
-def test_rotation_compressed_while_down_is_read_from_the_saved_offset(tmp_path: Path) -> None:
+@pytest.mark.parametrize("tick_lines", [16384, 7], ids=["bytes_bound", "lines_bound"])
+def test_rotation_compressed_while_down_is_read_from_the_saved_offset(tmp_path: Path, tick_lines: int) -> None:
     """In small steps (several polls), in order, before the new live file; a CRI ``P`` piece
-    at the end of the .gz is joined with its ``F`` end at the start of the live file."""
+    at the end of the .gz is joined with its ``F`` end at the start of the live file. With
+    few lines per poll, the lines inflated but not handed back wait for the next poll."""
     pods, state = tmp_path / "pods", tmp_path / "state"
     folder = container_dir(pods)
     append(folder / "0.log.20260301-090000", "".join(cri(nccl(n) + " older history") for n in range(50)))
@@ -398,9 +400,10 @@ def test_rotation_compressed_while_down_is_read_from_the_saved_offset(tmp_path: 
     compress(folder / "0.log.20260301-110000")
     append(folder / "0.log", cri("ross files") + "".join(cri(nccl(n)) for n in range(2000, 2100)))
 
-    limits = TailLimits(tick_bytes=16 * 1024, file_chunk_bytes=8 * 1024, start_bytes=1024)
+    limits = TailLimits(tick_bytes=16 * 1024, file_chunk_bytes=8 * 1024, start_bytes=1024, tick_lines=tick_lines)
     second = PodLogTailer(pods, None, state, limits)
-    batches = drain(second, 40)
+    batches = drain(second, 40 if tick_lines > 100 else 400)
+    assert max(len(all_lines([b])) for b in batches) <= tick_lines
     expected = [nccl(n) for n in range(50, 2000)] + ["host-0:41:41 [0] NCCL INFO joined across files"]
     expected += [nccl(n) for n in range(2000, 2100)]
     assert all_lines(batches) == expected
@@ -696,7 +699,7 @@ def test_a_tailer_with_its_own_selection_reads_its_files_lines_and_state_only(tm
     own state file; the NCCL tailer's state is not touched."""
     root, state = tmp_path / "inspector", tmp_path / "state"
     record = '{"header":{"id":"0x1"},"coll_perf":{"coll":"AllReduce"}}'
-    folder = root / "ml_llama-0"
+    folder = root / f"ml_llama-0_{UID}"
     append(folder / "llama-0-pid7.log", f"{record}\nnot a record\n")
     append(folder / "rank1" / "llama-0-pid8.log", f"{record}\n")
     append(folder / "nccl_inspector_metrics_GPU-1.prom", 'nccl_bus_bandwidth_gbs{coll_perf="x"} 1\n')
@@ -719,11 +722,11 @@ def test_start_bytes_zero_follows_what_is_there_at_the_first_start_from_its_end(
     """History written before the first start (no saved state) is skipped and counted; what is
     written afterwards, and files that appear later, are read whole."""
     root = tmp_path / "nccl"
-    old = root / "ml_llama-0" / "a.log"
+    old = root / f"ml_llama-0_{UID}" / "a.log"
     append(old, "".join(nccl(n) + "\n" for n in range(5)) + "host-0:41:41 [0] NCCL INFO unfini")
     tailer = PodLogTailer(None, root, limits=TailLimits(start_bytes=0))
     assert all_lines([tailer.poll()]) == []
     assert tailer.stats.skipped_bytes["initial_cap"] == old.stat().st_size
     append(old, "shed\n" + nccl(9) + "\n")
-    append(root / "ml_llama-0" / "b.log", nccl(10) + "\n")
+    append(root / f"ml_llama-0_{UID}" / "b.log", nccl(10) + "\n")
     assert sorted(all_lines(drain(tailer, 2))) == sorted([nccl(9), nccl(10)])

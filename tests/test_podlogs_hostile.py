@@ -56,7 +56,11 @@ def lines_by_pod(batches: list[TailBatch]) -> dict[tuple[str, str, str], list[st
     return out
 
 
-def debug_file(root: Path, folder: str, name: str = "nccl.log") -> Path:
+def debug_file(root: Path, folder: str, name: str = "nccl.log", uid: str = UID) -> Path:
+    """``<root>/<folder>_<uid>/<name>``: a pod's debug-file folder names its UID (unless ``folder``
+    has one already, or ``uid`` is "")."""
+    if uid and folder.count("_") == 1:
+        folder = f"{folder}_{uid}"
     return root / folder / name
 
 
@@ -163,7 +167,7 @@ def test_round_robin_resumes_where_the_budget_ran_out(tmp_path: Path) -> None:
 
 def test_one_busy_stream_may_use_the_whole_tick_budget(tmp_path: Path) -> None:
     """One pod writing fast on an idle node is not held to one chunk per poll."""
-    limits = TailLimits(tick_bytes=8 << 20, file_chunk_bytes=1 << 20)
+    limits = TailLimits(tick_bytes=8 << 20, file_chunk_bytes=1 << 20, tick_lines=65536)
     tailer = PodLogTailer(tmp_path, None, limits=limits)
     tailer.poll()
     log = container_dir(tmp_path) / "0.log"
@@ -184,6 +188,66 @@ def test_busy_streams_share_the_budget_evenly(tmp_path: Path) -> None:
     assert len(counts) == 3 and counts[-1] - counts[0] <= counts[-1] // 4, counts
 
 
+@pytest.mark.parametrize("in_pieces", [False, True], ids=["whole_lines", "cri_partial_pieces"])
+def test_a_poll_hands_back_at_most_tick_lines_and_the_rest_follows_in_order(tmp_path: Path, in_pieces: bool) -> None:
+    """The line budget cuts a turn at a line boundary: the next poll goes on from there, nothing
+    lost, nothing twice, every byte counted once (whole lines, and CRI lines in P pieces)."""
+    limits = TailLimits(tick_lines=100, min_turn_lines=10)
+    tailer = PodLogTailer(tmp_path, None, limits=limits)
+    tailer.poll()
+    log = container_dir(tmp_path) / "0.log"
+
+    def record(n: int) -> str:
+        if in_pieces:
+            return cri(nccl(n)[:20], tag="P") + cri(nccl(n)[20:]) + cri(f"step {n}")
+        return cri(nccl(n)) + cri(f"step {n}")
+
+    append(log, "".join(record(n) for n in range(3000)))
+    batches = drain(tailer, 40)
+    assert max(len(all_lines([b])) for b in batches) == 100
+    assert all_lines(batches) == [nccl(n) for n in range(3000)]
+    assert tailer.stats.bytes_read[SOURCE_POD_LOG] == log.stat().st_size
+    assert tailer.stats.backlog_bytes == 0
+
+
+def test_streams_with_a_backlog_share_the_lines_of_a_poll_evenly(tmp_path: Path) -> None:
+    limits = TailLimits(tick_lines=3000)
+    tailer = PodLogTailer(tmp_path, None, limits=limits)
+    tailer.poll()
+    for pod in ("a-0", "b-0", "c-0"):
+        append(container_dir(tmp_path, pod=pod) / "0.log", "".join(cri(nccl(n)) for n in range(20_000)))
+    for _ in range(3):
+        counts = [len(lines) for lines in lines_by_pod([tailer.poll()]).values()]
+        assert counts == [1000, 1000, 1000]
+
+
+@pytest.mark.parametrize("victim_in_debug_file", [False, True], ids=["victim_pod_log", "victim_debug_file"])
+def test_a_noisy_stream_cannot_hold_back_another_streams_lines(tmp_path: Path, victim_in_debug_file: bool) -> None:
+    """One pod's backlog of NCCL-looking lines (50 polls' worth) bounds no one else: a new pod's
+    lines are all handed back at the next poll, and no poll hands back more than tick_lines, so
+    the caller's work per poll stays bounded too."""
+    pods, debug = tmp_path / "pods", tmp_path / "nccl"
+    limits = TailLimits(tick_lines=1000, min_turn_lines=50)
+    tailer = PodLogTailer(pods, debug, limits=limits)
+    tailer.poll()
+    noisy = container_dir(pods, pod="noisy-0") / "0.log"
+    append(noisy, "".join(cri(f"host-9:9:{n} [0] NCCL INFO Channel {n % 32:02d}/0 : {n}[0] -> {n + 1}[1] "
+                              "via NET/Socket/0") for n in range(50_000)))
+    per_poll = [len(all_lines([tailer.poll()]))]
+    victim = [nccl(n) for n in range(40)]
+    if victim_in_debug_file:
+        append(debug_file(debug, f"research_victim-0_{UID}"), "".join(line + "\n" for line in victim))
+    else:
+        append(container_dir(pods, pod="victim-0") / "0.log", "".join(cri(line) for line in victim))
+    batch = tailer.poll()
+    per_poll.append(len(all_lines([batch])))
+    got = {key.pod: lines for key, lines in batch.lines.items()}
+    assert got["victim-0"] == victim
+    assert len(got["noisy-0"]) >= 900  # the noisy pod keeps what the victim leaves
+    per_poll += [len(all_lines([tailer.poll()])) for _ in range(5)]
+    assert max(per_poll) <= 1000, per_poll
+
+
 def test_a_new_pod_is_read_at_once_among_static_hostile_debug_files(tmp_path: Path) -> None:
     root = tmp_path / "nccl"
     for n in range(100):
@@ -191,7 +255,7 @@ def test_a_new_pod_is_read_at_once_among_static_hostile_debug_files(tmp_path: Pa
     tailer = PodLogTailer(None, root, limits=TailLimits(tick_bytes=2 << 20))
     drain(tailer, 5)
     append(debug_file(root, "research_new-0"), "".join(nccl(n) + "\n" for n in range(3)))
-    assert lines_by_pod([tailer.poll()]) == {(SOURCE_DEBUG_FILE, "new-0", ""): [nccl(n) for n in range(3)]}
+    assert lines_by_pod([tailer.poll()]) == {(SOURCE_DEBUG_FILE, "new-0", UID): [nccl(n) for n in range(3)]}
 
 
 # ---------------------------------------------------------------------------------------
@@ -205,10 +269,10 @@ def test_symlinks_are_never_followed(tmp_path: Path) -> None:
     evil = container_dir(pods, pod="evil-0")
     evil.mkdir(parents=True)
     (evil / "0.log").symlink_to(victim)  # another pod's log, in this pod's folder
-    (debug / "team_evil-0").mkdir(parents=True)
-    (debug / "team_evil-0" / "nccl.log").symlink_to(victim)
-    (debug / "team_evil-0" / "rank0").symlink_to(victim.parent, target_is_directory=True)
-    (debug / "team_evil-1").symlink_to(victim.parent, target_is_directory=True)
+    (debug / f"team_evil-0_{UID}").mkdir(parents=True)
+    (debug / f"team_evil-0_{UID}" / "nccl.log").symlink_to(victim)
+    (debug / f"team_evil-0_{UID}" / "rank0").symlink_to(victim.parent, target_is_directory=True)
+    (debug / f"team_evil-1_{UID}").symlink_to(victim.parent, target_is_directory=True)
     tailer = PodLogTailer(pods, debug)
     got = lines_by_pod(drain(tailer, 3))
     assert got == {(SOURCE_POD_LOG, "victim-0", UID): [cri(nccl(1)).split(" F ", 1)[1].rstrip("\n")]}
@@ -250,23 +314,57 @@ def test_folders_naming_pods_not_on_this_node_or_another_uid_are_not_read(tmp_pa
     append(pods / f"training_real-0_{UID}" / "c" / "0.log", cri(nccl(1)))
     append(pods / f"training_real-0_{OTHER_UID}" / "c" / "0.log", cri(nccl(2)))  # a deleted pod's folder
     append(pods / f"training_ghost-0_{UID}" / "c" / "0.log", cri(nccl(3)))
-    append(debug_file(debug, "training_real-0"), nccl(4) + "\n")
+    append(debug_file(debug, "training_real-0", uid=""), nccl(4) + "\n")  # a neighbour's forgery: no UID
     append(debug_file(debug, f"training_real-0_{UID}"), nccl(5) + "\n")
     append(debug_file(debug, f"training_real-0_{OTHER_UID}"), nccl(6) + "\n")
-    append(debug_file(debug, "training_ghost-0"), nccl(7) + "\n")  # speaks for a pod elsewhere
+    append(debug_file(debug, f"training_ghost-0_{UID}"), nccl(7) + "\n")  # speaks for a pod elsewhere
     tailer = PodLogTailer(pods, debug, pod_known=pod_known_on_node(node))
     got = lines_by_pod(drain(tailer, 3))
-    assert got == {
-        (SOURCE_POD_LOG, "real-0", UID): [nccl(1)],
-        (SOURCE_DEBUG_FILE, "real-0", ""): [nccl(4)],
-        (SOURCE_DEBUG_FILE, "real-0", UID): [nccl(5)],
-    }
-    assert tailer.stats.events["pod_uid_mismatch"] == 2 and tailer.stats.events["pod_not_on_node"] == 2
+    assert got == {(SOURCE_POD_LOG, "real-0", UID): [nccl(1)], (SOURCE_DEBUG_FILE, "real-0", UID): [nccl(5)]}
+    events = tailer.stats.events
+    assert (events["pod_uid_mismatch"], events["pod_not_on_node"], events["pod_uid_missing"]) == (2, 2, 1)
 
-    # Without a complete pod list every well-named folder is read, as before.
+    # Without a complete pod list pod-log folders (kubelet names them) are read as named; of the
+    # debug-file folders (any pod with the hostPath names them) only the one already bound.
     node.authoritative = False
+    append(debug_file(debug, f"training_real-0_{UID}"), nccl(8) + "\n")
     got = lines_by_pod(drain(tailer, 2))
-    assert sorted(line for lines in got.values() for line in lines) == [nccl(2), nccl(3), nccl(6), nccl(7)]
+    assert sorted(line for lines in got.values() for line in lines) == [nccl(2), nccl(3), nccl(8)]
+    assert events["pod_list_unavailable"] == 2 and events["pod_uid_missing"] == 1
+
+
+def test_a_debug_folder_without_a_uid_never_speaks_for_a_pod(tmp_path: Path) -> None:
+    """``<namespace>_<pod>`` is what a neighbour writing the whole hostPath can forge for any pod
+    whose name it knows: it is counted and never read, with a pod list or without one."""
+    debug = tmp_path / "nccl"
+    append(debug_file(debug, "training_victim-0", uid=""), "h:1:1 [0] NCCL INFO Using network Socket\n")
+    for pod_known in (None, pod_known_on_node(NodePods({("training", "victim-0"): UID}))):
+        tailer = PodLogTailer(None, debug, pod_known=pod_known)
+        assert all_lines(drain(tailer, 3)) == []
+        assert tailer.stats.events["pod_uid_missing"] == 1  # once while it lasts
+
+
+def test_debug_folders_wait_for_the_pod_list_and_then_read_as_at_the_start(tmp_path: Path) -> None:
+    """At start the pod list comes a moment after the first poll: a folder there from the start
+    waits (``pod_list_unavailable``), then is read as a stream found at the first scan (its head,
+    then from its end), not replayed from byte 0; a folder that appears later is read whole."""
+    debug = tmp_path / "nccl"
+    node = NodePods({("training", "real-0"): UID, ("training", "new-0"): UID}, authoritative=False)
+    busy = debug_file(debug, "training_real-0")
+    append(busy, "".join(nccl(n) + "\n" for n in range(2000)))
+    limits = TailLimits(start_bytes=1024)
+    tailer = PodLogTailer(None, debug, limits=limits, pod_known=pod_known_on_node(node))
+    assert all_lines(drain(tailer, 2)) == [] and tailer.stats.events["pod_list_unavailable"] == 1
+    node.authoritative = True
+    got = all_lines([tailer.poll()])
+    assert got and got == [nccl(n) for n in range(len(got))] and len(got) < 50  # the head only
+    assert tailer.stats.skipped_bytes["initial_cap"] > 0
+    append(busy, nccl(5000) + "\n")
+    append(debug_file(debug, "training_new-0"), "".join(nccl(n) + "\n" for n in range(100)))
+    assert lines_by_pod(drain(tailer, 2)) == {
+        (SOURCE_DEBUG_FILE, "real-0", UID): [nccl(5000)],
+        (SOURCE_DEBUG_FILE, "new-0", UID): [nccl(n) for n in range(100)],
+    }
 
 
 def test_a_pod_that_leaves_the_node_stops_speaking(tmp_path: Path) -> None:
@@ -360,12 +458,12 @@ def test_a_deep_and_wide_debug_folder_costs_a_bounded_listing(tmp_path: Path) ->
     root = tmp_path / "nccl"
     for a in range(12):
         for b in range(12):
-            append(root / "team_wide-0" / f"d{a:02d}" / f"e{b:02d}" / "x.log", f"NCCL {a} {b}\n")
+            append(root / f"team_wide-0_{UID}" / f"d{a:02d}" / f"e{b:02d}" / "x.log", f"NCCL {a} {b}\n")
     append(debug_file(root, "team_real-0"), nccl(1) + "\n")
     tailer = PodLogTailer(None, root, limits=TailLimits(max_entries_per_debug_folder=40))
     got = lines_by_pod(drain(tailer, 2))
-    assert got[(SOURCE_DEBUG_FILE, "real-0", "")] == [nccl(1)]
-    assert len(got[(SOURCE_DEBUG_FILE, "wide-0", "")]) < 40
+    assert got[(SOURCE_DEBUG_FILE, "real-0", UID)] == [nccl(1)]
+    assert len(got[(SOURCE_DEBUG_FILE, "wide-0", UID)]) < 40
     assert tailer.stats.events["folder_cap"] >= 1
     listed = sum(len(listing.entries) for _, _, listing in tailer._folders._entries.values())
     assert listed <= 40 + 2 + 40  # the pod folder's budget, the root, and one cut listing's room

@@ -16,8 +16,10 @@ import pytest
 from exporter.cli import build_parser
 from exporter.probe.preflight import PortSpec, parse_rate_gbps, probe_checks, run_preflight
 from exporter.results import ProbeResult, Transport, parse_result
+from exporter.sources.probe_results import read_probe_results
 
-HEALTHY_ENV = {"POD_NAMESPACE": "team-a", "POD_NAME": "llama-worker-0", "JOB_NAME": "llama"}
+POD_UID = "3f1e0c9a-7b2d-4e5f-8a6b-1c2d3e4f5a6b"
+HEALTHY_ENV = {"POD_NAMESPACE": "team-a", "POD_NAME": "llama-worker-0", "POD_UID": POD_UID, "JOB_NAME": "llama"}
 
 
 def preflight(root: Path, *flags: str, env: dict[str, str] | None = None) -> tuple[int, list[str], Path]:
@@ -48,12 +50,38 @@ def test_healthy_node_passes_and_writes_a_result(node: Path) -> None:
     assert failures(lines) == {}
     assert lines[-1] == "preflight: passed (0 of 7 checks failed)"
     files = list(results.iterdir())
-    assert [f.name for f in files] == ["preflight-team-a-llama-worker-0.json"]
+    assert [f.name for f in files] == [f"preflight-team-a-llama-worker-0-{POD_UID}.json"]
     result = parse_result(files[0].read_text())
-    assert (result.source, result.namespace, result.pod, result.job_name) == ("preflight", "team-a", "llama-worker-0", "llama")
+    assert (result.source, result.namespace, result.pod, result.pod_uid, result.job_name) == (
+        "preflight", "team-a", "llama-worker-0", POD_UID, "llama")
     assert {c.check for c in result.checks} == {"rdma_devices", "uverbs_devices", "port_state", "port_rate",
                                                  "port_link_layer", "gpudirect_rdma", "nccl_env"}
     assert result.success
+
+
+def test_the_webhooks_identity_variables_win_and_name_the_result_file(node: Path) -> None:
+    """``CCL_POD_*`` come from the downward API whatever the pod spec says (the webhook sets
+    them); a ``POD_NAME`` the user wrote by hand does not name another pod's result."""
+    env = {"POD_NAME": "someone-else-0", "POD_UID": "forged", "CCL_POD_NAMESPACE": "team-a",
+           "CCL_POD_NAME": "llama-worker-0", "CCL_POD_UID": "9e8d7c6b-0000-4000-8000-000000000001"}
+    code, _, results = preflight(node, env=env)
+    assert code == 0
+    (written,) = results.iterdir()
+    assert written.name == "preflight-team-a-llama-worker-0-9e8d7c6b-0000-4000-8000-000000000001.json"
+    assert parse_result(written.read_text()).pod_uid == "9e8d7c6b-0000-4000-8000-000000000001"
+
+
+def test_without_a_pod_uid_the_result_is_written_and_says_it_will_not_be_used(
+    node: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, results = preflight(node, env={"POD_UID": ""})
+    assert code == 0 and [f.name for f in results.iterdir()] == ["preflight-team-a-llama-worker-0.json"]
+    assert capsys.readouterr().err == (
+        "ccl-exporter preflight: result written with no pod UID (set CCL_POD_UID from the downward API, fieldPath "
+        "metadata.uid): the exporter uses a result for team-a/llama-worker-0 only with that pod's UID\n"
+    )
+    assert read_probe_results(results, 2e9, 1e10).unattributed == [
+        ("preflight-team-a-llama-worker-0.json", "pod_uid_missing")]
 
 
 def test_port_down_fails_with_the_port_named(node: Path) -> None:

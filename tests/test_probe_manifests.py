@@ -14,6 +14,7 @@ import yaml
 
 from exporter.cli import build_parser
 from exporter.flags import DEFAULT_PROBE_RESULTS as DEFAULT_RESULTS
+from exporter.probe.runner import Identity
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "manifests" / "examples"
 K8S_VERSION = "1.30.0"
@@ -71,8 +72,14 @@ def test_commands_parse_and_write_where_the_exporter_reads(name: str, doc: dict[
             mount = next(m for m in container["volumeMounts"] if m["mountPath"] == args.probe_results)
             assert volumes[mount["name"]]["hostPath"]["path"] == DEFAULT_RESULTS
             assert not mount.get("readOnly", False)
-            env = {e["name"] for e in container["env"]}
-            assert {"POD_NAMESPACE", "POD_NAME", "JOB_NAME"} <= env
+            # The pod's identity from the downward API, as the exporter needs it to use the result
+            # for this pod (its UID): the variables resolved as the kubelet would.
+            pod_object = {"metadata.namespace": "ml", "metadata.name": "worker-0", "metadata.uid": "8c1f-uid"}
+            environ = {e["name"]: pod_object.get(e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath"), "")
+                       for e in container["env"]}
+            identity = Identity.from_env(args.source if args.command == "probe" else "preflight", environ)
+            assert (identity.namespace, identity.pod, identity.pod_uid) == ("ml", "worker-0", "8c1f-uid")
+            assert identity.unattributable() is None and "JOB_NAME" in environ
 
 
 def _needs_torch(args: Any) -> bool:

@@ -25,6 +25,8 @@ from exporter.results import (
 from exporter.sources.probe_results import read_probe_results
 
 NOW = 1_800_000_000.0
+UID = "c0ffee00-1111-4222-8333-444455556666"  # the pod UID every sample result carries
+OTHER_UID = "c0ffee00-1111-4222-8333-999999999999"
 
 
 def sample(source: str = "job", finished_at: float = NOW - 60, pod: str = "p-0", **kw: object) -> ProbeResult:
@@ -32,7 +34,8 @@ def sample(source: str = "job", finished_at: float = NOW - 60, pod: str = "p-0",
               algbw_bytes_per_second=5.2e8, busbw_bytes_per_second=5.2e8, wrong=0)
     fields: dict[str, object] = dict(
         source=source, started_at=finished_at - 5, finished_at=finished_at, hostname="node-1",
-        namespace="team-a", pod=pod, job_name="llama", backend="nccl", world_size=16, nnodes=2,
+        namespace="team-a", pod=pod, pod_uid=UID if pod else "", job_name="llama", backend="nccl", world_size=16,
+        nnodes=2,
         scope="inter_node", transport=Transport("rdma", "net_ib", "IB", True, ("Using network IB",)),
         collectives=(CollectiveResult("all_reduce", (row,)),),
     )
@@ -43,11 +46,11 @@ def sample(source: str = "job", finished_at: float = NOW - 60, pod: str = "p-0",
 def test_round_trip_and_file_name(tmp_path: Path) -> None:
     result = sample(checks=(Check("port_state", True, "2 port(s) ACTIVE/LinkUp"),))
     path = write_result(tmp_path, result)
-    assert path.name == "job-team-a-p-0.json"
+    assert path.name == f"job-team-a-p-0-{UID}.json"
     assert parse_result(path.read_text()) == result
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temp file left behind
     assert write_result(tmp_path, sample(source="scheduled", pod="")).name == "scheduled.json"
-    assert write_result(tmp_path, sample(namespace="../../etc", pod="a/b")).name == "job-.._.._etc-a_b.json"
+    assert write_result(tmp_path, sample(namespace="../../etc", pod="a/b", pod_uid="")).name == "job-.._.._etc-a_b.json"
 
 
 def test_success_needs_every_collective_and_check() -> None:
@@ -115,7 +118,7 @@ def test_reader_sorts_files_into_valid_stale_malformed(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("ignored")
     reading = read_probe_results(tmp_path, NOW, max_age_seconds=86_400)
     assert [r.pod for r in reading.results] == ["fresh"]
-    assert reading.stale == ["job-team-a-old.json"]
+    assert reading.stale == [f"job-team-a-old-{UID}.json"]
     reasons = dict(reading.malformed)
     assert set(reasons) == {"garbage.json", "huge.json", "folder.json", "link.json"}
     assert reasons["garbage.json"].startswith("not JSON")
@@ -159,7 +162,9 @@ def test_collector_exposes_results_and_counts_bad_files(tmp_path: Path) -> None:
         ("nccl_env", 1.0), ("port_state", 0.0)]
     assert samples["ccl_preflight_result"][0][0]["pod"] == "llama-0"
     files = {labels["status"]: v for labels, v in samples["ccl_probe_result_files"]}
-    assert files == {"valid": 2.0, "stale": 1.0, "malformed": 1.0, "not_read": 0.0, "not_on_node": 0.0}
+    assert files == {"valid": 2.0, "stale": 1.0, "malformed": 1.0, "not_read": 0.0, "not_on_node": 0.0,
+                     "pod_uid_missing": 0.0, "pod_uid_mismatch": 0.0, "name_mismatch": 0.0,
+                     "pod_list_unavailable": 0.0, "foreign_owner": 0.0}
 
 
 def test_peak_is_the_best_size_of_each_probe_and_absent_without_rows(tmp_path: Path) -> None:
@@ -179,8 +184,8 @@ def test_peak_is_the_best_size_of_each_probe_and_absent_without_rows(tmp_path: P
 
 
 def on_node(*pods: str):  # type: ignore[no-untyped-def]
-    """A ``pod_known`` predicate of a node whose complete pod list holds ``pods`` (team-a)."""
-    return lambda namespace, pod, uid="": namespace == "team-a" and pod in pods
+    """A ``pod_known`` predicate of a node whose complete pod list holds ``pods`` (team-a, UID ``UID``)."""
+    return lambda namespace, pod, uid="": namespace == "team-a" and pod in pods and uid in ("", UID)
 
 
 def test_results_naming_a_pod_not_on_this_node_are_not_used(tmp_path: Path) -> None:
@@ -193,16 +198,73 @@ def test_results_naming_a_pod_not_on_this_node_are_not_used(tmp_path: Path) -> N
     reading = read_probe_results(tmp_path, NOW, 86_400, pod_known=on_node("real-0"))
     assert [(r.source, r.namespace, r.pod) for r in reading.results] == [
         ("preflight", "team-a", "real-0"), ("scheduled", "", "")]
-    assert sorted(reading.not_on_node) == ["job-team-a-ghost-0.json", "preflight-team-b-real-0.json"]
+    assert sorted(reading.not_on_node) == [f"job-team-a-ghost-0-{UID}.json", f"preflight-team-b-real-0-{UID}.json"]
 
+    # Without a complete pod list only the node-wide result is used; the others wait for it.
     no_list = read_probe_results(tmp_path, NOW, 86_400, pod_known=lambda namespace, pod, uid="": None)
-    assert (len(no_list.results), no_list.not_on_node) == (4, [])
+    assert [r.source for r in no_list.results] == ["scheduled"]
+    assert no_list.unattributed_by_reason()["pod_list_unavailable"] == 3
 
     collector = ProbeCollector(tmp_path, 86_400, clock=lambda: NOW, pod_known=on_node("real-0"))
     samples = metric_samples(collector)
     assert {labels["pod"] for labels, _ in samples["ccl_probe_success"]} == {"real-0", ""}
     files = {labels["status"]: v for labels, v in samples["ccl_probe_result_files"]}
     assert files["not_on_node"] == 2.0 and files["valid"] == 2.0
+
+
+def test_a_result_speaks_for_a_pod_only_through_the_pods_uid(tmp_path: Path) -> None:
+    """What a neighbour that can write the folder might try, each counted by reason and credited
+    to nobody: a result without a UID, one with the victim's name but its own UID (what its own
+    pre-flight would write under a forged name), one with the victim's UID under another file
+    name (to sit beside the victim's own file and outrank it with a later time). The victim's
+    own result is used."""
+    own = write_result(tmp_path, sample(source="preflight", pod="victim-0", finished_at=NOW - 100,
+                                        checks=(Check("port_state", True, "ok"),)))
+    write_result(tmp_path, sample(source="preflight", pod="victim-0", pod_uid=""))
+    write_result(tmp_path, sample(source="preflight", pod="victim-0", pod_uid=OTHER_UID,
+                                  checks=(Check("port_state", False, "forged"),)))
+    forged = json.loads(own.read_text())
+    forged.update(finished_at=NOW - 1, checks=[{"check": "port_state", "ok": False, "message": "forged"}])
+    (tmp_path / "preflight-team-a-victim-0-x.json").write_text(json.dumps(forged))
+    reading = read_probe_results(tmp_path, NOW, 86_400, pod_known=on_node("victim-0"))
+    assert [(r.pod, r.pod_uid, [c.ok for c in r.checks]) for r in reading.results] == [("victim-0", UID, [True])]
+    assert dict(reading.unattributed) == {
+        "preflight-team-a-victim-0-x.json": "name_mismatch",
+        f"preflight-team-a-victim-0-{OTHER_UID}.json": "pod_uid_mismatch",
+        "preflight-team-a-victim-0.json": "pod_uid_missing",
+    }
+
+
+def test_an_attributed_result_stays_through_a_pod_list_outage(tmp_path: Path) -> None:
+    """A result attributed while the pod list was complete is still used while the list is not
+    (the API is down); a new one waits until the list is back."""
+    cache: dict = {}  # type: ignore[type-arg]
+    write_result(tmp_path, sample(source="preflight", pod="real-0"))
+    complete = [True]
+
+    def pod_known(namespace: str, pod: str, uid: str = "") -> bool | None:
+        return on_node("real-0", "new-0")(namespace, pod, uid) if complete[0] else None
+
+    assert len(read_probe_results(tmp_path, NOW, 86_400, cache=cache, pod_known=pod_known).results) == 1
+    complete[0] = False
+    write_result(tmp_path, sample(source="preflight", pod="new-0"))
+    reading = read_probe_results(tmp_path, NOW, 86_400, cache=cache, pod_known=pod_known)
+    assert [r.pod for r in reading.results] == ["real-0"]
+    assert reading.unattributed == [(f"preflight-team-a-new-0-{UID}.json", "pod_list_unavailable")]
+    complete[0] = True
+    assert len(read_probe_results(tmp_path, NOW, 86_400, cache=cache, pod_known=pod_known).results) == 2
+
+
+def test_a_scheduled_result_the_exporter_did_not_write_is_not_used(tmp_path: Path) -> None:
+    """``scheduled.json`` is node-wide and written by the exporter itself: one owned by another
+    user (a writer that got there first) speaks for nothing."""
+    path = write_result(tmp_path, sample(source="scheduled", pod="", namespace="", job_name=""))
+    assert [r.source for r in read_probe_results(tmp_path, NOW, 86_400).results] == ["scheduled"]
+    if os.geteuid() != 0:
+        pytest.skip("changing a file's owner needs root")
+    os.chown(path, 65532, 65532)
+    reading = read_probe_results(tmp_path, NOW, 86_400)
+    assert (reading.results, reading.unattributed) == ([], [("scheduled.json", "foreign_owner")])
 
 
 def test_cache_parses_a_file_again_only_when_it_changes(tmp_path: Path) -> None:
@@ -213,10 +275,10 @@ def test_cache_parses_a_file_again_only_when_it_changes(tmp_path: Path) -> None:
     again = read_probe_results(tmp_path, NOW, 86_400, cache=cache)
     assert [id(r) for r in again.results] == [id(r) for r in first.results]  # not parsed again
     write_result(tmp_path, sample(pod="b", job_name="rerun"))
-    (tmp_path / "job-team-a-a.json").unlink()
+    (tmp_path / f"job-team-a-a-{UID}.json").unlink()
     changed = read_probe_results(tmp_path, NOW, 86_400, cache=cache)
     assert [(r.pod, r.job_name) for r in changed.results] == [("b", "rerun")]
-    assert set(cache) == {"job-team-a-b.json"}
+    assert set(cache) == {f"job-team-a-b-{UID}.json"}
 
 
 def test_simulated_node_result_files(tmp_path: Path) -> None:
@@ -255,16 +317,27 @@ def test_serve_binds_log_folders_and_result_files_to_the_node_pod_list(tmp_path:
     config = HostPaths(pod_logs=tmp_path / "pods", nccl_debug_files=tmp_path / "nccl", state=tmp_path / "state",
                        sysfs=tmp_path / "sys", probe_results=tmp_path / "results", pod_resources=tmp_path / "kubelet.sock")
     resources = NodeResources(config, nvml=PynvmlBackend(), pod_resources=PodResourcesClient(config.pod_resources),
-                              pod_metadata=lambda: node)
+                              pod_metadata=lambda: node, node_name="gpu-node-1")
     append(debug_file(tmp_path / "nccl", "training_real-0"), nccl(1) + "\n")
     append(debug_file(tmp_path / "nccl", "training_victim-0"), nccl(2) + "\n")
+    append(debug_file(tmp_path / "nccl", "training_real-0", uid=""), nccl(3) + "\n")
     tailer = build_collector(NcclSettings(300.0, NcclLimits()), resources).tailer
-    assert lines_by_pod([tailer.poll()]) == {("nccl_debug_file", "real-0", ""): [nccl(1)]}
+    assert lines_by_pod([tailer.poll()]) == {("nccl_debug_file", "real-0", UID): [nccl(1)]}
 
-    for pod in ("real-0", "victim-0"):
+    for pod, uid in (("real-0", UID), ("victim-0", UID), ("real-0", "")):
         write_result(config.probe_results, ProbeResult(source="preflight", started_at=0, finished_at=1e12,
-                                                       hostname="h", namespace="training", pod=pod))
+                                                       hostname="h", namespace="training", pod=pod, pod_uid=uid))
     probe = build_probe(ProbeCollectorSettings(86_400.0, None), resources)
     files = {s.labels["status"]: s.value for family in probe.collect() for s in family.samples
              if s.name == "ccl_probe_result_files"}
-    assert files["valid"] == 1.0 and files["not_on_node"] == 1.0
+    assert (files["valid"], files["not_on_node"], files["pod_uid_missing"]) == (1.0, 1.0, 1.0)
+
+    # A node without a node name has no pod list: what is named with a UID is taken as named.
+    unbound = NodeResources(config, nvml=PynvmlBackend(), pod_resources=PodResourcesClient(config.pod_resources),
+                            pod_metadata=lambda: node)
+    tailer = build_collector(NcclSettings(300.0, NcclLimits()), unbound).tailer
+    assert sorted(lines_by_pod([tailer.poll()])) == [("nccl_debug_file", "real-0", UID),
+                                                      ("nccl_debug_file", "victim-0", UID)]
+    files = {s.labels["status"]: s.value for family in build_probe(ProbeCollectorSettings(86_400.0, None), unbound)
+             .collect() for s in family.samples if s.name == "ccl_probe_result_files"}
+    assert (files["valid"], files["pod_uid_missing"]) == (2.0, 1.0)

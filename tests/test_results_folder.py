@@ -34,6 +34,7 @@ from tests.fixturetree import unpack
 
 IMAGE_UID = 65532  # the Dockerfile's USER: what pre-flight init containers and probe Jobs run as
 OTHER_UID = 65533
+POD_UID = "3f1e0c9a-7b2d-4e5f-8a6b-1c2d3e4f5a6b"  # metadata.uid of the pod whose pre-flight runs
 
 
 def mode(path: Path) -> int:
@@ -230,7 +231,7 @@ def preflight_as(uid: int, node: Path, results: Path) -> dict[str, Any]:
     args = build_parser({}).parse_args([
         "preflight", "--path.sysfs", str(node / "sys"), "--path.dev", str(node / "dev"),
         "--path.procfs", str(node / "proc"), "--path.probe-results", str(results)])
-    env = {"POD_NAMESPACE": "team-a", "POD_NAME": "llama-worker-0", "JOB_NAME": "llama"}
+    env = {"POD_NAMESPACE": "team-a", "POD_NAME": "llama-worker-0", "POD_UID": POD_UID, "JOB_NAME": "llama"}
 
     def run() -> dict[str, Any]:
         out, err = io.StringIO(), io.StringIO()
@@ -269,7 +270,7 @@ def test_a_prepared_folder_takes_results_from_other_users_but_keeps_each_users_f
 
     ran = preflight_as(IMAGE_UID, shared_tmp / "node", results)
     assert ran["stderr"] == "" and ran["code"] == 0, ran
-    written = results / "preflight-team-a-llama-worker-0.json"
+    written = results / f"preflight-team-a-llama-worker-0-{POD_UID}.json"
     assert (os.stat(written).st_uid, mode(written)) == (IMAGE_UID, 0o644)
     assert parse_result(written.read_text()).pod == "llama-worker-0", "the exporter (root, no capabilities) reads it"
 
@@ -294,8 +295,15 @@ def test_a_prepared_folder_takes_results_from_other_users_but_keeps_each_users_f
         "from replacing it"
     )
     assert parse_result(scheduled.read_text()).finished_at == 2.0 and written.exists()
-    assert sorted(p.name for p in results.iterdir()) == ["preflight-team-a-llama-worker-0.json", "scheduled.json"], \
+    assert sorted(p.name for p in results.iterdir()) == [written.name, "scheduled.json"], \
         "no temporary file left behind"
+    # What the sticky bit cannot stop: a writer of the pre-flights' own numeric UID may replace
+    # another pod's file (docs/probe.md: mount the folder only into the injected pre-flight, which
+    # writes only its own pod's identity). The reader still uses it for that pod only if it names
+    # that pod's UID under that pod's file name.
+    same_user = as_user(IMAGE_UID, lambda: (os.unlink(written), "done")[1])
+    assert same_user == "done"
+    assert preflight_as(IMAGE_UID, shared_tmp / "node", results)["code"] == 0 and written.exists()
     # The exporter's init container, run again (a restarted pod): nothing changes, nothing is lost.
     assert not prepare_results_folder(results).changed and len(list(results.iterdir())) == 2
 

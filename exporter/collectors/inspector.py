@@ -249,7 +249,8 @@ def inspector_families(snap: Snapshot) -> list[Metric]:
             "unknown_collective, incomplete (records or .prom buckets); prom_too_large, prom_incomplete "
             "(.prom versions), prom_file_cap (files); pod_cap, series_cap (operations over the "
             "collector's caps); tail_<event> (the JSON tailer: long_line, truncated, replaced, "
-            "stream_evicted, pod_not_on_node, symlink, folder_cap, ...).",
+            "stream_evicted, pod_not_on_node, pod_uid_mismatch, pod_uid_missing, pod_list_unavailable, symlink, "
+            "folder_cap, ...) and prom_<event> of the .prom scan.",
             "reason",
             snap.skipped,
         ),
@@ -292,7 +293,9 @@ def build_collector(settings: InspectorSettings, resources: NodeResources) -> In
     pods of this node; job names from the node's pod list."""
     metadata = resources.pod_metadata
     paths = resources.paths
-    source = InspectorSource(paths.nccl_inspector, paths.state, pod_known=pod_known_on_node(metadata))
+    # Without a node name there is no pod list to bind folders to: names are taken as they are.
+    pod_known = pod_known_on_node(metadata) if resources.node_name else None
+    source = InspectorSource(paths.nccl_inspector, paths.state, pod_known=pod_known)
     return InspectorCollector(source, metadata, grace_seconds=settings.grace_seconds)
 
 

@@ -3,11 +3,12 @@ idle-time probe scheduler (``--probe.interval``, off by default) as its backgrou
 
 Result files come from three sources, told apart by the ``source`` label: ``scheduled``
 (this exporter's own idle-time probes), ``preflight`` (init containers of training pods on
-this node) and ``job`` (probe Jobs). A result names the pod that wrote it (downward API), so
-results of several pods never collide: ``namespace``, ``pod`` and ``job_name`` are labels
-too, empty for scheduled probes. A result naming a pod that the node's complete pod list does
-not hold is not exposed (``ccl_probe_result_files{status="not_on_node"}``); see
-``exporter.sources.probe_results``.
+this node) and ``job`` (probe Jobs). A result names the pod that wrote it, with the pod's UID
+(downward API), in a file of its own, so results of several pods never collide: ``namespace``,
+``pod`` and ``job_name`` are labels too, empty for scheduled probes. A result is exposed for a
+pod only when the node's pod list holds that pod with that UID; any other is counted by reason
+(``ccl_probe_result_files{status="not_on_node" | "pod_uid_missing" | ...}``) and exposed for
+nobody; see ``exporter.sources.probe_results``.
 """
 
 from __future__ import annotations
@@ -66,17 +67,21 @@ class ProbeCollector:
             "ccl_probe_result_files",
             "Result files in --path.probe-results at this scrape, by status: valid, stale (older "
             "than --probe.max-age), malformed (unparseable, wrong schema, too large, not a regular "
-            "file), not_read (beyond the newest 256) or not_on_node (names a pod the node's pod list "
-            "does not hold).",
+            "file), not_read (beyond the newest 256), or attributed to no pod: not_on_node (names a "
+            "pod the node's pod list does not hold), pod_uid_mismatch (the pod has another UID), "
+            "pod_uid_missing (no pod UID in it), name_mismatch (not the file name its content gives), "
+            "pod_list_unavailable (no complete pod list to check it against yet), foreign_owner (a "
+            "scheduled result the exporter did not write).",
             labels=["status"],
         )
-        for status, count in (
-            ("valid", len(reading.results)),
-            ("stale", len(reading.stale)),
-            ("malformed", len(reading.malformed)),
-            ("not_read", reading.not_read),
-            ("not_on_node", len(reading.not_on_node)),
-        ):
+        counts = {
+            "valid": len(reading.results),
+            "stale": len(reading.stale),
+            "malformed": len(reading.malformed),
+            "not_read": reading.not_read,
+            **reading.unattributed_by_reason(),
+        }
+        for status, count in counts.items():
             files.add_metric([status], float(count))
         yield files
         if self._scheduler is not None:
@@ -244,7 +249,9 @@ def build(settings: ProbeCollectorSettings, resources: NodeResources) -> ProbeCo
         # How this node tells that its GPUs are in use: pod-resources, then NVML.
         occupancy: list[GpuOccupancy] = [PodResourcesOccupancy(resources.pod_resources), NvmlOccupancy(resources.nvml)]
         scheduler = ProbeScheduler(settings.schedule, resources.paths.probe_results, occupancy, clock=resources.clock)
-    pod_known = pod_known_on_node(resources.pod_metadata) if settings.bind_results_to_node_pods else None
+    # Without a node name there is no pod list to bind results to: a result with a UID is taken as it says.
+    bound = settings.bind_results_to_node_pods and bool(resources.node_name)
+    pod_known = pod_known_on_node(resources.pod_metadata) if bound else None
     return ProbeCollector(
         resources.paths.probe_results, settings.max_age_seconds, scheduler, clock=resources.clock, pod_known=pod_known
     )

@@ -126,7 +126,7 @@ _USING_NETWORK_RE = re.compile(
 _IB_USING_RE = re.compile(r"NET/IB ?: Using(?P<devs>.*?)(?:; OOB (?P<oob>\S+))?$")
 # [0]mlx5_0:1/IB; 2.27+ may add the rail (":1:3/IB") or an empty rail and the plane (":1::2/IB")
 _IB_DEVICE_RE = re.compile(
-    r"\[(?P<i>\d+)\] ?(?P<dev>[^\s:=\[\]{},]+):(?P<port>\d+)(?::\d{0,4}(?::\d{1,4})?)?/(?P<link>[A-Za-z/]+)"
+    r"\[(?P<i>\d{1,4})\] ?(?P<dev>[^\s:=\[\]{},]+):(?P<port>\d{1,4})(?::\d{0,4}(?::\d{1,4})?)?/(?P<link>[A-Za-z/]+)"
 )
 _SOCKET_USING_RE = re.compile(r"NET/Socket ?: Using(?P<ifs>.*)$")
 _SOCKET_IF_RE = re.compile(r"\[\d+\](?P<if>[^\s:\[\]]+):(?P<addr>[^\s<]+)")

@@ -143,7 +143,10 @@ def _integer(value: object, low: int, high: int) -> int | None:
 def _number(value: object, low: float, high: float) -> float | None:
     if type(value) not in (int, float):
         return None
-    number = float(value)  # type: ignore[arg-type]  # int or float, checked above
+    try:
+        number = float(value)  # type: ignore[arg-type]  # int or float, checked above
+    except OverflowError:  # an integer of hundreds of digits
+        return None
     return number if math.isfinite(number) and low <= number <= high else None
 
 
@@ -213,8 +216,11 @@ def _operation(
 
 _PROM_LINE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\}[ \t]+(\S+)(?:[ \t]+\d+)?")
 _PROM_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"\s*(?:,|$)')
-_RANGE_SIZE = re.compile(r"(\d+)-\d+(B|KB|MB|GB|TB)")  # v5.1: "4-5GB" (1024-based, lower bound)
-_HUMAN_SIZE = re.compile(r"(\d+(?:\.\d+)?)(B|KB|MB|GB|TB)")  # v1: "512B", "1.00GB"
+# ASCII digits only, and few of them: int() and float() also take "٣" or 400 digits, which no
+# size the plugin writes has (and whose float, times a unit, is beyond an int).
+_RANGE_SIZE = re.compile(r"([0-9]{1,15})-[0-9]{1,15}(B|KB|MB|GB|TB)")  # v5.1: "4-5GB" (1024-based, lower bound)
+_HUMAN_SIZE = re.compile(r"([0-9]{1,15}(?:\.[0-9]{1,15})?)(B|KB|MB|GB|TB)")  # v1: "512B", "1.00GB"
+_COUNT = re.compile(r"[0-9]{1,15}")  # nranks, n_nodes
 # metric name -> (what it holds, whether it is a v5.1 bucket metric)
 _BUS = "bus_gbs"
 _TIME = "exec_us"
@@ -267,8 +273,8 @@ def _prom_operation(labels: dict[str, str], values: dict[str, float]) -> Operati
     if _BUS not in values or _TIME not in values:
         return INCOMPLETE
     name = labels.get("collective") or labels.get("p2p_operation") or ""
-    nranks = int(labels["nranks"]) if labels.get("nranks", "").isdigit() else None
-    nnodes = int(labels["n_nodes"]) if labels.get("n_nodes", "").isdigit() else None
+    nranks = int(labels["nranks"]) if _COUNT.fullmatch(labels.get("nranks", "")) else None
+    nnodes = int(labels["n_nodes"]) if _COUNT.fullmatch(labels.get("n_nodes", "")) else None
     size = _prom_size(labels.get("message_size", ""))
     micros, gbs = values[_TIME], values[_BUS]
     if nranks is None or not 1 <= nranks <= _MAX_RANKS or size is None or size > _MAX_BYTES:
@@ -298,6 +304,8 @@ def parse_prom(text: str) -> Parsed:
         if kind is None:
             continue
         try:
+            if not match.group(3).isascii():  # float() takes "٣"; the text format does not
+                raise ValueError(match.group(3))
             value = float(match.group(3))
         except ValueError:
             parsed.skip(MALFORMED)

@@ -156,11 +156,13 @@ def run_probe_command(
     except ValueError as exc:
         print(f"ccl-exporter probe: {exc}", file=sys.stderr)
         return 2
-    result = run_probe(request, Identity.from_env(args.source, environ), environ)
+    identity = Identity.from_env(args.source, environ)
+    result = run_probe(request, identity, environ)
     if args.write_results:
         try:
             path = write_result(Path(args.probe_results), result)
-            print(f"ccl-exporter probe: result written to {path}", file=sys.stderr)
+            why = identity.unattributable()
+            print(f"ccl-exporter probe: result written to {path}{f' with {why}' if why else ''}", file=sys.stderr)
         except OSError as exc:
             print(
                 "ccl-exporter probe: result not written, so the exporter shows no ccl_probe_* series for it: "

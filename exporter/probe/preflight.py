@@ -3,8 +3,11 @@
 Run as an init container of every training pod. Each check prints one line (``FAIL`` lines
 name what is wrong and what was expected); the exit code is 1 when any check failed, so the
 pod stays in ``Init:Error`` instead of training for days on TCP. A result file
-(source ``preflight``, with the pod's namespace/name/job from the downward API) is written
-for the node's exporter, which serves it as ``ccl_preflight_result{check}``.
+(source ``preflight``, with the pod's namespace, name and UID from the downward API:
+``CCL_POD_NAMESPACE``, ``CCL_POD_NAME``, ``CCL_POD_UID``, which the admission webhook sets, or
+``POD_NAMESPACE``, ``POD_NAME``, ``POD_UID``; and ``JOB_NAME``) is written for the node's
+exporter, which serves it as ``ccl_preflight_result{check}`` for that pod only (the UID must be
+the pod's on the node).
 
 Checks (``--skip NAME`` drops one):
 
@@ -396,12 +399,15 @@ def run_preflight(args: argparse.Namespace, environ: Mapping[str, str] | None = 
         hostname=socket.gethostname(),
         namespace=identity.namespace,
         pod=identity.pod,
+        pod_uid=identity.pod_uid,
         job_name=identity.job_name,
     )
     result = dataclasses.replace(base, checks=tuple(checks), finished_at=time.time())
     if args.write_results:
         try:
             write_result(Path(args.probe_results), result)
+            if why := identity.unattributable():
+                print(f"ccl-exporter preflight: result written with {why}", file=sys.stderr)
         except OSError as exc:
             # One line; the exit code stays that of the checks (a job on a good fabric still starts).
             print(

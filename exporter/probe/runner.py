@@ -100,25 +100,52 @@ class ProbeRequest:
     python: str = sys.executable  # the interpreter the workers run with (it needs torch)
 
 
+# The pod's identity from the downward API: the CCL_POD_* variables the admission webhook sets
+# from metadata.* whatever the pod's spec says, then the POD_* names of hand-written manifests.
+POD_IDENTITY_VARIABLES = (
+    ("namespace", ("CCL_POD_NAMESPACE", "POD_NAMESPACE")),
+    ("pod", ("CCL_POD_NAME", "POD_NAME")),
+    ("pod_uid", ("CCL_POD_UID", "POD_UID")),
+)
+
+
 @dataclass(frozen=True)
 class Identity:
-    """Who ran the probe (downward API env of the pod), for the result file and labels."""
+    """Who ran the probe (downward API env of the pod), for the result file and labels. The
+    exporter uses a pod's result only with the pod's UID (``exporter.sources.probe_results``)."""
 
     source: str = "job"
     namespace: str = ""
     pod: str = ""
     job_name: str = ""
+    pod_uid: str = ""
 
     @classmethod
     def from_env(cls, source: str, environ: Mapping[str, str]) -> Identity:
         if source == "scheduled":  # the exporter's own probe: about the node, not a pod
             return cls(source=source)
+        found = {
+            field_name: next((environ[name] for name in names if environ.get(name)), "")
+            for field_name, names in POD_IDENTITY_VARIABLES
+        }
         return cls(
             source=source,
-            namespace=environ.get("POD_NAMESPACE", ""),
-            pod=environ.get("POD_NAME", ""),
+            namespace=found["namespace"],
+            pod=found["pod"],
+            pod_uid=found["pod_uid"],
             job_name=environ.get("JOB_NAME", ""),
         )
+
+    def unattributable(self) -> str | None:
+        """Why the exporter will use this run's result for no pod (None: it names a pod and its UID)."""
+        if self.source == "scheduled" or not self.pod:
+            return None
+        if not self.pod_uid:
+            return (
+                "no pod UID (set CCL_POD_UID from the downward API, fieldPath metadata.uid): the exporter "
+                f"uses a result for {self.namespace}/{self.pod} only with that pod's UID"
+            )
+        return None
 
 
 def visible_gpu_count(procfs: Path, environ: Mapping[str, str]) -> int:
@@ -346,6 +373,7 @@ def _assemble(
         hostname=socket.gethostname(),
         namespace=identity.namespace,
         pod=identity.pod,
+        pod_uid=identity.pod_uid,
         job_name=identity.job_name,
         backend=request.backend,
         world_size=int(start.get("world_size", request.rendezvous.nnodes * request.nprocs)),

@@ -300,6 +300,7 @@ def rdma_garbage(node: SimulatedNode, params: Params) -> dict[str, Any]:
 
 def probe_result(node: SimulatedNode, params: Params) -> dict[str, Any]:
     from exporter.results import CollectiveResult, ProbeResult, Transport, write_result
+    from exporter.sim.podlogs import sim_pod_uid
     from exporter.sim.probe import sweep
 
     try:
@@ -312,12 +313,14 @@ def probe_result(node: SimulatedNode, params: Params) -> dict[str, Any]:
     if collective not in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "alltoall"):
         raise ActionError(f"unknown collective {collective!r}")
     at = now()
+    namespace, pod = _name(params, "namespace", "ccl-exporter"), _name(params, "pod", "ccl-probe-0")
     result = ProbeResult(
         source="job",
         started_at=at - 60,
         finished_at=at,
-        namespace=_name(params, "namespace", "ccl-exporter"),
-        pod=_name(params, "pod", "ccl-probe-0"),
+        namespace=namespace,
+        pod=pod,
+        pod_uid=sim_pod_uid(namespace, pod),
         job_name="ccl-probe",
         backend="nccl",
         world_size=16,

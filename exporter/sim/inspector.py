@@ -1,7 +1,7 @@
 """Simulated NCCL Inspector output for the simulated node's training pods.
 
 ``SimInspector`` writes what the NCCL Inspector plugin (NCCL 2.30) writes into
-``<root>/nccl-inspector/<namespace>_<pod>/`` for each running job of ``SimPodLogs``:
+``<root>/nccl-inspector/<namespace>_<pod>_<uid>/`` for each running job of ``SimPodLogs``:
 
 * multi-node jobs in JSON mode: one ``<pod>-pid<pid>.log`` per local rank, a record per operation
   (``coll_perf``, compact JSON as the plugin prints it, its own bandwidths by its own formula),
@@ -154,7 +154,7 @@ class SimInspector:
 
     def _append_records(self, job: SimJob, activity: float) -> None:
         nranks = job.nnodes * GPUS_PER_NODE
-        folder = self.folder / f"{job.namespace}_{job.pod}"
+        folder = self.folder / f"{job.namespace}_{job.pod}_{job.uid}"  # as subPathExpr names it
         folder.mkdir(parents=True, exist_ok=True)
         dump_us = int(now() * 1e6)
         for local in range(GPUS_PER_NODE):
@@ -214,7 +214,7 @@ class SimInspector:
                     'algo_proto="NVLS_Simple"'
                 )
                 lines += prom_bucket_lines(labels, times, buses)
-            folder = self.folder / f"{job.namespace}_{job.pod}"
+            folder = self.folder / f"{job.namespace}_{job.pod}_{job.uid}"  # as subPathExpr names it
             folder.mkdir(parents=True, exist_ok=True)
             uuid = job.uid.split("-", 1)[0]
             with open(folder / f"nccl_inspector_metrics_{uuid}.prom", "w") as handle:  # in place, as the plugin does

@@ -85,8 +85,7 @@ class SimJob:
 
     def __post_init__(self) -> None:
         if not self.uid:
-            digest = hashlib.sha1(f"{self.namespace}/{self.pod}".encode()).hexdigest()
-            self.uid = f"{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+            self.uid = sim_pod_uid(self.namespace, self.pod)
 
     def nic_index(self, local: int) -> int:
         """The NET device (the [i] of NET/IB : Using) local rank ``local`` sends through."""
@@ -96,6 +95,12 @@ class SimJob:
     def comm_id(self) -> str:
         digest = hashlib.sha1(f"{self.namespace}/{self.labels}/{self.restarts}".encode()).hexdigest()
         return "0x" + digest[:16]
+
+
+def sim_pod_uid(namespace: str, pod: str) -> str:
+    """The UID a simulated pod has (the same for the same name, as the result files expect)."""
+    digest = hashlib.sha1(f"{namespace}/{pod}".encode()).hexdigest()
+    return f"{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
 
 
 def _cri(line: str, stream: str = "stdout") -> str:

@@ -26,6 +26,7 @@ from exporter.results import Check, CollectiveResult, ProbeResult, Row, Transpor
 from exporter.sim.clock import SimClock, now
 from exporter.sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
 from exporter.sim.paths import simulated_paths
+from exporter.sim.podlogs import sim_pod_uid
 
 HOSTNAME = "gpu-node-07"
 RANKS, NODES = 16, 2
@@ -78,6 +79,7 @@ def results(now: float) -> list[ProbeResult]:
             finished_at=now - 3640,
             namespace=TRAINING_NAMESPACE,
             pod=TRAINING_POD,
+            pod_uid=sim_pod_uid(TRAINING_NAMESPACE, TRAINING_POD),
             job_name="llama-70b",
             transport=rdma,
             collectives=(CollectiveResult("all_reduce", sweep("all_reduce", RDMA_PEAK_BUSBW, 256 << 20, 1 << 30)),),
@@ -94,6 +96,7 @@ def results(now: float) -> list[ProbeResult]:
             finished_at=now - 840,
             namespace="research",
             pod="gpt-neox-worker-1",
+            pod_uid=sim_pod_uid("research", "gpt-neox-worker-1"),
             job_name="gpt-neox",
             transport=tcp,
             collectives=(tcp_all_reduce,),
@@ -120,6 +123,7 @@ def results(now: float) -> list[ProbeResult]:
             finished_at=now - 600,
             namespace="ccl-exporter",
             pod="ccl-probe-0",
+            pod_uid=sim_pod_uid("ccl-exporter", "ccl-probe-0"),
             job_name="ccl-probe",
             transport=rdma,
             collectives=(

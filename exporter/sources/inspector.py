@@ -1,9 +1,12 @@
 """NCCL Inspector output in ``--path.nccl-inspector`` (a hostPath the jobs' pods write into).
 
-Layout, as for NCCL debug files: ``<root>/<namespace>_<pod>[_<uid>]/<file>`` (up to two folders
-deeper), what a pod gets with ``NCCL_INSPECTOR_DUMP_DIR`` on a ``subPathExpr`` mount. Folders are
-bound to the pods of this node through ``pod_known`` exactly as debug-file folders are
-(``exporter.sources.podlogs``). Two kinds of file:
+Layout, as for NCCL debug files: ``<root>/<namespace>_<pod>_<uid>/<file>`` (up to two folders
+deeper), what a pod gets with ``NCCL_INSPECTOR_DUMP_DIR`` on a ``subPathExpr`` mount. A folder
+speaks for a pod only through the pod's UID, and only for a pod the node's pod list holds with
+that UID, exactly as debug-file folders do (``exporter.sources.podlogs.scan``): a folder without
+a UID or naming another pod is counted (``tail_``/``prom_`` + ``pod_uid_missing``,
+``pod_uid_mismatch``, ``pod_not_on_node``, ``pod_list_unavailable``), never credited to anyone.
+Two kinds of file:
 
 * ``*.log``: the plugin's JSON Lines (``<hostname>-pid<pid>.log``), appended by one process and
   truncated when a new process of the same name starts. They are tailed by a ``PodLogTailer``
@@ -188,7 +191,8 @@ class InspectorSource:
 
     def _poll_prom(self, batch: InspectorBatch) -> None:
         now = self._clock()
-        found = sorted(self._prom_scanner.scan(now).found, key=lambda c: c.key)
+        scan = self._prom_scanner.scan(now)
+        found = sorted(scan.found, key=lambda c: c.key)
         over = {c.key for c in found[self.limits.max_prom_files :]}
         self.stats.skip("prom_file_cap", len(over - self._over_cap))
         self._over_cap = over
@@ -203,8 +207,9 @@ class InspectorSource:
             version = (cand.dev, cand.ino, cand.size, cand.mtime)
             if self._prom.get(cand.key) == version:
                 continue
-            if self._first_poll:
-                self._prom[cand.key] = version
+            key = cand.key
+            if self._first_poll or (key.source, key.namespace, key.pod, key.pod_uid) in scan.held_since_start:
+                self._prom[cand.key] = version  # there at the start (its folder waited for the pod list)
                 continue
             age = now - cand.mtime
             if age < self.limits.prom_settle_seconds or budget <= 0:

@@ -183,12 +183,13 @@ def pod_metadata_from_object(pod: Any) -> PodMetadata | None:
     def field(name: str) -> Any:
         return meta.get(name) if isinstance(meta, Mapping) else getattr(meta, name, None)
 
-    namespace, name = field("namespace") or "", field("name") or ""
+    namespace, name = _string(field("namespace")), _string(field("name"))
     if not namespace or not name:
         return None
     owners = field("owner_references") if not isinstance(meta, Mapping) else meta.get("ownerReferences")
-    labels = field("labels") or {}
-    job_name, job_kind = attribute_job(labels, owners or (), field("annotations") or {})
+    labels = _strings(field("labels"))
+    annotations = _strings(field("annotations"))
+    job_name, job_kind = attribute_job(labels, owners if isinstance(owners, (list, tuple)) else (), annotations)
     spec = pod.get("spec") if isinstance(pod, Mapping) else getattr(pod, "spec", None)
     host_network = None
     if spec is not None:
@@ -200,11 +201,22 @@ def pod_metadata_from_object(pod: Any) -> PodMetadata | None:
     condition = find_condition(pod, FABRIC_READY_CONDITION)
     # A static pod's API object is its mirror pod, with a UID of its own; kubelet knows the pod (and
     # names its log folder) by the config hash, which the mirror pod carries in this annotation.
-    annotations = field("annotations") or {}
-    uid = str(annotations.get(MIRROR_POD_ANNOTATION) or field("uid") or "")
+    uid = annotations.get(MIRROR_POD_ANNOTATION) or _string(field("uid"))
     return PodMetadata(
         namespace, name, uid, job_name, job_kind, expected, host_network, attached_devices(annotations), gate, condition
     )
+
+
+def _string(value: Any) -> str:
+    """A name or UID as the API gives it; anything but a string (a broken or forged object) is ""."""
+    return value if isinstance(value, str) else ""
+
+
+def _strings(value: Any) -> dict[str, str]:
+    """Labels or annotations: the string entries of a mapping (the API allows no others)."""
+    if not isinstance(value, Mapping):
+        return {}
+    return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
 
 
 def _field(obj: Any, key: str, attribute: str) -> Any:

@@ -206,13 +206,19 @@ class KubeletStatsClient:
         except (urllib.error.URLError, OSError, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
             raise KubeletStatsError(f"{url}: {reason}") from exc
-        if len(body) > MAX_RESPONSE_BYTES:
-            raise KubeletStatsError(f"{url}: answer larger than {MAX_RESPONSE_BYTES} bytes")
-        try:
-            decoded = json.loads(body)
-        except (ValueError, RecursionError) as exc:
-            raise KubeletStatsError(f"{url}: not JSON ({exc})") from exc
-        return pod_networks(decoded)
+        return summary_from_bytes(body, url)
+
+
+def summary_from_bytes(body: bytes, where: str) -> PodNetworks:
+    """The pods of a ``/stats/summary`` answer as the kubelet sent it (any bytes);
+    ``KubeletStatsError`` says why it is not one (``where`` names the kubelet)."""
+    if len(body) > MAX_RESPONSE_BYTES:
+        raise KubeletStatsError(f"{where}: answer larger than {MAX_RESPONSE_BYTES} bytes")
+    try:
+        decoded = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise KubeletStatsError(f"{where}: not JSON ({exc})") from exc
+    return pod_networks(decoded)
 
 
 def summary_document(pods: Iterable[tuple[str, str, Mapping[str, tuple[int, int]]]]) -> dict[str, Any]:

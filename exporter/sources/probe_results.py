@@ -7,14 +7,31 @@ are ignored, symlinks and non-regular files are refused, a file over 1 MiB or on
 not parse is *malformed*, a result older than ``max_age_seconds`` is *stale*; each is
 skipped and counted, never a crash. At most ``max_files`` files (the newest) are read.
 
-A pre-flight or probe-Job result names the pod that wrote it, and anyone who can write the
-folder can name any pod. With a ``pod_known`` predicate (``exporter.sources.podlogs.PodKnown``,
-from the node's pod list) a result naming a pod that is not on this node is not used while
-the pod list is complete (*not_on_node*); without a complete list it is used as it says.
-Results without a pod (scheduled probes) are node-wide and not bound.
+**Who a result speaks for.** A pre-flight or probe-Job result names the pod that ran it, and
+whoever can write the folder can name any pod; so a result is *attributed* to a pod only
+through the pod's UID, and only to a pod the node runs. Each file that is not is listed in
+``unattributed`` with its reason, never credited to anyone:
+
+* ``pod_uid_missing``: it names a pod but no pod UID (an older writer, or no ``CCL_POD_UID``);
+* ``name_mismatch``: its file name is not the one its content gives
+  (``<source>-<namespace>-<pod>-<uid>.json``): one name per pod object, so a file cannot sit
+  beside the pod's own (whose writer's numeric UID the folder's sticky bit protects from
+  writers of another UID) and outrank it;
+* with a ``pod_known`` predicate (``exporter.sources.podlogs.PodKnown``, from the node's pod
+  list): ``not_on_node`` (the complete list has no such pod), ``pod_uid_mismatch`` (it has the
+  pod with another UID: a deleted pod of the same name, or a forgery), and while the list is
+  not complete ``pod_list_unavailable`` (unless the same file was attributed at an earlier
+  reading with this ``ParseCache``: an outage of the API takes nothing away);
+* ``foreign_owner``: a ``scheduled`` result (node-wide, written by the exporter itself) in a
+  file the exporter's user does not own.
+
+Without a ``pod_known`` predicate (an exporter without a node name, hence no pod list; the
+simulated node's probe collector; tools) a result with a UID and its own file name is used as it
+says. Results without a pod (probe Jobs without the
+downward API) are node-wide and not bound.
 
 Scrapes come every few seconds and files rarely change: pass a ``ParseCache`` (owned by the
-caller, one per folder) and a file is parsed again only when its inode, size or mtime
+caller, one per folder) and a file is parsed again only when its inode, size, mtime or owner
 changed. The cache holds only the files of the last reading.
 """
 
@@ -26,12 +43,38 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exporter.results import MAX_FILE_BYTES, SUFFIX, MalformedResult, ProbeResult, parse_result
+from exporter.results import MAX_FILE_BYTES, SUFFIX, MalformedResult, ProbeResult, parse_result, result_filename
 
 DEFAULT_MAX_FILES = 256
+# Why a result was not attributed (a value of ccl_probe_result_files{status}).
+NOT_ON_NODE = "not_on_node"
+POD_UID_MISSING = "pod_uid_missing"
+POD_UID_MISMATCH = "pod_uid_mismatch"
+NAME_MISMATCH = "name_mismatch"
+POD_LIST_UNAVAILABLE = "pod_list_unavailable"
+FOREIGN_OWNER = "foreign_owner"
+UNATTRIBUTED_REASONS = (
+    NOT_ON_NODE,
+    POD_UID_MISSING,
+    POD_UID_MISMATCH,
+    NAME_MISMATCH,
+    POD_LIST_UNAVAILABLE,
+    FOREIGN_OWNER,
+)
 
-# file name -> ((inode, size, mtime_ns), the parsed result or why it is malformed)
-ParseCache = dict[str, tuple[tuple[int, int, int], "ProbeResult | MalformedResult"]]
+# (inode, size, mtime_ns, owner uid) of a file
+FileKey = tuple[int, int, int, int]
+
+
+@dataclass
+class CachedFile:
+    key: FileKey
+    parsed: ProbeResult | MalformedResult
+    attributed: bool = False  # its pod was on this node, with its UID, at the last complete pod list
+
+
+# file name -> what was read from it (see the module docstring)
+ParseCache = dict[str, CachedFile]
 
 
 @dataclass
@@ -40,8 +83,19 @@ class ProbeResultsReading:
     stale: list[str] = field(default_factory=list)  # file names
     malformed: list[tuple[str, str]] = field(default_factory=list)  # (file name, reason)
     not_read: int = 0  # files beyond max_files
-    not_on_node: list[str] = field(default_factory=list)  # file names of results naming a pod not on this node
+    unattributed: list[tuple[str, str]] = field(default_factory=list)  # (file name, one of UNATTRIBUTED_REASONS)
     folder_present: bool = False
+
+    @property
+    def not_on_node(self) -> list[str]:
+        """File names of results naming a pod the node's complete pod list does not hold."""
+        return [name for name, reason in self.unattributed if reason == NOT_ON_NODE]
+
+    def unattributed_by_reason(self) -> dict[str, int]:
+        counts = dict.fromkeys(UNATTRIBUTED_REASONS, 0)
+        for _, reason in self.unattributed:
+            counts[reason] += 1
+        return counts
 
 
 def _read_bounded(path: Path) -> str:
@@ -66,12 +120,12 @@ def _read_bounded(path: Path) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-def _stat_key(path: Path) -> tuple[int, int, int]:
+def _stat_key(path: Path) -> FileKey:
     try:
         info = os.lstat(path)
     except OSError:
-        return (0, 0, 0)
-    return (info.st_ino, info.st_size, info.st_mtime_ns)
+        return (0, 0, 0, -1)
+    return (info.st_ino, info.st_size, info.st_mtime_ns, info.st_uid)
 
 
 def _parse(path: Path) -> ProbeResult | MalformedResult:
@@ -79,6 +133,30 @@ def _parse(path: Path) -> ProbeResult | MalformedResult:
         return parse_result(_read_bounded(path))
     except MalformedResult as exc:
         return exc
+
+
+def _attribution(
+    name: str, entry: CachedFile, result: ProbeResult, pod_known: Callable[[str, str, str], bool | None] | None
+) -> str | None:
+    """Why ``result`` (read from file ``name``) speaks for nobody; None when it may be used."""
+    if result.source == "scheduled":
+        return FOREIGN_OWNER if entry.key[3] != os.geteuid() else None
+    if not result.pod:
+        return None  # node-wide
+    if not result.pod_uid:
+        return POD_UID_MISSING
+    if name != result_filename(result):
+        return NAME_MISMATCH
+    if pod_known is None:
+        return None
+    answer = pod_known(result.namespace, result.pod, result.pod_uid)
+    if answer is True:
+        entry.attributed = True
+        return None
+    if answer is None:
+        return None if entry.attributed else POD_LIST_UNAVAILABLE
+    entry.attributed = False
+    return POD_UID_MISMATCH if pod_known(result.namespace, result.pod, "") is True else NOT_ON_NODE
 
 
 def read_probe_results(
@@ -89,7 +167,7 @@ def read_probe_results(
     cache: ParseCache | None = None,
     pod_known: Callable[[str, str, str], bool | None] | None = None,
 ) -> ProbeResultsReading:
-    """Every usable result in ``folder``; stale, malformed and unbound files listed, not raised."""
+    """Every usable result in ``folder``; stale, malformed and unattributed files listed, not raised."""
     reading = ProbeResultsReading(folder_present=folder.is_dir())
     cache = {} if cache is None else cache
     try:
@@ -104,16 +182,17 @@ def read_probe_results(
     for name in set(cache) - set(kept):
         del cache[name]
     for name in kept:
-        cached = cache.get(name)
-        if cached is None or cached[0] != keys[name] or keys[name] == (0, 0, 0):
-            cached = (keys[name], _parse(folder / name))
-            cache[name] = cached
-        result = cached[1]
+        entry = cache.get(name)
+        if entry is None or entry.key != keys[name] or keys[name][3] < 0:
+            entry = CachedFile(keys[name], _parse(folder / name))
+            cache[name] = entry
+        result = entry.parsed
         if isinstance(result, MalformedResult):
             reading.malformed.append((name, str(result)))
             continue
-        if result.pod and pod_known is not None and pod_known(result.namespace, result.pod, "") is False:
-            reading.not_on_node.append(name)
+        reason = _attribution(name, entry, result, pod_known)
+        if reason is not None:
+            reading.unattributed.append((name, reason))
             continue
         if now - result.finished_at > max_age_seconds:
             reading.stale.append(name)

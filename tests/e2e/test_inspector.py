@@ -53,13 +53,14 @@ def stated_busbw(lines: list[str]) -> dict[str, float]:
 
 
 LABEL = {"AllReduce": "all_reduce", "AllGather": "all_gather", "Broadcast": "broadcast"}
+UID = "6a1d2f3e-0000-4000-8000-00000000e2e0"  # a pod's folder names its UID (subPathExpr, downward API)
 
 
 def test_bus_bandwidth_through_prometheus_matches_the_records(tmp_path: Path) -> None:
     prometheus_binary, _ = require_stack()
     inspector = tmp_path / "inspector"
-    (inspector / "ml_llama-0").mkdir(parents=True)
-    (inspector / "ml_eval-0").mkdir(parents=True)
+    (inspector / f"ml_llama-0_{UID}").mkdir(parents=True)
+    (inspector / f"ml_eval-0_{UID}").mkdir(parents=True)
     port = free_loopback_port()
     address = f"127.0.0.1:{port}"
     argv = [sys.executable, "-m", "exporter", "serve", f"--web.listen-address={address}",
@@ -76,7 +77,7 @@ def test_bus_bandwidth_through_prometheus_matches_the_records(tmp_path: Path) ->
             prometheus.wait_targets_up(1, timeout=60.0)
             time.sleep(1.5)  # the exporter has polled the (empty) folder: what follows is new
             written: list[str] = []
-            log = inspector / "ml_llama-0" / "llama-0-pid41.log"
+            log = inspector / f"ml_llama-0_{UID}" / "llama-0-pid41.log"
             for batch in range(12):
                 lines = records(30, first_sn=batch * 30)
                 with open(log, "a") as handle:
@@ -86,7 +87,7 @@ def test_bus_bandwidth_through_prometheus_matches_the_records(tmp_path: Path) ->
             # A .prom file (v5.1) of another pod: one bucket at 200 GB/s, settled when read.
             labels = ('version="v5.1",slurm_job_id="unknown",node="eval-0",gpu="GPU0",comm_name="eval",n_nodes="1",'
                       f'nranks="8",collective="AllReduce",message_size="{size_range(512 << 20)}",algo_proto="NVLS_Simple"')
-            prom = inspector / "ml_eval-0" / "nccl_inspector_metrics_1a2b.prom"
+            prom = inspector / f"ml_eval-0_{UID}" / "nccl_inspector_metrics_1a2b.prom"
             prom.write_text("\n".join(prom_bucket_lines(labels, [4697], [200.0])) + "\n")
             os.utime(prom, (time.time() - 5, time.time() - 5))
             expected = stated_busbw(written)

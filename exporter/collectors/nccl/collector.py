@@ -563,9 +563,9 @@ def build_collector(settings: NcclSettings, resources: NodeResources) -> NcclCol
     node's topology for the class of each NIC a GPU's NCCL traffic uses."""
     paths = resources.paths
     metadata = resources.pod_metadata
-    tailer = PodLogTailer(
-        paths.pod_logs, paths.nccl_debug_files, paths.state, TailLimits(), pod_known=pod_known_on_node(metadata)
-    )
+    # Without a node name there is no pod list to bind folders to: names are taken as they are.
+    pod_known = pod_known_on_node(metadata) if resources.node_name else None
+    tailer = PodLogTailer(paths.pod_logs, paths.nccl_debug_files, paths.state, TailLimits(), pod_known=pod_known)
     gpus = GpuInventorySource(resources.nvml_if_collected(), resources.pod_resources)
     return NcclCollector(
         tailer,

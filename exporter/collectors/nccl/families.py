@@ -180,7 +180,7 @@ def nccl_families(snap: Snapshot, limits: NcclLimits) -> list[Metric]:
             "caps: communicators, processes, ...; parser_budget: the node-wide parser memory budget), "
             "tail_long_line, tail_stream_evicted, tail_malformed_cri, tail_truncated, tail_replaced, "
             "tail_gz_cap, tail_gz_corrupt, tail_state_invalid, tail_pod_not_on_node, tail_pod_uid_mismatch, "
-            "tail_symlink, tail_folder_cap.",
+            "tail_pod_uid_missing, tail_pod_list_unavailable, tail_symlink, tail_folder_cap.",
             "reason",
             snap.dropped,
         ),
@@ -222,7 +222,7 @@ def nccl_families(snap: Snapshot, limits: NcclLimits) -> list[Metric]:
         ),
         (
             "ccl_nccl_log_unattributed_files",
-            "Entries under the NCCL debug-file folder outside a <namespace>_<pod> folder (not read).",
+            "Entries under the NCCL debug-file folder outside a <namespace>_<pod>_<uid> folder (not read).",
             snap.unattributed_files,
         ),
         (

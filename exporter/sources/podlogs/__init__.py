@@ -11,16 +11,20 @@ Two kinds of log stream are read:
   ``<RFC3339Nano> stdout|stderr F|P <message>``; ``P`` (partial) pieces are joined until
   the ``F`` piece, with the joined message capped at ``TailLimits.max_line_bytes``.
 * **NCCL debug files** (``--path.nccl-debug-files``, ``NCCL_DEBUG_FILE``): one file per
-  process, attributed by folder: ``<root>/<namespace>_<pod>[_<uid>]/<any file, up to 2
+  process, attributed by folder: ``<root>/<namespace>_<pod>_<uid>/<any file, up to 2
   folders deep>``. Files outside such a folder are not read (``TailStats.unattributed_files``).
 
 **Trust.** Folders are bound to the pods of this node through the injected ``pod_known``
 predicate (see ``pod_known_on_node``): while the node's pod list is complete, a pod-log or
 debug-file folder that names a pod not on the node, or carries another UID than the pod's,
-is not read (events ``pod_not_on_node``, ``pod_uid_mismatch``). Without a pod list every
-well-named folder is read. Symlinks are never followed below a root: folders and files are
-looked at with ``lstat``, files opened with ``O_NOFOLLOW`` and the opened file's real path
-checked against the expected one (a symlink is skipped and counted, event ``symlink``).
+is not read (events ``pod_not_on_node``, ``pod_uid_mismatch``). A debug-file folder, which
+any pod with the hostPath can name, speaks for a pod only through the pod's UID: one without
+a UID is never read (``pod_uid_missing``), and while the pod list is not complete only those
+bound earlier in the run are read (new ones wait, ``pod_list_unavailable``); pod-log folders,
+named by kubelet, are read as named then (``scan``). Symlinks are never followed below a
+root: folders and files are looked at with ``lstat``, files opened with ``O_NOFOLLOW`` and the
+opened file's real path checked against the expected one (a symlink is skipped and counted,
+event ``symlink``).
 
 Files are identified by (device, inode) plus a checksum of their first bytes, never by
 name: a rotated file is followed under its new name to its end before the new live file is
@@ -60,14 +64,18 @@ prints its init lines) and is then followed from its end, the bytes in between c
 Work per ``poll`` is bounded and shared fairly: directory listings are reused while a
 folder's mtime is unchanged (at most ``max_listed_entries_per_folder`` entries looked at,
 ``max_entries_per_folder`` examined after the name and pod checks; a cut listing is counted,
-event ``folder_cap``), each file is ``lstat``-ed once, and at most ``tick_bytes`` are read in
-all. Pod logs are served first; debug files keep ``debug_file_tick_bytes`` of the budget while
-they have bytes waiting, and whatever one source leaves unused the other may take. Within a
-source, streams take turns in round-robin order that resumes where the last poll stopped;
-each turn reads a fair share of the budget (between ``max_line_bytes`` and
-``file_chunk_bytes``), and turns go round again while budget is left, so a lone busy stream
-may use all of it. An unfinished last line is never read again until its file grows (only
-the new bytes are read until a newline comes). Only lines containing ``NCCL`` are decoded
+event ``folder_cap``), each file is ``lstat``-ed once, at most ``tick_bytes`` are read in
+all and at most ``tick_lines`` lines handed back (what the caller parses per poll). Pod logs
+are served first; debug files keep ``debug_file_tick_bytes`` of the budget (and as large a
+share of the lines) while they have bytes waiting, and whatever one source leaves unused the
+other may take. Within a source, streams take turns in round-robin order that resumes where
+the last poll stopped; each turn takes a fair share of the bytes (between ``max_line_bytes``
+and ``file_chunk_bytes``) and of the lines (at least ``min_turn_lines``) and stops at a line
+boundary when its lines are used (the rest is read again at its next turn, counted once), and
+turns go round again while budget is left, so a lone busy stream may use all of it and a noisy
+one never delays another stream's lines past the next poll. An unfinished last line is never
+read again until its file grows (only the new bytes are read until a newline comes). Only
+lines containing ``NCCL`` are decoded
 and returned (every line the NCCL logger writes carries that word in its prefix); a tailer
 built with another ``TailSelection`` hands back the lines with its own needle, follows only the
 debug-folder files its name test accepts and keeps its offsets in its own state file (the NCCL

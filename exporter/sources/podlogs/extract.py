@@ -30,8 +30,26 @@ def extract_lines(
     stop: int | None = None,
     needle: bytes = NEEDLE,
 ) -> list[str]:
+    """The lines of ``block[:stop]`` (complete lines only) that carry ``needle``, decoded; see
+    ``extract_lines_upto``."""
+    return extract_lines_upto(block, cri, joiner, limits, stats, stop, needle)[0]
+
+
+def extract_lines_upto(
+    block: bytes,
+    cri: bool,
+    joiner: CriJoiner[bytes],
+    limits: TailLimits,
+    stats: TailStats,
+    stop: int | None = None,
+    needle: bytes = NEEDLE,
+    max_lines: int | None = None,
+) -> tuple[list[str], int]:
     """The lines of ``block[:stop]`` (complete lines only) that carry ``needle`` (``NCCL``
-    unless the tailer selects others), decoded.
+    unless the tailer selects others), decoded, at most ``max_lines`` of them; and where in
+    ``block`` reading stopped: ``stop``, or with ``max_lines`` lines taken, the start of the
+    next line that would have been one more (a line boundary; the joiner has seen every line
+    before it, none after).
 
     In a pod log (``cri``) a line is the message of a record, its pieces joined by ``joiner``
     from one call to the next; a line that is not a record is counted (``malformed_cri``) and
@@ -46,16 +64,18 @@ def extract_lines(
     boundaries), even inside ``NCCL``. Both paths return the same lines and count alike.
     """
     stop = len(block) if stop is None else stop
+    most = len(block) + 1 if max_lines is None else max_lines
     if cri and (joiner.pending or PARTIAL_TAG_SEARCH.search(block, 0, stop) is not None):
-        return _extract_joining_pieces(block, stop, joiner, limits, stats, needle)
-    return _extract_whole_lines(block, stop, cri, limits, stats, needle)
+        return _extract_joining_pieces(block, stop, joiner, limits, stats, needle, most)
+    return _extract_whole_lines(block, stop, cri, limits, stats, needle, most)
 
 
 def _extract_whole_lines(
-    block: bytes, stop: int, cri: bool, limits: TailLimits, stats: TailStats, needle: bytes
-) -> list[str]:
+    block: bytes, stop: int, cri: bool, limits: TailLimits, stats: TailStats, needle: bytes, most: int
+) -> tuple[list[str], int]:
     """The fast path of ``extract_lines``: every line is whole (no ``P`` record in the block)."""
     out: list[str] = []
+    cut = stop
     max_line = limits.max_line_bytes
     match_record = CRI_RE_BYTES.match
     rfind, find = block.rfind, block.find
@@ -66,6 +86,9 @@ def _extract_whole_lines(
         if hit < line_end:
             continue  # a second NCCL on a line already taken
         start = rfind(b"\n", 0, hit) + 1
+        if len(out) >= most:
+            cut = start
+            break
         line_end = find(b"\n", hit, stop)
         if line_end < 0:
             line_end = stop
@@ -89,18 +112,22 @@ def _extract_whole_lines(
         out.append(block[start:end].decode("utf-8", "replace"))
     if malformed:
         stats.event("malformed_cri", malformed)
-    return out
+    return out, cut
 
 
 def _extract_joining_pieces(
-    block: bytes, stop: int, joiner: CriJoiner[bytes], limits: TailLimits, stats: TailStats, needle: bytes
-) -> list[str]:
+    block: bytes, stop: int, joiner: CriJoiner[bytes], limits: TailLimits, stats: TailStats, needle: bytes, most: int
+) -> tuple[list[str], int]:
     """Record by record, ``P`` pieces joined with their ``F`` end by ``joiner``."""
     out: list[str] = []
     max_line = limits.max_line_bytes
     partials = joiner.partials  # an entry per stream whose line is in pieces
     read = joiner.read
+    position = 0  # where the line being looked at starts in block
     for line in block[:stop].split(b"\n"):
+        if len(out) >= most:
+            return out, position
+        position += len(line) + 1
         if not partials and needle not in line and b" P" not in line:
             continue  # no line in pieces, no P tag, no needle: nothing to join, nothing to hand on
         line = line.rstrip(b"\r")
@@ -121,4 +148,4 @@ def _extract_joining_pieces(
                 stats.event("long_line")
                 stats.skip("long_line", dropped)
             out.append(whole.decode("utf-8", "replace"))
-    return out
+    return out, stop

@@ -2,7 +2,7 @@
 
 Pod logs: ``<root>/<namespace>_<pod>_<uid>/<container>/<n>.log`` (``n`` the container's
 restart count) and its rotations ``<n>.log.<timestamp>[.gz]``. NCCL debug files:
-``<root>/<namespace>_<pod>[_<uid>]/<any file, up to 2 folders deep>``.
+``<root>/<namespace>_<pod>_<uid>/<any file, up to 2 folders deep>``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class StreamKey:
     source: str  # SOURCE_POD_LOG | SOURCE_DEBUG_FILE
     namespace: str
     pod: str
-    pod_uid: str  # "" for debug files in a folder without a UID
+    pod_uid: str  # the pod's UID, from its folder's name
     container: str  # "" for debug files
     name: str  # restart count for pod logs ("0"), path below the pod folder for debug files
 
@@ -51,9 +51,10 @@ def parse_pod_folder(name: str) -> tuple[str, str, str] | None:
 
 
 def parse_debug_folder(name: str) -> tuple[str, str, str] | None:
-    """The NCCL debug-file folder: ``<namespace>_<pod>`` → (namespace, pod, ""), or
-    ``<namespace>_<pod>_<uid>`` → (namespace, pod, uid), the form a ``subPathExpr`` from the
-    downward API gives (recommended: it binds the folder to one pod object)."""
+    """The NCCL debug-file folder: ``<namespace>_<pod>_<uid>`` → (namespace, pod, uid), the form
+    a ``subPathExpr`` from the downward API gives, which binds the folder to one pod object.
+    ``<namespace>_<pod>`` → (namespace, pod, ""): parsed so that the scanner can count it
+    (``pod_uid_missing``); a folder without a UID speaks for no pod."""
     parts = name.split("_")
     if len(parts) not in (2, 3) or not all(parts):
         return None
@@ -89,7 +90,8 @@ def pod_known_on_node(pods: Any) -> PodKnown:
     """The ``pod_known`` predicate from the node's pod list: any object with
     ``lookup(namespace, pod)`` → a record with ``uid``, or None, and ``is_authoritative()``
     (``exporter.sources.kube.PodMetadataSource``). Answers None while the list is not
-    complete (no API access, not synced yet): nothing is refused then."""
+    complete (no API access, not synced yet): what to do then is the caller's to say (pod logs
+    are read as named, tenant-written folders and result files wait)."""
 
     def pod_known(namespace: str, pod: str, uid: str = "") -> bool | None:
         if not pods.is_authoritative():

@@ -33,6 +33,11 @@ class TailLimits:
     """Every bound of the tailer; the defaults suit a node with ~100 pods."""
 
     tick_bytes: int = 16 * 1024 * 1024  # read at most this much per poll, all files together
+    # Lines handed back per poll, all streams together: what the caller parses per poll (the NCCL
+    # analyzer takes up to ~25 us for a line it must parse), so one poll stays well under a second
+    # whatever a pod prints. Shared like tick_bytes: a fair share per turn, round-robin.
+    tick_lines: int = 16384
+    min_turn_lines: int = 64  # a turn may hand back at least this many lines (one NCCL init burst)
     # of tick_bytes (at most half), kept for debug files while they have bytes waiting
     debug_file_tick_bytes: int = 4 * 1024 * 1024
     file_chunk_bytes: int = 1024 * 1024  # at most per read (one file, one turn)

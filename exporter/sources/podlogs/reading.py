@@ -1,6 +1,7 @@
-"""Reading on in a stream within a byte budget: its head at start (replayed, or read up to the
-start cap), then its compressed rotations and plain files in rotation order, complete lines
-only; an over-long line is dropped to its end."""
+"""Reading on in a stream within a byte budget and a line budget: its head at start (replayed,
+or read up to the start cap), then its compressed rotations and plain files in rotation order,
+complete lines only; an over-long line is dropped to its end. A turn that has handed back as
+many lines as it may stops at a line boundary; the rest is read again at the stream's next turn."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import zlib
 
 from exporter.sources.podlogs.compressed import Compressed
 from exporter.sources.podlogs.cri import CriJoiner
-from exporter.sources.podlogs.extract import extract_lines
+from exporter.sources.podlogs.extract import extract_lines, extract_lines_upto
 from exporter.sources.podlogs.files import ROTATED_QUIET_SECONDS, File, read_at
 from exporter.sources.podlogs.limits import NCCL_NEEDLE, TailBatch, TailLimits, TailStats
 from exporter.sources.podlogs.stream import Stream
@@ -26,24 +27,33 @@ class StreamReader:
         self.stats = stats
         self.needle = needle
 
-    def turn(self, stream: Stream, budget: int, first_scan: bool, batch: TailBatch, now: float) -> int:
-        """One turn of a stream: its bootstrap, then reading on in file order; bytes read."""
+    def turn(
+        self, stream: Stream, budget: int, first_scan: bool, batch: TailBatch, now: float, max_lines: int = 1 << 62
+    ) -> tuple[int, int]:
+        """One turn of a stream: its bootstrap, then reading on in file order, until ``budget``
+        bytes are read or ``max_lines`` (at least 1) lines handed back; (bytes read, lines).
+        A bootstrap hands back what the stream's head holds, whatever ``max_lines`` is."""
+        delivered = len(batch.lines.get(stream.key, ()))
         used = 0
         if not stream.bootstrapped:
             used = self._bootstrap(stream, first_scan, batch)
+
+        def lines_left() -> int:
+            return max_lines - (len(batch.lines.get(stream.key, ())) - delivered)
+
         for comp in list(stream.compressed):
-            if used >= budget:
-                return used
-            used += self._read_compressed(stream, comp, budget - used, batch)
+            if used >= budget or lines_left() <= 0:
+                return used, max_lines - lines_left()
+            used += self._read_compressed(stream, comp, budget - used, batch, lines_left())
             if not comp.done:
-                return used  # older than every plain file: those wait
+                return used, max_lines - lines_left()  # older than every plain file: those wait
         for tracked in stream.ordered():
-            if used >= budget:
+            if used >= budget or lines_left() <= 0:
                 break
-            used += self._read_file(stream, tracked, budget - used, batch, now)
+            used += self._read_file(stream, tracked, budget - used, batch, now, lines_left())
             if tracked.rotated and tracked.offset < tracked.size:
                 break  # finish a rotated file before reading the newer one
-        return used
+        return used, max_lines - lines_left()
 
     def _bootstrap(self, stream: Stream, first_scan: bool, batch: TailBatch) -> int:
         """Replay (resumed stream) or read with the start cap (busy stream at first start)."""
@@ -97,8 +107,11 @@ class StreamReader:
             tracked.remember_head()
         return used
 
-    def _read_file(self, stream: Stream, tracked: File, budget: int, batch: TailBatch, now: float) -> int:
-        """Read on in one file and deliver its complete lines; return the bytes read.
+    def _read_file(
+        self, stream: Stream, tracked: File, budget: int, batch: TailBatch, now: float, max_lines: int
+    ) -> int:
+        """Read on in one file and deliver its complete lines (at most ``max_lines``); return
+        the bytes read (those read again at the next turn, after the last line delivered, not).
 
         After an unfinished last line, a few new bytes are read alone until a newline comes,
         then the line once more; many new bytes (8 times the line or more) are read in one go
@@ -138,9 +151,17 @@ class StreamReader:
         if quiet and tracked.offset + len(data) >= tracked.size and not data.endswith(b"\n"):
             # The end of a rotated file that no longer grows: its last line will never get a
             # newline, and waiting for one would hold back every newer file of the stream.
-            done = min(len(data), self._consume(stream, tracked, data + b"\n", batch))
+            done, cut = self._consume(stream, tracked, data + b"\n", batch, max_lines)
+            done = min(len(data), done)
         else:
-            done = self._consume(stream, tracked, data, batch)
+            done, cut = self._consume(stream, tracked, data, batch, max_lines)
+        if cut:
+            # Lines are left in what was read: read them again at the next turn (counted once).
+            start = max(tracked.offset, tracked.read_to)
+            end = tracked.offset + done
+            self.stats.bytes_read[source] -= tracked.offset + len(data) - end
+            tracked.offset = tracked.read_to = end
+            return end - start
         tracked.read_to = tracked.offset + len(data)
         tracked.offset += done
         return len(data)
@@ -153,15 +174,18 @@ class StreamReader:
         tracked.skipping = True
         return length
 
-    def _consume(self, stream: Stream, tracked: File, data: bytes, batch: TailBatch) -> int:
-        """Deliver the complete lines of ``data`` (the bytes at ``tracked.offset``); return
-        how many bytes are done with. The rest, an unfinished line, is read again later."""
+    def _consume(
+        self, stream: Stream, tracked: File, data: bytes, batch: TailBatch, max_lines: int
+    ) -> tuple[int, bool]:
+        """Deliver the complete lines of ``data`` (the bytes at ``tracked.offset``), at most
+        ``max_lines``; return how many bytes are done with, and whether complete lines are left
+        (``max_lines`` reached). The rest is read again later: an unfinished line, or those lines."""
         start = 0
         if tracked.skipping:
             newline = data.find(b"\n")
             if newline < 0:
                 self.stats.skip("long_line", len(data))
-                return len(data)
+                return len(data), False
             self.stats.skip("long_line", newline + 1)
             tracked.skipping = False
             start = newline + 1
@@ -169,9 +193,9 @@ class StreamReader:
         if end < start:
             # No complete line yet. A fragment longer than a line may be is dropped to its end.
             if len(data) - start >= self.limits.max_line_bytes:
-                return start + self._drop_fragment(tracked, len(data) - start)
-            return start
-        lines = extract_lines(
+                return start + self._drop_fragment(tracked, len(data) - start), False
+            return start, False
+        lines, stopped = extract_lines_upto(
             data if start == 0 else data[start:],
             stream.cri,
             stream.joiner,
@@ -179,18 +203,22 @@ class StreamReader:
             self.stats,
             stop=end + 1 - start,
             needle=self.needle,
+            max_lines=max_lines,
         )
         self._deliver(stream, lines, batch)
-        return end + 1
+        return start + stopped, start + stopped < end + 1
 
-    def _read_compressed(self, stream: Stream, comp: Compressed, budget: int, batch: TailBatch) -> int:
+    def _read_compressed(self, stream: Stream, comp: Compressed, budget: int, batch: TailBatch, max_lines: int) -> int:
         """Inflate one chunk of a compressed rotation: drop what lies before the saved offset,
-        read lines after it. Finish the file at its end, at the decompression cap or at an
-        error. Returns the decompressed bytes handled (the work done)."""
+        read lines after it (at most ``max_lines``; complete lines left over wait in ``carry``,
+        and nothing more is inflated while a chunk of them waits). Finish the file at its end, at
+        the decompression cap or at an error. Returns the decompressed bytes handled (the work done)."""
         if comp.trailer_size == comp.offset % (1 << 32):
             self._finish_compressed(stream, comp)  # the trailer says nothing follows the saved offset
             return 0
         want = min(self.limits.file_chunk_bytes, budget, self.limits.max_decompressed_bytes - comp.position)
+        if len(comp.carry) >= self.limits.file_chunk_bytes:
+            want = 0  # hand back the lines already inflated first
         used = 0
         if want > 0 and comp.position < comp.offset:  # read before the restart
             used = len(self._inflate(stream, comp, min(want, comp.offset - comp.position)))
@@ -198,17 +226,18 @@ class StreamReader:
         data = b""
         if want > 0 and comp.position >= comp.offset and not comp.done:
             data = self._inflate(stream, comp, want)
-        if data:
+        cut = False
+        if data or (comp.carry and not comp.done and b"\n" in comp.carry):
             self.stats.bytes_read[stream.key.source] += len(data)
             block = comp.carry + data if comp.carry else data
-            consumed = self._consume(stream, comp, block, batch)
+            consumed, cut = self._consume(stream, comp, block, batch, max_lines)
             comp.offset += consumed
             comp.carry = block[consumed:]
         if comp.done:
             return used + len(data)
-        if comp.ended:
+        if comp.ended and not cut:
             if comp.carry:  # a last line without its newline: nothing more will come
-                self._consume(stream, comp, comp.carry + b"\n", batch)
+                self._consume(stream, comp, comp.carry + b"\n", batch, max(1, max_lines))
                 comp.offset, comp.carry = comp.offset + len(comp.carry), b""
             self._finish_compressed(stream, comp)
         elif comp.position >= self.limits.max_decompressed_bytes:

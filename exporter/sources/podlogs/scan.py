@@ -1,5 +1,19 @@
 """Finding the files to tail: folder listings reused while unchanged, folders bound to the pods
-of this node, symlinks never followed, every listing capped."""
+of this node, symlinks never followed, every listing capped.
+
+Who may speak for a pod differs by root. Pod-log folders are named by kubelet (tenants cannot
+write ``/var/log/pods``): with a complete pod list a folder whose pod is not on the node, or has
+another UID, is refused; without one every folder is read as it is named. Debug-file folders
+(and the NCCL Inspector's, read with the same scanner) are named by whoever can write the
+hostPath, so a folder speaks for a pod only through that pod's UID: ``<namespace>_<pod>_<uid>``
+is read when the node's pod list holds that pod with that UID; a folder without a UID is never
+read (``pod_uid_missing``), one whose pod the complete list does not hold is refused
+(``pod_not_on_node``, ``pod_uid_mismatch``), and while the list is not complete (the API is
+down, or not listed yet at start) only folders already bound in this run go on being read, new
+ones wait (``pod_list_unavailable``). A tailer built without a ``pod_known`` predicate (an
+exporter without a node name, hence no pod list; tests, tools) reads every folder that carries
+a UID.
+"""
 
 from __future__ import annotations
 
@@ -28,6 +42,8 @@ from exporter.sources.podlogs.limits import TailLimits, TailStats
 
 log = logging.getLogger(__name__)
 
+Folder = tuple[str, str, str, str]  # (source, namespace, pod, uid) of a pod's folder
+
 
 @dataclass
 class Candidate:
@@ -48,7 +64,10 @@ class Scan:
 
     found: list[Candidate] = field(default_factory=list)
     compressed: dict[StreamKey, list[str]] = field(default_factory=dict)  # .gz names per pod-log stream
-    refused: set[tuple[str, str, str, str]] = field(default_factory=set)  # (source, namespace, pod, uid)
+    refused: set[Folder] = field(default_factory=set)
+    # Folders bound at this scan that waited for the pod list since the first scan: what they
+    # hold was there at the start (read as a stream found at the first scan is).
+    held_since_start: set[Folder] = field(default_factory=set)
 
 
 def resolved(root: Path | None) -> Path | None:
@@ -163,6 +182,13 @@ class Scanner:
         # (reason, what) counted at the last scan, and at this one: counted once while it lasts
         self._noticed: set[tuple[str, str]] = set()
         self._noticing: set[tuple[str, str]] = set()
+        # Tenant-written folders bound to a pod of the node at the last scan, and at this one
+        self._bound_before: set[Folder] = set()
+        self._bound_now: set[Folder] = set()
+        # Folders waiting for the pod list since the first scan (None: the first scan is to come)
+        self._held_from_start: set[Folder] | None = None
+        self._held_now: set[Folder] = set()
+        self._warned_uid_missing = False
 
     def _notice(self, reason: str, what: str) -> None:
         """Count ``reason`` once for ``what`` while it lasts (in consecutive scans)."""
@@ -176,12 +202,41 @@ class Scanner:
                 log.warning("%s holds more entries than the tailer examines; the rest are not read", what)
 
     def _bound(self, source: str, namespace: str, pod: str, uid: str, folder_name: str, scan: Scan) -> bool:
-        """Whether a folder may speak for the pod it names (see ``PodKnown``)."""
-        if self.pod_known is None or self.pod_known(namespace, pod, uid) is not False:
-            return True
-        mismatch = bool(uid) and self.pod_known(namespace, pod, "") is True
+        """Whether a folder may speak for the pod it names (see the module docstring)."""
+        folder = (source, namespace, pod, uid)
+        if source == SOURCE_POD_LOG:
+            answer = None if self.pod_known is None else self.pod_known(namespace, pod, uid)
+            if answer is not False:
+                return True
+        elif not uid:
+            self._notice("pod_uid_missing", f"{source}:{folder_name}")
+            if not self._warned_uid_missing:
+                self._warned_uid_missing = True
+                log.warning(
+                    "folder %s under %s names no pod UID: not read. Name each pod's folder "
+                    "<namespace>_<pod>_<uid> (subPathExpr: $(POD_NAMESPACE)_$(POD_NAME)_$(POD_UID) from the "
+                    "downward API)",
+                    folder_name,
+                    self.debug_files,
+                )
+            scan.refused.add(folder)
+            return False
+        else:
+            answer = True if self.pod_known is None else self.pod_known(namespace, pod, uid)
+            if answer is None and folder in self._bound_before:
+                answer = True  # bound while the list was complete: a pod list outage stops nothing
+            if answer is True:
+                self._bound_now.add(folder)
+                if self._held_from_start is not None and folder in self._held_from_start:
+                    scan.held_since_start.add(folder)
+                return True
+            if answer is None:
+                self._notice("pod_list_unavailable", f"{source}:{folder_name}")
+                self._held_now.add(folder)
+                return False
+        mismatch = bool(uid) and self.pod_known is not None and self.pod_known(namespace, pod, "") is True
         self._notice("pod_uid_mismatch" if mismatch else "pod_not_on_node", f"{source}:{folder_name}")
-        scan.refused.add((source, namespace, pod, uid))
+        scan.refused.add(folder)
         return False
 
     def _examine(
@@ -250,6 +305,12 @@ class Scanner:
         self.folders.forget_missing(seen_folders)
         self.stats.unattributed_files = unattributed
         self._noticed, self._noticing = self._noticing, set()
+        self._bound_before, self._bound_now = self._bound_now, set()
+        if self._held_from_start is None:
+            self._held_from_start = set(self._held_now)
+        else:
+            self._held_from_start &= self._held_now
+        self._held_now = set()
         return scan
 
     def _scan_container(self, scan: Scan, container_dir: Path, pod: tuple[str, str, str], now: float) -> None:

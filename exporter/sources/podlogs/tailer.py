@@ -109,19 +109,30 @@ class PodLogTailer:
             gz_names = scan.compressed.get(key, [])
             stream = self._streams.get(key)
             if stream is None:
-                stream = self._open_stream(key, selected[key], gz_names, first_scan, batch)
+                # A folder that waited for the pod list since the start holds what was there then.
+                from_start = first_scan or (key.source, key.namespace, key.pod, key.pod_uid) in scan.held_since_start
+                stream = self._open_stream(key, selected[key], gz_names, from_start, batch)
                 self._streams[key] = stream
             self._file_sync.sync(stream, selected[key], gz_names, batch)
             by_source[key.source].append(stream)
 
         # Pod logs first; debug files keep their share (at most half the tick) while they
-        # have bytes waiting, and each source may take what the other leaves.
+        # have bytes waiting, and the same share of the lines; each source may take what the
+        # other leaves (the pod logs in a second pass).
+        limits = self.limits
         debug_waiting = sum(s.waiting(now) for s in by_source[SOURCE_DEBUG_FILE])
-        reserved = min(self.limits.debug_file_tick_bytes, self.limits.tick_bytes // 2, debug_waiting)
-        pod_budget = self.limits.tick_bytes - reserved
-        used = self._serve(SOURCE_POD_LOG, by_source[SOURCE_POD_LOG], pod_budget, first_scan, batch, now)
-        debug_budget = self.limits.tick_bytes - used
-        self._serve(SOURCE_DEBUG_FILE, by_source[SOURCE_DEBUG_FILE], debug_budget, first_scan, batch, now)
+        share = min(limits.debug_file_tick_bytes, limits.tick_bytes // 2)
+        reserved = min(share, debug_waiting)
+        reserved_lines = limits.tick_lines * share // max(1, limits.tick_bytes) if debug_waiting else 0
+        left = (limits.tick_bytes, limits.tick_lines)
+        for source, held_back in (
+            (SOURCE_POD_LOG, (reserved, reserved_lines)),
+            (SOURCE_DEBUG_FILE, (0, 0)),
+            (SOURCE_POD_LOG, (0, 0)),
+        ):
+            budget = (left[0] - held_back[0], left[1] - held_back[1])
+            used, lines = self._serve(source, by_source[source], budget, first_scan, batch, now)
+            left = (left[0] - used, left[1] - lines)
 
         self.stats.backlog_bytes = sum(s.waiting(now) for s in self._streams.values())
         self.stats.streams = len(self._streams)
@@ -132,35 +143,49 @@ class PodLogTailer:
         return batch
 
     def _serve(
-        self, source: str, streams: list[Stream], budget: int, first_scan: bool, batch: TailBatch, now: float
-    ) -> int:
-        """Turns of one source's streams (sorted by key) within ``budget``; bytes read.
+        self,
+        source: str,
+        streams: list[Stream],
+        budget: tuple[int, int],
+        first_scan: bool,
+        batch: TailBatch,
+        now: float,
+    ) -> tuple[int, int]:
+        """Turns of one source's streams (sorted by key) within ``budget`` (bytes, lines);
+        (bytes read, lines handed back).
 
         Round-robin from the stream the last poll stopped at; each turn is a fair share of
-        what is left (at least a line, at most a chunk), and rounds go on while budget is
-        left, so one busy stream may use what the others do not need.
+        what is left, in bytes (at least a line, at most a chunk) and in lines (at least
+        ``min_turn_lines``), and rounds go on while budget is left, so one busy stream may use
+        what the others do not need, and no stream waits for more than a round of turns.
         """
-        given = budget
+        given_bytes, given_lines = budget
+        left_bytes, left_lines = budget
         active = [s for s in streams if s.waiting(now)]
-        if not active or budget <= 0:
-            return 0
+        if not active or left_bytes <= 0 or left_lines <= 0:
+            return 0, 0
         cursor = self._cursor.get(source)
         if cursor is not None:
             start = bisect.bisect_left([s.key for s in active], cursor) % len(active)
             active = active[start:] + active[:start]
+        limits = self.limits
         while active:
-            share = min(self.limits.file_chunk_bytes, max(budget // len(active), self.limits.max_line_bytes))
+            share = min(limits.file_chunk_bytes, max(left_bytes // len(active), limits.max_line_bytes))
+            line_share = max(left_lines // len(active), limits.min_turn_lines)
             again: list[Stream] = []
             for stream in active:
-                if budget <= 0:
+                if left_bytes <= 0 or left_lines <= 0:
                     self._cursor[source] = stream.key
-                    return given - budget
-                used = self._reader.turn(stream, min(share, budget), first_scan, batch, now)
-                budget -= used
+                    return given_bytes - left_bytes, given_lines - left_lines
+                used, lines = self._reader.turn(
+                    stream, min(share, left_bytes), first_scan, batch, now, min(line_share, left_lines)
+                )
+                left_bytes -= used
+                left_lines -= lines
                 if used > 0 and stream.waiting(now):
                     again.append(stream)
             active = again
-        return given - budget
+        return given_bytes - left_bytes, given_lines - left_lines
 
     def _open_stream(
         self, key: StreamKey, cands: list[Candidate], gz_names: list[str], first_scan: bool, batch: TailBatch
