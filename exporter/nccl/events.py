@@ -128,10 +128,19 @@ class ConnectionEvent(NamedTuple):
     via: str  # the transport text after "via "
     net_device: int | None = None  # NET/<net>/<dev>: the index of the network's device (NET/IB : Using [i])
     proxy_rank: int | None = None  # NET/<net>/<dev>(<rank>): PXN, the rank whose GPU talks to that device
+    # The line's format is one only NCCL older than 2.14 writes: a "Ring" line (2.3-2.6), or a NET
+    # "Channel" line without the connection index (2.7-2.11; 2.12 added "/<connIndex>").
+    format_before_2_14: bool = False
 
     @property
     def logging_rank(self) -> int:
         return self.dst if self.direction == "receive" else self.src
+
+    @property
+    def logging_rank_known(self) -> bool:
+        """Whether ``logging_rank`` is sure: a NET line without ``[send]``/``[receive]`` (2.3 and older)
+        may be logged by either end (2.3's receiver prints it; older versions are not known)."""
+        return self.direction is not None or self.kind != "net"
 
 
 class CommInitEvent(NamedTuple):

@@ -34,6 +34,7 @@ class Process:
         "key",
         "host",
         "address",
+        "address_from_socket",
         "oob_address",
         "network",
         "network_line",
@@ -63,7 +64,9 @@ class Process:
     def __init__(self, key: tuple[str, int] | None) -> None:
         self.key = key
         self.host = key[0] if key else None
-        self.address: str | None = None  # bootstrap address: tells apart nodes sharing a hostname
+        # Bootstrap address (else the first NET/Socket interface's): tells apart nodes sharing a hostname.
+        self.address: str | None = None
+        self.address_from_socket = False  # taken from a NET/Socket line; a bootstrap line replaces it
         self.oob_address: str | None = None  # NET/IB's OOB address, used where no bootstrap line shows
         self.network: str | None = None  # last "Using network"
         self.network_line: str | None = None

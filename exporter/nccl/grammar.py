@@ -55,6 +55,7 @@ from exporter.nccl.records import (
     WARNING_CATEGORIES,
     Prefix,
     Record,
+    clean_message,
     split_records,
     strip_ansi,
     strip_wrappers,
@@ -67,6 +68,7 @@ __all__ = [
     "WARNING_CATEGORIES",
     "Prefix",
     "Record",
+    "clean_message",
     "split_records",
     "strip_ansi",
     "strip_wrappers",
@@ -206,6 +208,7 @@ def _connection(m: re.Match[str]) -> ConnectionEvent | None:
         direction=m.group("dir"),
         ids_are_devices=ids_are_devices,
         via=via,
+        format_before_2_14=m.group("word") == "Ring" or (via.startswith("NET/") and m.group("conn") is None),
     )
     if via.startswith("NET/"):
         n = _NET_VIA_RE.match(via)

@@ -83,10 +83,12 @@ def test_runtime_connect_lines_after_init_complete_stay_with_their_communicator(
 
 
 def test_connections_before_init_complete_belong_to_it_on_older_versions() -> None:
+    """2.12-2.17 lines ("Channel 00/0"): NET says nothing of placement in 2.14+, so only the shared
+    busId places the first communicator's peer on another node."""
     log = "\n".join([
-        "a:1:5 [0] NCCL INFO Channel 00 : 0[1b000] -> 1[1b000] [send] via NET/IB/0",
+        "a:1:5 [0] NCCL INFO Channel 00/0 : 0[1b000] -> 1[1b000] [send] via NET/IB/0",
         "a:1:5 [0] NCCL INFO comm 0x1 rank 0 nranks 2 cudaDev 0 busId 1b000 - Init COMPLETE",
-        "a:1:5 [0] NCCL INFO Channel 00 : 0[1b000] -> 1[3d000] [send] via NET/IB/0",
+        "a:1:5 [0] NCCL INFO Channel 00/0 : 0[1b000] -> 1[3d000] [send] via NET/IB/0",
         "a:1:5 [0] NCCL INFO comm 0x2 rank 0 nranks 4 cudaDev 0 busId 1b000 - Init COMPLETE",
     ])
     verdict = analyze_text(log).result()
@@ -94,6 +96,44 @@ def test_connections_before_init_complete_belong_to_it_on_older_versions() -> No
     assert by_id["nranks:2"].transports == {("net_ib", "inter_node", "0"): 1}
     assert by_id["nranks:4"].transports == {("net_ib", "unknown", "0"): 1}
     assert verdict.gdr is False
+
+
+def test_net_lines_before_2_14_join_two_nodes() -> None:
+    """2.7-2.11 lines ("Channel 00 :", no connection index): SHM connects any two ranks of one host,
+    so a NET connection crosses nodes, whatever GPUs it names."""
+    log = "\n".join([
+        "a:1:5 [0] NCCL INFO Channel 00 : 0[1b000] -> 1[3d000] [send] via NET/Socket/0",
+        "a:1:5 [0] NCCL INFO comm 0x2 rank 0 nranks 4 cudaDev 0 busId 1b000 - Init COMPLETE",
+    ])
+    verdict = analyze_text(log).result()
+    (comm,) = verdict.communicators
+    assert comm.transports == {("net_socket", "inter_node", "0"): 1}
+    assert verdict.verdict == "tcp_fallback"
+
+
+def test_net_lines_before_2_14_say_nothing_once_shm_is_disabled() -> None:
+    for setting in ("a:1:5 [0] NCCL INFO NCCL_SHM_DISABLE set by environment to 1.",
+                    "$ mpirun -np 4 -x NCCL_SHM_DISABLE=1 ./all_reduce_perf -b 8 -e 1G"):
+        log = "\n".join([
+            setting,
+            "a:1:5 [0] NCCL INFO Channel 00 : 0[1b000] -> 1[3d000] [send] via NET/Socket/0",
+            "a:1:5 [0] NCCL INFO comm 0x2 rank 0 nranks 4 cudaDev 0 busId 1b000 - Init COMPLETE",
+        ])
+        verdict = analyze_text(log).result()
+        assert verdict.communicators[0].transports == {("net_socket", "unknown", "0"): 1}, setting
+        assert verdict.verdict == "unknown", setting
+
+
+def test_net_lines_before_2_14_between_processes_of_one_hostname_stay_open() -> None:
+    """One hostname on both ends: two machines named alike, or SHM disabled off the excerpt."""
+    log = "\n".join([
+        "NCCL version 2.11.4+cuda11.4",
+        "h:1:5 [0] NCCL INFO comm 0x1 rank 0 nranks 2 cudaDev 0 busId 1b000 - Init COMPLETE",
+        "h:2:6 [0] NCCL INFO comm 0x2 rank 1 nranks 2 cudaDev 0 busId 3d000 - Init COMPLETE",
+        "h:1:5 [0] NCCL INFO Channel 00/0 : 0[1b000] -> 1[3d000] [send] via NET/Socket/0",
+    ])
+    verdict = analyze_text(log).result()
+    assert verdict.inter_node_tcp is not True
 
 
 def test_nnodes_line_before_the_commid_line_is_merged() -> None:
