@@ -35,6 +35,14 @@ IB_INIT_FAILED = "init_failed"  # "Failed to initialize NET plugin IB" (2.27+)
 IB_ZERO_DEVICES = "zero_devices"  # 2.3's "Net/IB: call to devices() returned 0 devices."
 
 
+class IbTrafficEvent(NamedTuple):
+    """A line of NCCL's IB transport setting up or using a connection: the queue pair of a connection
+    (``NET/IB: Dev 0 Port 1 qpn 4711 ...``, ``NET/IB: NCCL Dev 0 IbDev 0 ...``) or a request on one
+    (``NET/IB : req 0/1 tag 7 peer ...``). Only a process whose network is IB prints these."""
+
+    detail: str
+
+
 class IbUnavailableEvent(NamedTuple):
     """A line saying that NCCL's IB (verbs) transport cannot be used by this process."""
 
@@ -195,6 +203,7 @@ Event = (
     | NetworkEvent
     | IbDevicesEvent
     | IbUnavailableEvent
+    | IbTrafficEvent
     | SocketDevicesEvent
     | BootstrapEvent
     | ConnectionEvent

@@ -39,6 +39,7 @@ from exporter.nccl.events import (
     GdrEvent,
     IbDevice,
     IbDevicesEvent,
+    IbTrafficEvent,
     IbUnavailableEvent,
     InterfaceEvent,
     NetworkEvent,
@@ -97,6 +98,7 @@ __all__ = [
     "GdrEvent",
     "IbDevice",
     "IbDevicesEvent",
+    "IbTrafficEvent",
     "IbUnavailableEvent",
     "InterfaceEvent",
     "NetworkEvent",
@@ -129,6 +131,10 @@ _IB_USING_RE = re.compile(r"NET/IB ?: Using(?P<devs>.*?)(?:; OOB (?P<oob>\S+))?$
 # [0]mlx5_0:1/IB; 2.27+ may add the rail (":1:3/IB") or an empty rail and the plane (":1::2/IB")
 _IB_DEVICE_RE = re.compile(
     r"\[(?P<i>\d+)\] ?(?P<dev>[^\s:=\[\]{},]+):(?P<port>\d+)(?::\d{0,4}(?::\d{1,4})?)?/(?P<link>[A-Za-z/]+)"
+)
+# NET/IB's connection set-up and request lines (net_ib.cc): a queue pair, or a request to a peer.
+_IB_TRAFFIC_RE = re.compile(
+    r"NET/IB ?: (?:(?:NCCL (?:Merged)?Dev \d+ )?(?:Ib)?Dev \d+ Port \d+ qpn \d|req \d+/\d+ tag )"
 )
 _SOCKET_USING_RE = re.compile(r"NET/Socket ?: Using(?P<ifs>.*)$")
 _SOCKET_IF_RE = re.compile(r"\[\d+\](?P<if>[^\s:\[\]]+):(?P<addr>[^\s<]+)")
@@ -237,6 +243,8 @@ def _net_line(message: str) -> Event | None:
             return IbUnavailableEvent(IB_NO_DEVICE)
         if "No IP interface found" in message:
             return IbUnavailableEvent(IB_NO_INTERFACE)
+        if _IB_TRAFFIC_RE.match(message):
+            return IbTrafficEvent(message[:80])
         return None
     if message.startswith("NET : Using interface"):
         m = _INTERFACE_RE.match(message)

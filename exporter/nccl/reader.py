@@ -49,6 +49,7 @@ class StreamReader(StreamState):
             g.NetworkEvent: self._on_network,
             g.IbDevicesEvent: self._on_ib_devices,
             g.IbUnavailableEvent: self._on_ib_unavailable,
+            g.IbTrafficEvent: self._on_ib_traffic,
             g.SocketDevicesEvent: self._on_socket_devices,
             g.BootstrapEvent: self._on_bootstrap,
             g.EnvEvent: self._on_env,
@@ -241,6 +242,9 @@ class StreamReader(StreamState):
         if event.oob_address and not event.oob_address.startswith("127.") and process.oob_address != event.oob_address:
             process.oob_address = event.oob_address
             self._nodes = None
+
+    def _on_ib_traffic(self, process: Process, thread: Thread, event: g.IbTrafficEvent, record: g.Record) -> None:
+        process.ib_datapath_line = process.ib_datapath_line or self._cite(record)
 
     def _on_ib_unavailable(
         self, process: Process, thread: Thread, event: g.IbUnavailableEvent, record: g.Record

@@ -208,3 +208,14 @@ def test_rdma_connection_lines_decide_a_communicator_that_shows_no_network() -> 
     assert verdict.verdict == "rdma" and verdict.inter_node_tcp is False and verdict.network == "IBext_v8"
     with_socket = log.replace("NET/IBext_v8/4", "NET/Socket/0")
     assert analyze_text(with_socket).result().inter_node_tcp is not False
+
+
+def test_ib_queue_pair_lines_show_the_network() -> None:
+    """No Using network or NET/IB : Using line: the IB transport's own connection lines show IB."""
+    log = "\n".join([
+        "gpu-a:1:1 [0] NCCL INFO comm 0x1 rank 0 nranks 2 cudaDev 0 busId 1b000 - Init COMPLETE",
+        "gpu-b:2:2 [0] NCCL INFO comm 0x2 rank 1 nranks 2 cudaDev 0 busId 1b000 - Init COMPLETE",
+        "gpu-a:1:9 [0] NCCL INFO NET/IB: Dev 0 Port 1 qpn 3904 mtu 5 LID 4",
+    ])
+    verdict = analyze_text(log).result()
+    assert verdict.verdict == "rdma" and verdict.network == "IB"
