@@ -16,8 +16,10 @@ from exporter.nccl.records import Record
 
 # The communicator key of connection lines whose communicator the log never names.
 UNATTRIBUTED = "unattributed"
-# A node as the log shows it: (hostname, the address that identifies the node, "" when none shows).
+# A node as the log shows it: (hostname, the address that identifies the node, "" when none shows);
+# a process that shows NCCL_HOSTID is on the node ("NCCL_HOSTID=<value>", the same).
 NodeKey = tuple[str, str]
+HOST_ID = "NCCL_HOSTID="
 # What makes connection lines one connection (see StreamReader._connection_key).
 ConnectionKey = tuple[object, ...]
 
@@ -247,7 +249,8 @@ def _addresses(processes: list[Process]) -> dict[int, str | None]:
 
 
 def node_keys(processes: Iterable[Process]) -> dict[int, NodeKey]:
-    """id(process) -> node key. A hostname seen with several addresses is several nodes."""
+    """id(process) -> node key. A hostname seen with several addresses is several nodes; a process that
+    shows ``NCCL_HOSTID`` is on the node of that id, whatever its hostname (``getHostHash``)."""
     processes = list(processes)
     # Interleaved writers glue the tail of one record to the next one's hostname
     # ("[1] NCCg183:161260:..."): a host that ends with the host of another process with the
@@ -271,6 +274,10 @@ def node_keys(processes: Iterable[Process]) -> dict[int, NodeKey]:
     keys: dict[int, NodeKey] = {}
     for p in processes:
         if p.host is None:
+            continue
+        host_id = p.env.get("NCCL_HOSTID")
+        if host_id:  # NCCL hashes this string instead of the hostname and boot id
+            keys[id(p)] = (f"{HOST_ID}{host_id}", f"{HOST_ID}{host_id}")
             continue
         host = canonical.get(id(p), p.host)
         node_address = address[id(p)]

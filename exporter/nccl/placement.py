@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from exporter.nccl.events import ConnectionEvent
 from exporter.nccl.evidence import CERTAIN, MEDIUM, STRONG, WEAK, EvidenceGraph, Link, Separation
 from exporter.nccl.facts import (
+    HOST_ID,
     UNATTRIBUTED,
     Communicator,
     Connection,
@@ -160,7 +161,8 @@ def _evidence(
         node = nodes_of.get(id(process))
         if node is not None:
             nodes.setdefault(node, process.label())
-            shown = node[1] in (process.address, process.oob_address)  # not inferred from its hostname
+            # Its own address (or NCCL_HOSTID), not one inferred from other processes of its hostname.
+            shown = node[1] in (process.address, process.oob_address) or node[1].startswith(HOST_ID)
             links.append(_node_link(("p", id(process)), node if shown else (node[0], ""), process.label(), node))
     for rank, node in table_nodes:
         nodes.setdefault(node, f"{node[0]} (nccl-tests device table)")

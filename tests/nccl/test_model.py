@@ -219,3 +219,23 @@ def test_ib_queue_pair_lines_show_the_network() -> None:
     ])
     verdict = analyze_text(log).result()
     assert verdict.verdict == "rdma" and verdict.network == "IB"
+
+
+def test_nccl_hostid_names_the_node_whatever_the_hostname() -> None:
+    """NCCL hashes NCCL_HOSTID instead of the hostname: two processes of one machine with two ids are
+    two nodes, and their Socket connection crosses them (the emulation scripts/gpu-check runs)."""
+    lines = []
+    for rank, host_id in ((0, "emulated-a"), (1, "emulated-b")):
+        pid = 10 + rank
+        lines += [
+            f"gpu-box:{pid}:{pid} [0] NCCL INFO NCCL_HOSTID set by environment to {host_id}",
+            f"gpu-box:{pid}:{pid} [0] NCCL INFO Bootstrap : Using eth0:10.0.0.9<0>",
+            f"gpu-box:{pid}:{pid} [0] NCCL INFO Using network Socket",
+            f"gpu-box:{pid}:{pid} [0] NCCL INFO comm 0x{rank} rank {rank} nranks 2 cudaDev 0 nvmlDev 0 busId 1b000 "
+            f"commId 0x77 - Init COMPLETE",
+        ]
+    lines.append("gpu-box:10:10 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [receive] via NET/Socket/0")
+    verdict = analyze_text("\n".join(lines)).result()
+    assert verdict.verdict == "tcp_fallback" and verdict.nodes == 2
+    same = "\n".join(line.replace("emulated-b", "emulated-a") for line in lines)
+    assert analyze_text(same).result().verdict == "single_node"
