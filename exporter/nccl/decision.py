@@ -12,6 +12,7 @@ from typing import NamedTuple
 from exporter.nccl.facts import NodeKey, Process, connection_class, host_node_key, loopback_hosts, only_loopback
 from exporter.nccl.launcher import names_host
 from exporter.nccl.networks import NO_SELECTION, RDMA, TCP, Selection
+from exporter.nccl.placement import version_side
 from exporter.nccl.state import StreamState
 from exporter.nccl.summaries import CommFacts, log_version, shown_network, summarize_all
 from exporter.nccl.verdict import CommunicatorSummary, Verdict
@@ -113,14 +114,17 @@ def _judged_as_a_job(
     in communicators on one node) can reach the others only over TCP. Else: every communicator on
     one node, loopback interfaces only, or RDMA selected by every process decide; else the log does
     not tell."""
-    # A process whose every communicator is shown on one node has no link to another node.
+    # A process whose every communicator is shown on one node has no link to another node; one whose
+    # every communicator has a single rank has no peer at all, so it tells nothing of the job's nodes.
     confined = {id(p) for f in facts if f.multi_node is False for p in f.processes}
     confined -= {id(p) for f in facts if f.multi_node is not False for p in f.processes}
-    tcp_selected = [sel for sel in (p.selected_network() for p in processes if id(p) not in confined) if sel.cls == TCP]
-    hosts = _job_hosts(state, processes, nodes_of)
+    alone = {id(p) for f in facts if f.summary.nranks == 1 for p in f.processes}
+    alone -= {id(p) for f in facts if f.summary.nranks != 1 for p in f.processes}
+    tcp_processes = [p for p in processes if id(p) not in confined and p.selected_network().cls == TCP]
+    hosts = _job_hosts(state, [p for p in processes if id(p) not in alone], nodes_of)
     several = (len(hosts) > 1 and _one_job(state, facts)) or any(f.multi_node for f in facts)
-    if several and tcp_selected:
-        first = tcp_selected[0]
+    if several and tcp_processes:
+        first = tcp_processes[0].selected_network()
         where = ", ".join(hosts[:4]) if len(hosts) > 1 else "several nodes"
         return _Judgement(
             True,
@@ -128,6 +132,17 @@ def _judged_as_a_job(
             [
                 f"the job runs on {where} and selected TCP-class network {shown_network(first.name, first.cls)}, "
                 f'the only network its links between nodes can use: "{first.line}"'
+            ],
+        )
+    crossing = next((line for line in (_net_traffic_before_2_14(state, p) for p in tcp_processes) if line), None)
+    if crossing is not None:
+        first = tcp_processes[0].selected_network()
+        return _Judgement(
+            True,
+            [],
+            [
+                "before NCCL 2.14 a process sends over its network only to other nodes, and this one sends over "
+                f'TCP-class network {shown_network(first.name, first.cls)}: "{crossing}"'
             ],
         )
     if facts and not several and all(f.multi_node is False for f in facts):
@@ -149,6 +164,18 @@ def _judged_as_a_job(
             False, [], [f'every process uses RDMA network {shown_network(first.name, first.cls)}: "{first.line}"']
         )
     return _Judgement(None, [], [r for f in facts for r in f.reasons[:1]])
+
+
+def _net_traffic_before_2_14(state: StreamState, process: Process) -> str | None:
+    """The line showing ``process`` move data over its network, when NCCL older than 2.14 wrote it and
+    SHM is not disabled: then that traffic crosses nodes (two ranks of one host connect over P2P or
+    SHM before 2.14). None otherwise."""
+    versions = [process.version] if process.version else list(state.versions)
+    if state.shm_disabled or version_side(versions) != "before":
+        return None
+    if process.socket_datapath_line:
+        return process.socket_datapath_line
+    return next((c.cited for c in state.connections.values() if c.process is process and c.event.kind == "net"), None)
 
 
 def _log_network_classes(state: StreamState, facts: list[CommFacts], selected: list[Selection]) -> set[str | None]:

@@ -43,6 +43,14 @@ class IbTrafficEvent(NamedTuple):
     detail: str
 
 
+class SocketTrafficEvent(NamedTuple):
+    """NCCL's Socket network moving or connecting data (``net_socket.cc``): ``NET/Socket : message
+    truncated``, ``NET/Socket : socket progress error``, or an error returned from that file
+    (``transport/net_socket.cc:339 -> 2``). Only a process whose network is Socket runs that code."""
+
+    detail: str
+
+
 class IbUnavailableEvent(NamedTuple):
     """A line saying that NCCL's IB (verbs) transport cannot be used by this process."""
 
@@ -161,6 +169,8 @@ class CommInitEvent(NamedTuple):
     phase: str | None
     gpu_id: str | None = None  # the GPU as channel lines of the same version name it (see below)
     bus_id: str | None = None  # the GPU's PCI address as NCCL's busId ("18000" = 0000:18:00.0), 2.5+
+    # "ncclCommInitAll comm ..." (2.20+ name the API): one process initialises every rank.
+    init_all: bool = False
 
 
 class CommNodesEvent(NamedTuple):
@@ -204,6 +214,7 @@ Event = (
     | IbDevicesEvent
     | IbUnavailableEvent
     | IbTrafficEvent
+    | SocketTrafficEvent
     | SocketDevicesEvent
     | BootstrapEvent
     | ConnectionEvent

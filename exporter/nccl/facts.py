@@ -51,6 +51,7 @@ class Process:
         "version",
         "gdr_hca",
         "ib_datapath_line",
+        "socket_datapath_line",
         "named_comm",
         "plugin_loaded",
         "plugin_loaded_line",
@@ -83,6 +84,7 @@ class Process:
         self.version: str | None = None
         self.gdr_hca: dict[bool, str] = {}  # GDR enabled/disabled per HCA on an RDMA net -> cited line
         self.ib_datapath_line: str | None = None  # a NET/IB completion/async WARN: IB carries traffic
+        self.socket_datapath_line: str | None = None  # net_socket.cc moving or connecting data: Socket carries it
         self.named_comm = False  # logged an init or nNodes line (its pointers may since be evicted)
         self.plugin_loaded: str | None = None  # "Loaded net plugin X": X
         self.plugin_loaded_line: str | None = None
@@ -109,7 +111,8 @@ class Process:
         X``, aws-ofi-nccl's selected provider, FastSocket/TCPX/FasTrak init lines) wins; then Socket
         when IB is shown unusable; then IB when ``NET/IB : Using`` lists devices (2.4 prints
         ``NET/Socket : Using`` on every rank even when IB is then selected, so that line alone is not
-        Socket); then a loaded plugin that no line shows failing.
+        Socket); then a loaded plugin that no line shows failing; then the network whose own
+        connection code the log shows running (IB queue pairs and completions, Socket's data path).
         """
         provider = self.ofi_provider
         if self.network:
@@ -135,6 +138,8 @@ class Process:
             return Selection(loaded, self.plugin_loaded_line, network_class(loaded, provider))
         if self.ib_datapath_line:
             return Selection("IB", self.ib_datapath_line, RDMA)
+        if self.socket_datapath_line:
+            return Selection("Socket", self.socket_datapath_line, network_class("Socket"))
         return NO_SELECTION
 
 

@@ -224,13 +224,13 @@ def _net_before_2_14(
     then cannot tell."""
     if state.shm_disabled:
         return []
-    log_side = _version_side(state.versions)
+    log_side = version_side(state.versions)
     separations = []
     for c in conns:
         e = c.event
         if e.kind != "net" or e.src == e.dst:
             continue
-        side = _version_side([c.process.version] if c.process.version else []) or log_side
+        side = version_side([c.process.version] if c.process.version else []) or log_side
         if not (side == "before" if side else e.format_before_2_14):
             continue
         ends = [rank_process.get(e.src), rank_process.get(e.dst)]
@@ -241,7 +241,7 @@ def _net_before_2_14(
     return separations
 
 
-def _version_side(versions: Iterable[str]) -> str | None:
+def version_side(versions: Iterable[str]) -> str | None:
     """Which side of 2.14 the versions given are on: "before" (all older), "since" (all 2.14 or newer),
     None when none is given, they straddle it, or one does not parse."""
     sides = set()

@@ -18,7 +18,7 @@ from exporter.nccl.verdict import NcclWarning, Verdict
 # A line the reader can use holds one of these: "NCCL " (every record the logger writes), or for a
 # bare message body (its prefix stripped by whoever shipped the log) one of the others; any other
 # line is dropped at once by ``feed``. ``ccl-exporter analyze`` skips, unread, lines holding none.
-LINE_NEEDLES = ("NCCL ", " via ", "Using", "comm ", " Pid ", "GLOBAL_RANK", "NCCL_SHM_DISABLE")
+LINE_NEEDLES = ("NCCL ", " via ", "Using", "comm ", " Pid ", "] INFO ", "GLOBAL_RANK", "NCCL_SHM_DISABLE")
 _MEMO_ENTRIES = 4096  # parsed messages remembered per stream (cleared when full)
 _MEMO_MESSAGE_CHARS = 512  # longer messages are parsed every time
 # What each remembered fact costs, in bytes (CPython 3.11, measured with tracemalloc; the parser
@@ -50,6 +50,7 @@ class StreamReader(StreamState):
             g.IbDevicesEvent: self._on_ib_devices,
             g.IbUnavailableEvent: self._on_ib_unavailable,
             g.IbTrafficEvent: self._on_ib_traffic,
+            g.SocketTrafficEvent: self._on_socket_traffic,
             g.SocketDevicesEvent: self._on_socket_devices,
             g.BootstrapEvent: self._on_bootstrap,
             g.EnvEvent: self._on_env,
@@ -85,7 +86,13 @@ class StreamReader(StreamState):
             line = line[:limit]
         marker = line.find("NCCL ")
         if marker < 0:  # LINE_NEEDLES, spelled out: the test of every line
-            if " via " not in line and "Using" not in line and "comm " not in line and " Pid " not in line:
+            if (
+                " via " not in line
+                and "Using" not in line
+                and "comm " not in line
+                and " Pid " not in line
+                and "] INFO " not in line  # NCCL 2.2 and older: "host:pid:tid [dev] INFO ..."
+            ):
                 if "GLOBAL_RANK" in line:
                     self._launcher_rank(line)
                 elif "NCCL_SHM_DISABLE" in line:
@@ -190,6 +197,8 @@ class StreamReader(StreamState):
             return
         event = self._parse(record.message)
         if event is None:
+            if record.level == "WARN" and record.prefix is not None:
+                self._process(record.prefix)  # a process of this host runs NCCL, whatever it warns of
             return
         if record.prefix is None and isinstance(event, (g.EnvEvent, g.GdrEvent, g.BootstrapEvent)):
             return  # a bare body of these says nothing about whose it is
@@ -245,6 +254,11 @@ class StreamReader(StreamState):
 
     def _on_ib_traffic(self, process: Process, thread: Thread, event: g.IbTrafficEvent, record: g.Record) -> None:
         process.ib_datapath_line = process.ib_datapath_line or self._cite(record)
+
+    def _on_socket_traffic(
+        self, process: Process, thread: Thread, event: g.SocketTrafficEvent, record: g.Record
+    ) -> None:
+        process.socket_datapath_line = process.socket_datapath_line or self._cite(record)
 
     def _on_ib_unavailable(
         self, process: Process, thread: Thread, event: g.IbUnavailableEvent, record: g.Record
@@ -350,6 +364,10 @@ class StreamReader(StreamState):
         comm.nranks = event.nranks
         if record.prefix is not None:
             self._add_rank(comm, event.rank, process)
+            if event.init_all:  # ncclCommInitAll: this process initialises every rank
+                for rank in range(min(event.nranks, self.limits.max_ranks)):
+                    if rank not in comm.rank_process:
+                        self._add_rank(comm, rank, process)
         if event.gpu_id is not None and (event.rank in comm.rank_gpu or len(comm.rank_gpu) < self.limits.max_ranks):
             if comm.rank_gpu.setdefault(event.rank, event.gpu_id) != event.gpu_id:
                 comm.mixed = True
