@@ -10,7 +10,9 @@ from dataclasses import replace
 from typing import NamedTuple
 
 from exporter.nccl.facts import NodeKey, Process, connection_class, host_node_key, loopback_hosts, only_loopback
+from exporter.nccl.launcher import names_host
 from exporter.nccl.networks import NO_SELECTION, RDMA, TCP, Selection
+from exporter.nccl.placement import version_side
 from exporter.nccl.state import StreamState
 from exporter.nccl.summaries import CommFacts, log_version, shown_network, summarize_all
 from exporter.nccl.verdict import CommunicatorSummary, Verdict
@@ -61,12 +63,13 @@ def _judge(
     nodes_of: dict[int, NodeKey],
 ) -> _Judgement:
     """Whether inter-node traffic runs on TCP: a communicator (or an evicted one) that shows it
-    decides; else the communicators that decide anything; else the processes' own lines."""
+    decides; else communicators on an RDMA network; else the job as a whole (its nodes and what
+    its processes selected), the communicators that stay on one node, and the processes' own lines."""
     if state.retired.inter_node_tcp or any(f.summary.inter_node_tcp is True for f in facts):
         return _fallback_shown(state, facts)
-    if any(f.summary.inter_node_tcp is not None for f in facts):
+    if any(f.summary.inter_node_tcp is False and f.multi_node is not False for f in facts):
         return _judged_by_communicators(state, facts, selected)
-    return _judged_by_processes(state, facts, selected, processes, nodes_of)
+    return _judged_as_a_job(state, facts, selected, processes, nodes_of)
 
 
 def _fallback_shown(state: StreamState, facts: list[CommFacts]) -> _Judgement:
@@ -99,28 +102,51 @@ def _open_on_tcp(summary: CommunicatorSummary, rdma_only: bool) -> bool:
     return summary.network_class is None and (summary.network is not None or not rdma_only)
 
 
-def _judged_by_processes(
+def _judged_as_a_job(
     state: StreamState,
     facts: list[CommFacts],
     selected: list[Selection],
     processes: list[Process],
     nodes_of: dict[int, NodeKey],
 ) -> _Judgement:
-    """No communicator decides: the processes' own lines may (one job on several nodes that selected
-    a TCP-class network, loopback interfaces only, RDMA selected by every process)."""
-    tcp_selected = [sel for sel in selected if sel.cls == TCP]
-    nodes = _log_nodes(state, processes, nodes_of) if tcp_selected else set()
-    if len(nodes) > 1 and _one_job(state, facts):
-        hosts = ", ".join(sorted({str(h) for h, _ in nodes})[:4])
-        first = tcp_selected[0]
+    """No communicator shows inter-node traffic: the log's processes are one job (one launch), so when
+    they run on several nodes, a process that selected a TCP-class network (and is not shown to stay
+    in communicators on one node) can reach the others only over TCP. Else: every communicator on
+    one node, loopback interfaces only, or RDMA selected by every process decide; else the log does
+    not tell."""
+    # A process whose every communicator is shown on one node has no link to another node; one whose
+    # every communicator has a single rank has no peer at all, so it tells nothing of the job's nodes.
+    confined = {id(p) for f in facts if f.multi_node is False for p in f.processes}
+    confined -= {id(p) for f in facts if f.multi_node is not False for p in f.processes}
+    alone = {id(p) for f in facts if f.summary.nranks == 1 for p in f.processes}
+    alone -= {id(p) for f in facts if f.summary.nranks != 1 for p in f.processes}
+    tcp_processes = [p for p in processes if id(p) not in confined and p.selected_network().cls == TCP]
+    hosts = _job_hosts(state, [p for p in processes if id(p) not in alone], nodes_of)
+    several = (len(hosts) > 1 and _one_job(state, facts)) or any(f.multi_node for f in facts)
+    if several and tcp_processes:
+        first = tcp_processes[0].selected_network()
+        where = ", ".join(hosts[:4]) if len(hosts) > 1 else "several nodes"
         return _Judgement(
             True,
             [],
             [
-                f"the job spans several nodes ({hosts}) and selected TCP-class network "
-                f'{shown_network(first.name, first.cls)}: "{first.line}"'
+                f"the job runs on {where} and selected TCP-class network {shown_network(first.name, first.cls)}, "
+                f'the only network its links between nodes can use: "{first.line}"'
             ],
         )
+    crossing = next((line for line in (_net_traffic_before_2_14(state, p) for p in tcp_processes) if line), None)
+    if crossing is not None:
+        first = tcp_processes[0].selected_network()
+        return _Judgement(
+            True,
+            [],
+            [
+                "before NCCL 2.14 a process sends over its network only to other nodes, and this one sends over "
+                f'TCP-class network {shown_network(first.name, first.cls)}: "{crossing}"'
+            ],
+        )
+    if facts and not several and all(f.multi_node is False for f in facts):
+        return _Judgement(False, [], [r for f in facts for r in f.reasons[:1]], single_node=True)
     if only_loopback(processes):
         return _Judgement(
             False,
@@ -140,6 +166,18 @@ def _judged_by_processes(
     return _Judgement(None, [], [r for f in facts for r in f.reasons[:1]])
 
 
+def _net_traffic_before_2_14(state: StreamState, process: Process) -> str | None:
+    """The line showing ``process`` move data over its network, when NCCL older than 2.14 wrote it and
+    SHM is not disabled: then that traffic crosses nodes (two ranks of one host connect over P2P or
+    SHM before 2.14). None otherwise."""
+    versions = [process.version] if process.version else list(state.versions)
+    if state.shm_disabled or version_side(versions) != "before":
+        return None
+    if process.socket_datapath_line:
+        return process.socket_datapath_line
+    return next((c.cited for c in state.connections.values() if c.process is process and c.event.kind == "net"), None)
+
+
 def _log_network_classes(state: StreamState, facts: list[CommFacts], selected: list[Selection]) -> set[str | None]:
     """The classes of every network the log names: connection lines, selections, communicators."""
     classes = {connection_class(c) for c in state.connections.values() if c.event.network}
@@ -148,17 +186,25 @@ def _log_network_classes(state: StreamState, facts: list[CommFacts], selected: l
     return classes
 
 
-def _log_nodes(state: StreamState, processes: list[Process], nodes_of: dict[int, NodeKey]) -> set[NodeKey]:
-    """The nodes the log's processes run on, and those nccl-tests' device table names."""
+def _job_hosts(state: StreamState, processes: list[Process], nodes_of: dict[int, NodeKey]) -> list[str]:
+    """The nodes the job's processes run on, as reasons name them: the processes' own (hostname and
+    address), those nccl-tests' device table names, and hosts a launcher shows running a rank."""
     nodes = {nodes_of[id(p)] for p in processes if id(p) in nodes_of}
-    table_nodes = {host_node_key(h, processes) for h, _ in state.test_ranks.values()}
-    return nodes | {n for n in table_nodes if n is not None}
+    nodes |= {n for n in (host_node_key(h, processes) for h, _ in state.test_ranks.values()) if n is not None}
+    if state.launcher_names_hosts:
+        for word in state.rank_hosts:
+            if not any(names_host(word, host) for host, _ in nodes):
+                nodes.add((word, ""))
+    return sorted(f"{host} ({address})" if address else host for host, address in nodes)
 
 
 def _one_job(state: StreamState, facts: list[CommFacts]) -> bool:
-    """The log's processes are ranks of one communicator: the nccl-tests device table lists them, or
-    the log shows one communicator size of two or more (init lines, a ring listing, 2.3 rank lines).
-    Without such a tie, processes on two hosts that each chose a TCP network may be two jobs."""
+    """The log's processes are ranks of one job: one launch (a log holds one run, unless Open MPI's tags
+    show several job ids or nccl-tests' device tables several runs); across several launches, only
+    when the log ties them (one nccl-tests table lists them, or one communicator size of two or more
+    shows)."""
+    if len(state.launcher_jobs) <= 1 and not state.test_runs_mixed:
+        return True
     if state.test_ranks and not state.test_runs_mixed:
         return True
     sizes = {f.summary.nranks for f in facts if f.summary.nranks} | (
@@ -175,7 +221,7 @@ def _name(state: StreamState, facts: list[CommFacts], judged: _Judgement, networ
     """tcp_fallback, else single_node (every communicator on one node), else rdma, else unknown."""
     if judged.inter_node_tcp is True:
         return "tcp_fallback"
-    if judged.single_node or (facts and all(f.multi_node is False for f in facts)):
+    if judged.single_node:
         return "single_node"
     if judged.inter_node_tcp is False and (network_cls == RDMA or state.retired.inter_node_rdma):
         return "rdma"

@@ -35,6 +35,22 @@ IB_INIT_FAILED = "init_failed"  # "Failed to initialize NET plugin IB" (2.27+)
 IB_ZERO_DEVICES = "zero_devices"  # 2.3's "Net/IB: call to devices() returned 0 devices."
 
 
+class IbTrafficEvent(NamedTuple):
+    """A line of NCCL's IB transport setting up or using a connection: the queue pair of a connection
+    (``NET/IB: Dev 0 Port 1 qpn 4711 ...``, ``NET/IB: NCCL Dev 0 IbDev 0 ...``) or a request on one
+    (``NET/IB : req 0/1 tag 7 peer ...``). Only a process whose network is IB prints these."""
+
+    detail: str
+
+
+class SocketTrafficEvent(NamedTuple):
+    """NCCL's Socket network moving or connecting data (``net_socket.cc``): ``NET/Socket : message
+    truncated``, ``NET/Socket : socket progress error``, or an error returned from that file
+    (``transport/net_socket.cc:339 -> 2``). Only a process whose network is Socket runs that code."""
+
+    detail: str
+
+
 class IbUnavailableEvent(NamedTuple):
     """A line saying that NCCL's IB (verbs) transport cannot be used by this process."""
 
@@ -128,10 +144,19 @@ class ConnectionEvent(NamedTuple):
     via: str  # the transport text after "via "
     net_device: int | None = None  # NET/<net>/<dev>: the index of the network's device (NET/IB : Using [i])
     proxy_rank: int | None = None  # NET/<net>/<dev>(<rank>): PXN, the rank whose GPU talks to that device
+    # The line's format is one only NCCL older than 2.14 writes: a "Ring" line (2.3-2.6), or a NET
+    # "Channel" line without the connection index (2.7-2.11; 2.12 added "/<connIndex>").
+    format_before_2_14: bool = False
 
     @property
     def logging_rank(self) -> int:
         return self.dst if self.direction == "receive" else self.src
+
+    @property
+    def logging_rank_known(self) -> bool:
+        """Whether ``logging_rank`` is sure: a NET line without ``[send]``/``[receive]`` (2.3 and older)
+        may be logged by either end (2.3's receiver prints it; older versions are not known)."""
+        return self.direction is not None or self.kind != "net"
 
 
 class CommInitEvent(NamedTuple):
@@ -144,6 +169,8 @@ class CommInitEvent(NamedTuple):
     phase: str | None
     gpu_id: str | None = None  # the GPU as channel lines of the same version name it (see below)
     bus_id: str | None = None  # the GPU's PCI address as NCCL's busId ("18000" = 0000:18:00.0), 2.5+
+    # "ncclCommInitAll comm ..." (2.20+ name the API): one process initialises every rank.
+    init_all: bool = False
 
 
 class CommNodesEvent(NamedTuple):
@@ -186,6 +213,8 @@ Event = (
     | NetworkEvent
     | IbDevicesEvent
     | IbUnavailableEvent
+    | IbTrafficEvent
+    | SocketTrafficEvent
     | SocketDevicesEvent
     | BootstrapEvent
     | ConnectionEvent

@@ -16,8 +16,10 @@ from exporter.nccl.records import Record
 
 # The communicator key of connection lines whose communicator the log never names.
 UNATTRIBUTED = "unattributed"
-# A node as the log shows it: (hostname, the address that identifies the node, "" when none shows).
+# A node as the log shows it: (hostname, the address that identifies the node, "" when none shows);
+# a process that shows NCCL_HOSTID is on the node ("NCCL_HOSTID=<value>", the same).
 NodeKey = tuple[str, str]
+HOST_ID = "NCCL_HOSTID="
 # What makes connection lines one connection (see StreamReader._connection_key).
 ConnectionKey = tuple[object, ...]
 
@@ -34,6 +36,7 @@ class Process:
         "key",
         "host",
         "address",
+        "address_from_socket",
         "oob_address",
         "network",
         "network_line",
@@ -48,6 +51,7 @@ class Process:
         "version",
         "gdr_hca",
         "ib_datapath_line",
+        "socket_datapath_line",
         "named_comm",
         "plugin_loaded",
         "plugin_loaded_line",
@@ -63,7 +67,9 @@ class Process:
     def __init__(self, key: tuple[str, int] | None) -> None:
         self.key = key
         self.host = key[0] if key else None
-        self.address: str | None = None  # bootstrap address: tells apart nodes sharing a hostname
+        # Bootstrap address (else the first NET/Socket interface's): tells apart nodes sharing a hostname.
+        self.address: str | None = None
+        self.address_from_socket = False  # taken from a NET/Socket line; a bootstrap line replaces it
         self.oob_address: str | None = None  # NET/IB's OOB address, used where no bootstrap line shows
         self.network: str | None = None  # last "Using network"
         self.network_line: str | None = None
@@ -78,6 +84,7 @@ class Process:
         self.version: str | None = None
         self.gdr_hca: dict[bool, str] = {}  # GDR enabled/disabled per HCA on an RDMA net -> cited line
         self.ib_datapath_line: str | None = None  # a NET/IB completion/async WARN: IB carries traffic
+        self.socket_datapath_line: str | None = None  # net_socket.cc moving or connecting data: Socket carries it
         self.named_comm = False  # logged an init or nNodes line (its pointers may since be evicted)
         self.plugin_loaded: str | None = None  # "Loaded net plugin X": X
         self.plugin_loaded_line: str | None = None
@@ -104,7 +111,8 @@ class Process:
         X``, aws-ofi-nccl's selected provider, FastSocket/TCPX/FasTrak init lines) wins; then Socket
         when IB is shown unusable; then IB when ``NET/IB : Using`` lists devices (2.4 prints
         ``NET/Socket : Using`` on every rank even when IB is then selected, so that line alone is not
-        Socket); then a loaded plugin that no line shows failing.
+        Socket); then a loaded plugin that no line shows failing; then the network whose own
+        connection code the log shows running (IB queue pairs and completions, Socket's data path).
         """
         provider = self.ofi_provider
         if self.network:
@@ -130,6 +138,8 @@ class Process:
             return Selection(loaded, self.plugin_loaded_line, network_class(loaded, provider))
         if self.ib_datapath_line:
             return Selection("IB", self.ib_datapath_line, RDMA)
+        if self.socket_datapath_line:
+            return Selection("Socket", self.socket_datapath_line, network_class("Socket"))
         return NO_SELECTION
 
 
@@ -244,7 +254,8 @@ def _addresses(processes: list[Process]) -> dict[int, str | None]:
 
 
 def node_keys(processes: Iterable[Process]) -> dict[int, NodeKey]:
-    """id(process) -> node key. A hostname seen with several addresses is several nodes."""
+    """id(process) -> node key. A hostname seen with several addresses is several nodes; a process that
+    shows ``NCCL_HOSTID`` is on the node of that id, whatever its hostname (``getHostHash``)."""
     processes = list(processes)
     # Interleaved writers glue the tail of one record to the next one's hostname
     # ("[1] NCCg183:161260:..."): a host that ends with the host of another process with the
@@ -268,6 +279,10 @@ def node_keys(processes: Iterable[Process]) -> dict[int, NodeKey]:
     keys: dict[int, NodeKey] = {}
     for p in processes:
         if p.host is None:
+            continue
+        host_id = p.env.get("NCCL_HOSTID")
+        if host_id:  # NCCL hashes this string instead of the hostname and boot id
+            keys[id(p)] = (f"{HOST_ID}{host_id}", f"{HOST_ID}{host_id}")
             continue
         host = canonical.get(id(p), p.host)
         node_address = address[id(p)]

@@ -39,6 +39,7 @@ from exporter.nccl.events import (
     GdrEvent,
     IbDevice,
     IbDevicesEvent,
+    IbTrafficEvent,
     IbUnavailableEvent,
     InterfaceEvent,
     NetworkEvent,
@@ -47,6 +48,7 @@ from exporter.nccl.events import (
     RankEvent,
     RingOrderEvent,
     SocketDevicesEvent,
+    SocketTrafficEvent,
     TestRankEvent,
     VersionEvent,
 )
@@ -55,6 +57,7 @@ from exporter.nccl.records import (
     WARNING_CATEGORIES,
     Prefix,
     Record,
+    clean_message,
     split_records,
     strip_ansi,
     strip_wrappers,
@@ -67,6 +70,7 @@ __all__ = [
     "WARNING_CATEGORIES",
     "Prefix",
     "Record",
+    "clean_message",
     "split_records",
     "strip_ansi",
     "strip_wrappers",
@@ -95,7 +99,9 @@ __all__ = [
     "GdrEvent",
     "IbDevice",
     "IbDevicesEvent",
+    "IbTrafficEvent",
     "IbUnavailableEvent",
+    "SocketTrafficEvent",
     "InterfaceEvent",
     "NetworkEvent",
     "OfiProviderEvent",
@@ -128,11 +134,15 @@ _IB_USING_RE = re.compile(r"NET/IB ?: Using(?P<devs>.*?)(?:; OOB (?P<oob>\S+))?$
 _IB_DEVICE_RE = re.compile(
     r"\[(?P<i>\d{1,4})\] ?(?P<dev>[^\s:=\[\]{},]+):(?P<port>\d{1,4})(?::\d{0,4}(?::\d{1,4})?)?/(?P<link>[A-Za-z/]+)"
 )
+# NET/IB's connection set-up and request lines (net_ib.cc): a queue pair, or a request to a peer.
+_IB_TRAFFIC_RE = re.compile(
+    r"NET/IB ?: (?:(?:NCCL (?:Merged)?Dev \d+ )?(?:Ib)?Dev \d+ Port \d+ qpn \d|req \d+/\d+ tag )"
+)
 _SOCKET_USING_RE = re.compile(r"NET/Socket ?: Using(?P<ifs>.*)$")
 _SOCKET_IF_RE = re.compile(r"\[\d+\](?P<if>[^\s:\[\]]+):(?P<addr>[^\s<]+)")
 _BOOTSTRAP_RE = re.compile(r"Bootstrap ?: Using (?:\[\d+\])?(?P<if>[^\s:]+):(?P<addr>[^\s<]+)")
 _CONN_RE = re.compile(
-    r"(?P<word>Ring|Channel) (?P<ch>\d{1,4})(?:/(?P<conn>\d{1,4}))? : "
+    r"(?:(?P<word>Ring|Channel) (?P<ch>\d{1,4})(?:/(?P<conn>\d{1,4}))? : |^)"
     r"(?P<src>\d{1,7})(?:\[(?P<srcid>[0-9a-fA-F]{1,16})\])?"
     r" -> (?P<dst>\d{1,7})(?:\[(?P<dstid>[0-9a-fA-F]{1,16})\])?(?: \[(?P<dir>send|receive)\])? via (?P<via>.+)$"
 )
@@ -184,7 +194,15 @@ _RANK_NRANKS_RE = re.compile(r"rank (?P<rank>\d{1,7}) nranks (?P<nranks>\d{1,7})
 _ALL_RANKS_RE = re.compile(r"nranks (?P<nranks>\d{1,7})$")
 _TREES_RE = re.compile(r"Trees \[\d{1,4}\] -?\d{1,7}(?:/-?\d{1,7}){0,2}->(?P<rank>\d{1,7})->")
 _RING_POSITION_RE = re.compile(r"Ring \d{1,4} : -?\d{1,7} -> (?P<rank>\d{1,7}) -> -?\d{1,7}$")
-_RING_ORDER_RE = re.compile(r"(?:Ring|Channel) \d{1,4}(?:/\d{1,4})? :(?P<ranks>(?: +\d{1,7}){1,8192}) *$")
+# (2.1-2.2 put "[<ring>] " before it)
+_RING_ORDER_RE = re.compile(
+    r"(?:\[\d{1,4}\] )?(?:Ring|Channel) \d{1,4}(?:/\d{1,4})? :(?P<ranks>(?: +\d{1,7}){1,8192}) *$"
+)
+# 2.4: "CUDA Dev 0[3], Socket NIC distance :  SYS" names the network NCCL selected (ncclNetName()).
+_NIC_DISTANCE_RE = re.compile(r"CUDA Dev \d{1,4}\[\d{1,4}\], (?P<net>.{1,64}?) NIC distance :")
+_SOCKET_TRAFFIC_RE = re.compile(
+    r"NET/Socket ?: (?:message truncated|socket progress error|peer )|net_socket\.cc:\d{1,6} -> \d"
+)
 
 
 def _connection(m: re.Match[str]) -> ConnectionEvent | None:
@@ -197,7 +215,7 @@ def _connection(m: re.Match[str]) -> ConnectionEvent | None:
     )
     connection = partial(
         ConnectionEvent,
-        channel=int(m.group("ch")),
+        channel=int(m.group("ch") or 0),
         conn_index=int(m.group("conn") or 0),
         src=int(m.group("src")),
         dst=int(m.group("dst")),
@@ -206,6 +224,8 @@ def _connection(m: re.Match[str]) -> ConnectionEvent | None:
         direction=m.group("dir"),
         ids_are_devices=ids_are_devices,
         via=via,
+        # "Ring" lines (2.3-2.6), NET "Channel" lines without "/<connIndex>" (2.7-2.11), bare ones (2.1-2.2)
+        format_before_2_14=m.group("word") != "Channel" or (via.startswith("NET/") and m.group("conn") is None),
     )
     if via.startswith("NET/"):
         n = _NET_VIA_RE.match(via)
@@ -234,6 +254,8 @@ def _net_line(message: str) -> Event | None:
             return IbUnavailableEvent(IB_NO_DEVICE)
         if "No IP interface found" in message:
             return IbUnavailableEvent(IB_NO_INTERFACE)
+        if _IB_TRAFFIC_RE.match(message):
+            return IbTrafficEvent(message[:80])
         return None
     if message.startswith("NET : Using interface"):
         m = _INTERFACE_RE.match(message)
@@ -295,6 +317,7 @@ def parse_message(message: str) -> Event | None:
             # busId) and by busId in 2.5-2.18.1 (busId only); 2.4 (nvmlDev only) names none.
             gpu_id = nvml.group(1) if (nvml and bus) else (bus.group(1).lower() if bus else None)
             return CommInitEvent(
+                init_all=message.startswith("ncclCommInitAll "),
                 pointer=m.group("ptr"),
                 rank=int(m.group("rank")),
                 nranks=int(m.group("nranks")),
@@ -368,7 +391,13 @@ def parse_message(message: str) -> Event | None:
     if message.startswith("Trees "):
         m = _TREES_RE.match(message)
         return RankEvent(int(m.group("rank")), None) if m else None
-    if message.startswith(("Channel ", "Ring ")) and " -> " not in message:
+    if " NIC distance" in message:
+        m = _NIC_DISTANCE_RE.match(message)
+        return NetworkEvent(m.group("net")) if m else None
+    if "net_socket.cc" in message or message.startswith("NET/Socket"):
+        if _SOCKET_TRAFFIC_RE.search(message, 0, 300):
+            return SocketTrafficEvent(message[:80])
+    if message.startswith(("Channel ", "Ring ", "[")) and " -> " not in message:
         m = _RING_ORDER_RE.match(message)
         return RingOrderEvent(tuple(int(r) for r in m.group("ranks").split())) if m else None
     if message.startswith("Ring ") and " -> " in message:
@@ -405,9 +434,12 @@ def info_matters(message: str) -> bool:
         or "NCCL version" in message
         or "GPU Direct RDMA" in message
         or " coll channels, " in message
+        or " NIC distance" in message
+        or "net_socket.cc" in message
         or message.startswith(
             ("NET/", "NET : ", "Trees ", "Channel ", "Ring ", "Failed to open libibverbs", "nranks ", "rank ", "Net/IB")
         )
+        or message.startswith("[")  # 2.1-2.2's "[0] Ring 0 : ..." listing
         or " plugin " in message
         or " NET plugin " in message
         or " Pid " in message

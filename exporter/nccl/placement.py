@@ -1,17 +1,21 @@
 """Which ranks of one communicator share a node, and so the scope of each of its connections.
 
-Scope (inter-node or intra-node) of a connection is decided from evidence, never from "it
-says NET": per communicator, ranks are grouped into nodes by
+Placement follows NCCL's own rules (the source files are named in ``tests/fixtures/nccl/CORPUS.md``),
+weighed as evidence (:mod:`evidence`), strongest first, each piece citing the line that shows it:
 
-* the logging process's node (hostname, told apart by the bootstrap/OOB address when one
-  hostname shows several addresses),
-* P2P and SHM connections (always inside one node; ``P2P/MNNVL`` excepted),
-* two different ranks on the same GPU (same busId or NVML index in channel lines) — they
-  cannot share a node,
-* ``nNodes`` (2.20+): one node means every connection is intra-node.
+* certain: a process runs on one host, so the ranks one process logs share a node; P2P (not
+  MNNVL) and SHM connect only ranks with one host hash (``transport/p2p.cc``, ``shm.cc``);
+* strong: NCCL's host hash is made from the hostname (``getHostHash``, ``misc/utils.cc``), or from
+  ``NCCL_HOSTID`` when set: different hostnames are different nodes; one hostname with one
+  bootstrap (or NET/IB OOB) address is one node, with two addresses two nodes;
+* medium: two ranks on one GPU (busId, NVML index) are on two nodes (``init.cc`` refuses a
+  duplicate GPU inside a host hash); before 2.14 a NET connection joins two host hashes unless
+  SHM is disabled (``shm.cc`` connects any two ranks of one host hash; 2.14 added
+  ``ncclTopoCheckNet``, which may route inside a node through the NIC);
+* weak: one hostname without an address (hostnames are not unique across machines).
 
-When hostnames contradict the GPU evidence (hostnames are not unique across nodes), they
-are ignored. Whatever cannot be decided stays ``unknown``/None.
+So a shared busId never outweighs the hostname and address both ranks print, and an identical
+hostname never outweighs a shared busId. ``nNodes`` (2.20+) counts the nodes outright.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from exporter.nccl.events import ConnectionEvent
+from exporter.nccl.evidence import CERTAIN, MEDIUM, STRONG, WEAK, EvidenceGraph, Link, Separation
 from exporter.nccl.facts import (
+    HOST_ID,
     UNATTRIBUTED,
     Communicator,
     Connection,
@@ -32,6 +38,15 @@ from exporter.nccl.facts import (
 )
 from exporter.nccl.state import StreamState
 from exporter.nccl.verdict import INTER, INTRA, UNKNOWN
+
+# The rules, in the words the reasons use.
+ONE_PROCESS = "one process logs both ranks"
+INTRA_TRANSPORT = "a P2P/SHM connection joins them"
+SAME_HOST = "same hostname and address"
+SAME_HOSTNAME = "same hostname"
+DIFFERENT_HOSTS = "different hostnames or addresses"
+ONE_GPU = "two ranks on one GPU"
+NET_BEFORE_2_14 = "a NET connection before NCCL 2.14"
 
 
 @dataclass(frozen=True)
@@ -61,11 +76,12 @@ def place(
         for rank, process in state.loose_ranks.items():
             rank_process.setdefault(rank, process)
         nranks = nranks or state.loose_nranks
-    host_links = [(r, nodes_of[id(p)]) for r, p in rank_process.items() if id(p) in nodes_of]
-    nranks = _add_test_table(state, key, comm, nranks, rank_process, host_links)
-    groups, hosts_trusted = _group_ranks(host_links, _same_node_links(conns), comm, conns)
+    table_nodes: list[tuple[int, NodeKey]] = []
+    nranks = _add_test_table(state, key, comm, nranks, rank_process, table_nodes)
     processes = _distinct(list(rank_process.values()) + [c.process for c in conns])
-    return _span(comm, nranks, groups, hosts_trusted, processes, state.limits.max_ranks)
+    graph = EvidenceGraph()
+    graph.weigh(*_evidence(state, comm, conns, rank_process, table_nodes, nodes_of))
+    return _span(comm, nranks, graph, rank_process, processes, state.limits.max_ranks)
 
 
 def takes_loose_ranks(state: StreamState, key: str) -> bool:
@@ -77,7 +93,7 @@ def takes_loose_ranks(state: StreamState, key: str) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# Evidence
+# Who logs which rank
 
 
 def _rank_processes(comm: Communicator | None, conns: list[Connection]) -> tuple[dict[int, Process], bool]:
@@ -86,7 +102,7 @@ def _rank_processes(comm: Communicator | None, conns: list[Connection]) -> tuple
     rank_process: dict[int, Process] = dict(comm.rank_process) if comm is not None else {}
     mixed = comm.mixed if comm is not None else False
     for c in conns:
-        if c.process.key is not None and c.event.kind != "collnet":
+        if c.process.key is not None and c.event.kind != "collnet" and c.event.logging_rank_known:
             known = rank_process.setdefault(c.event.logging_rank, c.process)
             mixed |= known.key != c.process.key
     return rank_process, mixed
@@ -98,7 +114,7 @@ def _add_test_table(
     comm: Communicator | None,
     nranks: int | None,
     rank_process: dict[int, Process],
-    host_links: list[tuple[int, NodeKey]],
+    table_nodes: list[tuple[int, NodeKey]],
 ) -> int | None:
     """Adds the ranks nccl-tests' device table places, when the table is this communicator's; returns
     the communicator's size, which the table gives when it lists every rank."""
@@ -111,150 +127,131 @@ def _add_test_table(
     for rank, (host, pid) in table.items():
         node = host_node_key(host, all_processes)
         if node is not None:
-            host_links.append((rank, node))
+            table_nodes.append((rank, node))
         process = state.processes.get((host, pid))
         if process is not None:
             rank_process.setdefault(rank, process)
     return nranks
 
 
-def _same_node_links(conns: list[Connection]) -> list[tuple[int, int]]:
-    """Pairs of ranks a P2P (not MNNVL) or SHM connection joins: always inside one node."""
-    return [
-        (c.event.src, c.event.dst)
-        for c in conns
-        if (c.event.kind == "shm" or (c.event.kind == "p2p" and not c.event.mnnvl))
-    ]
+# ---------------------------------------------------------------------------------------------
+# Evidence
 
 
-def _gpu_ids(comm: Communicator | None, conns: list[Connection]) -> tuple[dict[int, str], bool]:
-    """Rank -> its GPU id (init lines, then channel lines), and whether they are usable: False when a
-    rank shows two GPUs (lines of several communicators mixed)."""
+def _evidence(
+    state: StreamState,
+    comm: Communicator | None,
+    conns: list[Connection],
+    rank_process: dict[int, Process],
+    table_nodes: list[tuple[int, NodeKey]],
+    nodes_of: dict[int, NodeKey],
+) -> tuple[list[Link], list[Separation]]:
+    """Every link and separation the communicator's lines show."""
+    links: list[Link] = []
+    separations: list[Separation] = []
+    for rank, process in rank_process.items():
+        links.append(Link(("r", rank), ("p", id(process)), CERTAIN, ONE_PROCESS, process.label()))
+    for c in conns:
+        e = c.event
+        if e.src != e.dst and (e.kind == "shm" or (e.kind == "p2p" and not e.mnnvl)):
+            links.append(Link(("r", e.src), ("r", e.dst), CERTAIN, INTRA_TRANSPORT, c.cited))
+    # Node identities: each process's (hostname, address), or the node nccl-tests' table names.
+    nodes: dict[NodeKey, str] = {}
+    for process in _distinct(list(rank_process.values()) + [c.process for c in conns]):
+        node = nodes_of.get(id(process))
+        if node is not None:
+            nodes.setdefault(node, process.label())
+            # Its own address (or NCCL_HOSTID), not one inferred from other processes of its hostname.
+            shown = node[1] in (process.address, process.oob_address) or node[1].startswith(HOST_ID)
+            links.append(_node_link(("p", id(process)), node if shown else (node[0], ""), process.label(), node))
+    for rank, node in table_nodes:
+        nodes.setdefault(node, f"{node[0]} (nccl-tests device table)")
+        links.append(_node_link(("r", rank), node, f"rank {rank} on {node[0]} (nccl-tests device table)"))
+    if len(nodes) > 1:
+        hosts = ", ".join(sorted({_node_label(n) for n in nodes})[:4])
+        separations.append(Separation(tuple(("n", n) for n in nodes), STRONG, DIFFERENT_HOSTS, hosts))
+    separations.extend(_same_gpu(comm, conns))
+    separations.extend(_net_before_2_14(state, conns, rank_process, nodes_of))
+    return links, separations
+
+
+def _node_link(atom: tuple[str, object], shown: NodeKey, label: str, node: NodeKey | None = None) -> Link:
+    """``atom`` runs on ``node``: strong when the address ``shown`` is its own, weak on a hostname alone
+    (the address then inferred from other processes of that hostname)."""
+    node = node or shown
+    if shown[1]:
+        return Link(atom, ("n", node), STRONG, SAME_HOST, f"{label} ({shown[1]})")
+    return Link(atom, ("n", node), WEAK, SAME_HOSTNAME, label)
+
+
+def _node_label(node: NodeKey) -> str:
+    return f"{node[0]} ({node[1]})" if node[1] else node[0]
+
+
+def _same_gpu(comm: Communicator | None, conns: list[Connection]) -> list[Separation]:
+    """Ranks that name one GPU id are on different nodes (init lines, then channel lines); none when a
+    rank shows two GPUs (lines of several communicators under one key)."""
     rank_ids: dict[int, str] = dict(comm.rank_gpu) if comm is not None else {}
-    usable = True
+    lines: dict[int, str] = {}
     for c in conns:
         e = c.event
         if e.kind == "collnet" or not e.ids_are_devices:
             continue
         for rank, gpu in ((e.src, e.src_id), (e.dst, e.dst_id)):
-            if gpu is not None and rank_ids.setdefault(rank, gpu.lower()) != gpu.lower():
-                usable = False
-    return rank_ids, usable
+            if gpu is None:
+                continue
+            if rank_ids.setdefault(rank, gpu.lower()) != gpu.lower():
+                return []
+            lines.setdefault(rank, c.cited)
+    by_gpu: dict[str, list[int]] = {}
+    for rank, gpu in rank_ids.items():
+        by_gpu.setdefault(gpu, []).append(rank)
+    separations = []
+    for gpu, ranks in by_gpu.items():
+        if len(ranks) > 1:
+            line = next((lines[r] for r in ranks if r in lines), None)
+            why = f"ranks {', '.join(str(r) for r in sorted(ranks)[:4])} on GPU {gpu}" + (f': "{line}"' if line else "")
+            separations.append(Separation(tuple(("r", r) for r in ranks), MEDIUM, ONE_GPU, why))
+    return separations
 
 
-# ---------------------------------------------------------------------------------------------
-# Grouping ranks into nodes
+def _net_before_2_14(
+    state: StreamState, conns: list[Connection], rank_process: dict[int, Process], nodes_of: dict[int, NodeKey]
+) -> list[Separation]:
+    """Before NCCL 2.14 two ranks of one host hash always connect over P2P or SHM, so a NET connection
+    joins two nodes, unless SHM is disabled. Skipped where both ends are logged by processes of one
+    hostname: that hostname may be two machines, or SHM may be disabled off the excerpt; the log
+    then cannot tell."""
+    if state.shm_disabled:
+        return []
+    log_side = version_side(state.versions)
+    separations = []
+    for c in conns:
+        e = c.event
+        if e.kind != "net" or e.src == e.dst:
+            continue
+        side = version_side([c.process.version] if c.process.version else []) or log_side
+        if not (side == "before" if side else e.format_before_2_14):
+            continue
+        ends = [rank_process.get(e.src), rank_process.get(e.dst)]
+        hosts = {nodes_of[id(p)][0] for p in ends if p is not None and id(p) in nodes_of}
+        if None not in ends and len(hosts) == 1:
+            continue
+        separations.append(Separation((("r", e.src), ("r", e.dst)), MEDIUM, NET_BEFORE_2_14, c.cited))
+    return separations
 
 
-class _UnionFind:
-    def __init__(self) -> None:
-        self.parent: dict[object, object] = {}
-
-    def find(self, x: object) -> object:
-        parent = self.parent
-        parent.setdefault(x, x)
-        root = x
-        while parent[root] != root:
-            root = parent[root]
-        while parent[x] != root:
-            parent[x], x = root, parent[x]
-        return root
-
-    def union(self, a: object, b: object) -> None:
-        ra, rb = self.find(a), self.find(b)
-        if ra != rb:
-            self.parent[ra] = rb
-
-
-@dataclass
-class _RankGroups:
-    """Ranks grouped into nodes, which groups are known nodes, and which GPUs each group holds."""
-
-    uf: _UnionFind
-    comp_nodes: dict[object, set[object]]  # group -> node keys of the processes logging its ranks
-    comp_ids: dict[object, set[str]]  # group -> GPU ids of its ranks
-    id_comps: dict[str, set[object]]  # GPU id -> groups with a rank on it
-
-    def comp(self, rank: int) -> object:
-        return self.uf.find(("r", rank))
-
-    def distinct(self, ca: object, cb: object) -> bool:
-        """Two groups are on different nodes: different node keys, or a GPU id in both."""
-        na, nb = self.comp_nodes.get(ca), self.comp_nodes.get(cb)
-        if na and nb and na.isdisjoint(nb):
-            return True
-        ia, ib = self.comp_ids.get(ca), self.comp_ids.get(cb)
-        return bool(ia and ib and not ia.isdisjoint(ib))
-
-    def scope(self, a: int, b: int, single: bool) -> str:
-        """The scope of a connection from rank ``a`` to rank ``b`` (``single``: all ranks on one node)."""
-        if a == b:
-            return UNKNOWN
-        ca, cb = self.comp(a), self.comp(b)
-        if ca == cb:
-            return INTRA
-        if self.distinct(ca, cb):
-            return INTER
-        return INTRA if single else UNKNOWN
-
-    def shows_several_nodes(self) -> bool:
-        """Two groups are known nodes, or one GPU id is held in two groups."""
-        return len([c for c, nodes in self.comp_nodes.items() if nodes]) > 1 or any(
-            len(comps) > 1 for comps in self.id_comps.values()
-        )
-
-
-def _group(
-    host_links: list[tuple[int, NodeKey]],
-    same_links: list[tuple[int, int]],
-    rank_ids: dict[int, str],
-    use_hosts: bool,
-    use_ids: bool,
-) -> tuple[_RankGroups, bool]:
-    """The groups the chosen evidence makes, and whether it contradicts itself (two ranks of one
-    group on one GPU)."""
-    uf = _UnionFind()
-    for a, b in same_links:
-        uf.union(("r", a), ("r", b))
-    if use_hosts:
-        for rank, node in host_links:
-            uf.union(("r", rank), ("n", node))
-    comp_nodes: dict[object, set[object]] = {}
-    if use_hosts:
-        for _, node in host_links:
-            comp_nodes.setdefault(uf.find(("n", node)), set()).add(node)
-    comp_ids: dict[object, set[str]] = {}
-    id_comps: dict[str, set[object]] = {}
-    contradiction = False
-    if use_ids:
-        seen: dict[tuple[object, str], int] = {}
-        for rank, gpu in rank_ids.items():
-            c = uf.find(("r", rank))
-            other = seen.setdefault((c, gpu), rank)
-            if other != rank:
-                contradiction = True  # two ranks on one GPU inside one node: impossible
-            comp_ids.setdefault(c, set()).add(gpu)
-            id_comps.setdefault(gpu, set()).add(c)
-    return _RankGroups(uf, comp_nodes, comp_ids, id_comps), contradiction
-
-
-def _group_ranks(
-    host_links: list[tuple[int, NodeKey]],
-    same_links: list[tuple[int, int]],
-    comm: Communicator | None,
-    conns: list[Connection],
-) -> tuple[_RankGroups, bool]:
-    """The groups all evidence makes, and whether hostnames count: they are dropped when they
-    contradict the GPU ids; GPU ids are dropped instead when they contradict each other anyway."""
-    rank_ids, ids_usable = _gpu_ids(comm, conns)
-    groups, contradiction = _group(host_links, same_links, rank_ids, True, ids_usable)
-    if not contradiction:
-        return groups, True
-    groups, contradiction = _group(host_links, same_links, rank_ids, False, ids_usable)
-    if not contradiction:
-        return groups, False
-    groups, _ = _group(host_links, same_links, rank_ids, True, False)
-    return groups, True
+def version_side(versions: Iterable[str]) -> str | None:
+    """Which side of 2.14 the versions given are on: "before" (all older), "since" (all 2.14 or newer),
+    None when none is given, they straddle it, or one does not parse."""
+    sides = set()
+    for version in versions:
+        parts = version.split(".")
+        try:
+            sides.add("before" if (int(parts[0]), int(parts[1])) < (2, 14) else "since")
+        except (ValueError, IndexError):
+            return None
+    return sides.pop() if len(sides) == 1 else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,55 +261,68 @@ def _group_ranks(
 def _span(
     comm: Communicator | None,
     nranks: int | None,
-    groups: _RankGroups,
-    hosts_trusted: bool,
+    graph: EvidenceGraph,
+    rank_process: dict[int, Process],
     processes: list[Process],
     max_ranks: int,
 ) -> Span:
-    """How many nodes the groups make, whether one or several, and each connection's scope."""
-    nodes, single_why = _node_count(comm, nranks, groups, hosts_trusted, max_ranks)
+    """How many nodes the evidence makes, whether one or several, and each connection's scope."""
+    nnodes = comm.nnodes if comm is not None else None
+    nodes, single_why = _node_count(nnodes, nranks, graph, rank_process, max_ranks)
     single = nodes == 1 or nranks == 1
     if nranks == 1 and nodes is None:
         single_why = "it has one rank"
-    multi = _several_nodes(nodes, single, groups)
+    multi: bool | None = True if (nodes or 0) > 1 else (False if single else None)
+    multi_why = None
+    if multi is None:
+        ranks = list(rank_process) + (list(range(nranks)) if nranks and nranks <= max_ranks else [])
+        separation = graph.separation_between(("r", r) for r in ranks)
+        if separation is not None:
+            multi, multi_why = True, _cited(separation.rule, separation.line)
+    elif multi and nnodes is None:
+        multi_why = "ranks placed on different nodes"
     if multi is None and only_loopback(processes):
         # NCCL's sockets (bootstrap, NET/Socket) can reach no other node: one node, whatever else.
         single, multi, nodes = True, False, 1
         single_why = "its processes use loopback interfaces only (" + loopback_hosts(processes) + ")"
-    return Span(
-        processes,
-        lambda e: groups.scope(e.src, e.dst, single),
-        nranks,
-        nodes,
-        single,
-        multi,
-        "ranks placed on different nodes",
-        single_why,
-    )
+
+    def scope(e: ConnectionEvent) -> str:
+        if e.src == e.dst:
+            return UNKNOWN
+        a, b = ("r", e.src), ("r", e.dst)
+        if graph.same(a, b):
+            return INTRA
+        if graph.apart(a, b) is not None:
+            return INTER
+        return INTRA if single else UNKNOWN
+
+    return Span(processes, scope, nranks, nodes, single, multi, multi_why, single_why)
 
 
 def _node_count(
-    comm: Communicator | None, nranks: int | None, groups: _RankGroups, hosts_trusted: bool, max_ranks: int
+    nnodes: int | None, nranks: int | None, graph: EvidenceGraph, rank_process: dict[int, Process], max_ranks: int
 ) -> tuple[int | None, str | None]:
-    """The number of nodes (and what shows it): the ``nNodes`` line, else the groups of all ranks
-    when each is a known node (hostnames trusted)."""
-    if comm is not None and comm.nnodes is not None:
-        return comm.nnodes, None
-    if not hosts_trusted or not nranks or nranks > max_ranks:
+    """The number of nodes (and what shows one node): the ``nNodes`` line, else one group holding every
+    rank, else the groups of all ranks when each holds a node identity (distinct identities are
+    distinct nodes)."""
+    if nnodes is not None:
+        return nnodes, None
+    if not nranks or nranks > max_ranks:
         return None, None
-    comps = {groups.comp(r) for r in range(nranks)}
-    if all(groups.comp_nodes.get(c) for c in comps):
-        return len(comps), "every rank logged from one node"
+    roots = {graph.find(("r", r)) for r in range(nranks)}
+    if len(roots) == 1:
+        owners = {id(p): p for r, p in rank_process.items() if r < nranks}
+        if len(owners) == 1 and all(r in rank_process for r in range(nranks)):
+            return 1, f"one process ({next(iter(owners.values())).label()}) runs every rank"
+        hosts = sorted({p.label().rsplit(":", 1)[0] for p in owners.values()})
+        return 1, "every rank logged from one node" + (f" ({', '.join(hosts[:2])})" if hosts else "")
+    if roots <= graph.roots_with("n"):
+        return len(roots), None
     return None, None
 
 
-def _several_nodes(nodes: int | None, single: bool, groups: _RankGroups) -> bool | None:
-    """True when the ranks are shown on several nodes, False when on one, None when not shown."""
-    if (nodes or 0) > 1:
-        return True
-    if single:
-        return False
-    return True if groups.shows_several_nodes() else None
+def _cited(rule: str, line: str | None) -> str:
+    return f"{rule}: {line}" if line else rule
 
 
 def _place_mixed(

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from exporter.nccl import grammar as g
+from exporter.nccl import launcher
 from exporter.nccl.facts import UNATTRIBUTED, Connection, ConnectionKey, Process, Thread, is_loopback
 from exporter.nccl.networks import RDMA, is_libfabric, network_class
 from exporter.nccl.state import Limits, StreamState, SummarizeEvicted
@@ -17,7 +18,7 @@ from exporter.nccl.verdict import NcclWarning, Verdict
 # A line the reader can use holds one of these: "NCCL " (every record the logger writes), or for a
 # bare message body (its prefix stripped by whoever shipped the log) one of the others; any other
 # line is dropped at once by ``feed``. ``ccl-exporter analyze`` skips, unread, lines holding none.
-LINE_NEEDLES = ("NCCL ", " via ", "Using", "comm ", " Pid ")
+LINE_NEEDLES = ("NCCL ", " via ", "Using", "comm ", " Pid ", "] INFO ", "GLOBAL_RANK", "NCCL_SHM_DISABLE")
 _MEMO_ENTRIES = 4096  # parsed messages remembered per stream (cleared when full)
 _MEMO_MESSAGE_CHARS = 512  # longer messages are parsed every time
 # What each remembered fact costs, in bytes (CPython 3.11, measured with tracemalloc; the parser
@@ -48,6 +49,8 @@ class StreamReader(StreamState):
             g.NetworkEvent: self._on_network,
             g.IbDevicesEvent: self._on_ib_devices,
             g.IbUnavailableEvent: self._on_ib_unavailable,
+            g.IbTrafficEvent: self._on_ib_traffic,
+            g.SocketTrafficEvent: self._on_socket_traffic,
             g.SocketDevicesEvent: self._on_socket_devices,
             g.BootstrapEvent: self._on_bootstrap,
             g.EnvEvent: self._on_env,
@@ -83,7 +86,17 @@ class StreamReader(StreamState):
             line = line[:limit]
         marker = line.find("NCCL ")
         if marker < 0:  # LINE_NEEDLES, spelled out: the test of every line
-            if " via " not in line and "Using" not in line and "comm " not in line and " Pid " not in line:
+            if (
+                " via " not in line
+                and "Using" not in line
+                and "comm " not in line
+                and " Pid " not in line
+                and "] INFO " not in line  # NCCL 2.2 and older: "host:pid:tid [dev] INFO ..."
+            ):
+                if "GLOBAL_RANK" in line:
+                    self._launcher_rank(line)
+                elif "NCCL_SHM_DISABLE" in line:
+                    self._shm_setting(line)
                 return
         elif (
             line.startswith("INFO ", marker + 5)
@@ -92,13 +105,14 @@ class StreamReader(StreamState):
             and "across cluster]" not in line
         ):
             # The common line: one INFO record, no escape codes (what split_records would find).
-            message = line[marker + 10 :].rstrip(g.TRAILER)
+            message = g.clean_message(line[marker + 10 :])
             if not g.info_matters(message):
                 return
             head = line[:marker]
             prefix = self._prefixes.get(head)
             if prefix is None:
                 prefix = g.split_records(line, self._prefixes)[0].prefix
+                self._note_launcher(head, prefix)
             if prefix is not None and " via " in message:
                 process = self.processes.get((prefix.host, prefix.pid))
                 if process is not None:
@@ -108,11 +122,47 @@ class StreamReader(StreamState):
             self._record(g.Record(prefix, "INFO", message))
             return
         records = g.split_records(line.rstrip("\r\n"), self._prefixes)
+        if records and marker > 0:
+            self._note_launcher(line[:marker], records[0].prefix)
         if len(records) > self.limits.max_records_per_line:
             self._count("records", len(records) - self.limits.max_records_per_line)
             records = records[: self.limits.max_records_per_line]
         for record in records:
             self._record(record)
+
+    # -- launchers --------------------------------------------------------------------------
+
+    def _note_launcher(self, head: str, prefix: g.Prefix | None) -> None:
+        """What the text before an NCCL record says: its launch (Open MPI job id), and whether the
+        launcher's ``host: `` words name hosts (the word is this record's host)."""
+        if not head or (prefix is not None and head.startswith(f"{prefix.host}:{prefix.pid}:")):
+            return
+        head = _without_colours(head)
+        job = launcher.mpi_job(head)
+        if job is not None and len(self.launcher_jobs) < self.limits.max_versions:
+            self.launcher_jobs.add(job)
+        if prefix is not None and not self.launcher_names_hosts:
+            word = launcher.line_host(head)
+            if word is not None and launcher.names_host(word, prefix.host):
+                self.launcher_names_hosts = True
+                self._cached = None
+
+    def _launcher_rank(self, line: str) -> None:
+        """A launcher's rank line (Lightning's GLOBAL_RANK): the host its ``host: `` word names runs a rank."""
+        line = _without_colours(line)
+        rank = launcher.rank_line(line)
+        word = launcher.line_host(line) if rank is not None else None
+        if word is None or word in self.rank_hosts or len(self.rank_hosts) >= self.limits.max_processes:
+            return
+        self.rank_hosts[word] = g.clean_message(line)[: self.limits.max_cited_chars]
+        self._cached = None
+
+    def _shm_setting(self, line: str) -> None:
+        """``NCCL_SHM_DISABLE=1`` on a command line (``mpirun -x``, ``export``, ``env``)."""
+        at = line.find("NCCL_SHM_DISABLE")
+        if line[at + 16 : at + 18] == "=1" and not line[at + 18 : at + 19].isdigit():
+            self.shm_disabled = True
+            self._cached = None
 
     def _parse(self, message: str) -> g.Event | None:
         """``parse_message``, remembered for messages that repeat (every process prints the same
@@ -147,6 +197,8 @@ class StreamReader(StreamState):
             return
         event = self._parse(record.message)
         if event is None:
+            if record.level == "WARN" and record.prefix is not None:
+                self._process(record.prefix)  # a process of this host runs NCCL, whatever it warns of
             return
         if record.prefix is None and isinstance(event, (g.EnvEvent, g.GdrEvent, g.BootstrapEvent)):
             return  # a bare body of these says nothing about whose it is
@@ -200,6 +252,14 @@ class StreamReader(StreamState):
             process.oob_address = event.oob_address
             self._nodes = None
 
+    def _on_ib_traffic(self, process: Process, thread: Thread, event: g.IbTrafficEvent, record: g.Record) -> None:
+        process.ib_datapath_line = process.ib_datapath_line or self._cite(record)
+
+    def _on_socket_traffic(
+        self, process: Process, thread: Thread, event: g.SocketTrafficEvent, record: g.Record
+    ) -> None:
+        process.socket_datapath_line = process.socket_datapath_line or self._cite(record)
+
     def _on_ib_unavailable(
         self, process: Process, thread: Thread, event: g.IbUnavailableEvent, record: g.Record
     ) -> None:
@@ -215,6 +275,8 @@ class StreamReader(StreamState):
         process.socket_seen = process.socket_seen or self._cite(record)
         for interface, address in event.interfaces:
             self._note_interface(process, interface, address)
+        if event.interfaces:
+            self._note_socket_address(process, *event.interfaces[0])
 
     def _on_bootstrap(self, process: Process, thread: Thread, event: g.BootstrapEvent, record: g.Record) -> None:
         if not any(c in event.address for c in ".:"):
@@ -222,10 +284,20 @@ class StreamReader(StreamState):
         self._note_interface(process, event.interface, event.address)
         if not event.address.startswith("127.") and process.address != event.address:
             process.address = event.address
+            process.address_from_socket = False
+            self._nodes = None
+
+    def _note_socket_address(self, process: Process, interface: str, address: str) -> None:
+        """NCCL's sockets listen on the interface its bootstrap uses (both take the first interface
+        ``ncclFindInterfaces`` finds): a process printing no bootstrap line is told apart by it."""
+        if process.address is None and not is_loopback(interface, address):
+            process.address = address
+            process.address_from_socket = True
             self._nodes = None
 
     def _on_interface(self, process: Process, thread: Thread, event: g.InterfaceEvent, record: g.Record) -> None:
         self._note_interface(process, event.interface, event.address)
+        self._note_socket_address(process, event.interface, event.address)
 
     def _on_plugin(self, process: Process, thread: Thread, event: g.PluginEvent, record: g.Record) -> None:
         name = event.name[: g.MAX_NAME_CHARS] if event.name else None
@@ -256,6 +328,8 @@ class StreamReader(StreamState):
             process.plugin_in_use_line = self._cite(record)
 
     def _on_env(self, process: Process, thread: Thread, event: g.EnvEvent, record: g.Record) -> None:
+        if event.variable == "NCCL_SHM_DISABLE" and event.value.strip() == "1":
+            self.shm_disabled = True
         if event.variable in process.env or len(process.env) < self.limits.max_env:
             process.env[event.variable] = event.value[:200]
 
@@ -290,6 +364,10 @@ class StreamReader(StreamState):
         comm.nranks = event.nranks
         if record.prefix is not None:
             self._add_rank(comm, event.rank, process)
+            if event.init_all:  # ncclCommInitAll: this process initialises every rank
+                for rank in range(min(event.nranks, self.limits.max_ranks)):
+                    if rank not in comm.rank_process:
+                        self._add_rank(comm, rank, process)
         if event.gpu_id is not None and (event.rank in comm.rank_gpu or len(comm.rank_gpu) < self.limits.max_ranks):
             if comm.rank_gpu.setdefault(event.rank, event.gpu_id) != event.gpu_id:
                 comm.mixed = True
@@ -423,6 +501,13 @@ class StreamReader(StreamState):
             size = self.approx_bytes()
         self._cached = None
         return size
+
+
+def _without_colours(text: str) -> str:
+    """``text`` without terminal colour codes, whole or with their ESC byte lost."""
+    if "\x1b" in text:
+        text = g.strip_ansi(text)
+    return launcher.ANSI_REMNANT_RE.sub("", text) if "m" in text else text
 
 
 def _of_family(plugin: str | None, family: str) -> bool:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+from exporter.nccl.launcher import ANSI_REMNANT_RE, blank_remnants
+
 
 class Prefix(NamedTuple):
     """``hostname:pid:tid [cudaDev]`` of an NCCL record (cudaDev is not the rank)."""
@@ -34,13 +36,16 @@ _LEVEL_RE = re.compile(r"NCCL (INFO|WARN|TRACE)(?: |$)")
 _PRE_2_3_LEVEL_RE = re.compile(r"\] (INFO|WARN) ")
 # Matched against the text just before a level marker; anchored at its end.
 _PREFIX_RE = re.compile(
-    r"(?<![^\s:|/\[\]])(?P<host>[^\s:|/\[\]]{1,253}):(?P<pid>\d{1,10}):(?P<tid>\d{1,10}) \[(?P<dev>-?\d{1,6})\] "
+    r"(?<![^\s:|/\[\]>])(?P<host>[^\s:|/\[\]]{1,253}):(?P<pid>\d{1,10}):(?P<tid>\d{1,10}) \[(?P<dev>-?\d{1,6})\] "
     r"(?:\[Rank \d{1,7}\] )?(?:\d{1,12}\.\d{1,9} )?(?:(?P<loc>\S{1,300}:\d{1,7})(?: \([^)]{0,200}\))? )?$"
 )
 _ISO_TIME_RE = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?")
 # One wrapper at the start of a bare line; stripped repeatedly.
 _WRAPPER_RE = re.compile(
     r"\s+"
+    r"|>+\s?"  # a markdown quote ("> "), or a reply quoting a quote ("> > ", ">> ")
+    r"|(?:stdout|stderr) [FP] "  # the stream and tag of a CRI log line (copied from a node's pod log file)
+    r"|\[[0-9;]{0,16}m"  # a colour code whose ESC byte was lost in copying
     r"|[|\u2502\u2503\u2551]\s?"
     r"|\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?\s?"
     r"|\[[^\]]{0,256}\](?:<std(?:out|err)>)?:?\s?"
@@ -54,12 +59,24 @@ TRAILER = " \t\r\n|\u2502\u2503\u2551"
 # ANSI SGR/CSI sequences (coloured console output, kubectl/k9s/stern colours).
 # The first folded line also carries Ray's explanation after the marker: drop both.
 _RAY_REPEATED_RE = re.compile(r"(?<!\s)\s*\[repeated \d{1,9}x across cluster\].*$")
+_TRAILING_REMNANT_RE = re.compile(r"(?:\[[0-9;]{0,16}m)+$")
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]{0,32}[A-Za-z]|\x1b\][^\x07\x1b]{0,256}(?:\x07|\x1b\\)")
 
 
 def strip_ansi(text: str) -> str:
     """``text`` without terminal escape sequences (only called when it holds an ESC)."""
     return _ANSI_RE.sub("", text).replace("\x1b", "")
+
+
+def clean_message(message: str) -> str:
+    """A message body without its trailing padding and frames, nor a lost-ESC colour code that ends it
+    ("Using network Socket[0m")."""
+    message = message.rstrip(TRAILER)
+    if message.endswith("m"):
+        cut = _TRAILING_REMNANT_RE.search(message)
+        if cut is not None:
+            message = message[: cut.start()].rstrip(TRAILER)
+    return message
 
 
 def strip_wrappers(text: str) -> str:
@@ -73,6 +90,8 @@ def strip_wrappers(text: str) -> str:
 
 
 def _match_prefix(window: str) -> re.Match[str] | None:
+    if "m" in window and ANSI_REMNANT_RE.search(window):
+        window = blank_remnants(window)
     m = _PREFIX_RE.search(window)
     if m is not None and m.group("host")[0].isdigit() and _ISO_TIME_RE.search(window):
         # A timestamp glued to the host name ("...-07:00ip-10-0-0-1:79:79 [0]"): drop it.
@@ -134,8 +153,8 @@ def split_records(line: str, prefixes: dict[str, Prefix | None] | None = None) -
         if old is not None:  # NCCL 2.2 and older: "host:pid:tid [dev] INFO message", no "NCCL" word
             prefix, _ = _prefix_before(line, old.start() + 2, 0)
             if prefix is not None:
-                return [Record(prefix, old.group(1), line[old.end() :].rstrip(TRAILER))]
-        body = strip_wrappers(line).rstrip(TRAILER)
+                return [Record(prefix, old.group(1), clean_message(line[old.end() :]))]
+        body = clean_message(strip_wrappers(line))
         return [Record(None, None, body)] if body else []
     start, end = first.span()
     if line.find("NCCL ", end) == -1 or _LEVEL_RE.search(line, end) is None:  # the common case: one record
@@ -143,7 +162,7 @@ def split_records(line: str, prefixes: dict[str, Prefix | None] | None = None) -
             prefix, _ = _prefix_before(line, start, 0)
         else:
             prefix = _cached_prefix(line, start, prefixes)
-        return [Record(prefix, first.group(1), line[end:].rstrip(TRAILER))]
+        return [Record(prefix, first.group(1), clean_message(line[end:]))]
     found: list[tuple[int, int, Prefix | None, str]] = []  # (record start, message start, prefix, level)
     previous_end = 0
     for marker in _LEVEL_RE.finditer(line):
@@ -153,7 +172,7 @@ def split_records(line: str, prefixes: dict[str, Prefix | None] | None = None) -
     records = []
     for i, (_, msg_start, prefix, level) in enumerate(found):
         msg_end = found[i + 1][0] if i + 1 < len(found) else len(line)
-        records.append(Record(prefix, level, line[msg_start:msg_end].rstrip(TRAILER)))
+        records.append(Record(prefix, level, clean_message(line[msg_start:msg_end])))
     return records
 
 

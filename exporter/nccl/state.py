@@ -71,6 +71,14 @@ class StreamState:
         self.loose_ranks: dict[int, Process] = {}
         self.loose_nranks: int | None = None
         self.loose_mixed = False
+        # NCCL_SHM_DISABLE=1 shown anywhere (an ENV line or a command line): NET may then join two
+        # ranks of one node in any version.
+        self.shm_disabled = False
+        # What launchers show (:mod:`launcher`): whether their ``host: `` words name hosts, the hosts
+        # that run a rank by a launcher's rank line (host -> the line), the launches (Open MPI job ids).
+        self.launcher_names_hosts = False
+        self.rank_hosts: dict[str, str] = {}
+        self.launcher_jobs: set[str] = set()
         self.warnings: list[NcclWarning] = []
         self.retired = Retired()
         self.lines = 0

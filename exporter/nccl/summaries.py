@@ -22,12 +22,13 @@ from exporter.nccl.verdict import INTER, INTRA, UNKNOWN, CommunicatorSummary
 
 @dataclass
 class CommFacts:
-    """One communicator's summary, the reasons for its conclusion (the first one decides), and
-    whether it spans several nodes (None: the log does not show)."""
+    """One communicator's summary, the reasons for its conclusion (the first one decides), whether it
+    spans several nodes (None: the log does not show), and the processes that log it."""
 
     summary: CommunicatorSummary
     reasons: list[str] = field(default_factory=list)
     multi_node: bool | None = None
+    processes: tuple[Process, ...] = ()  # the processes logging its ranks and connection lines
 
 
 def summarize_all(state: StreamState) -> list[CommFacts]:
@@ -173,7 +174,7 @@ def _conclude(
         gdr_disabled=no_gdr is not None,
         gdr_disabled_line=no_gdr.cited if no_gdr is not None else None,
     )
-    return CommFacts(summary, [reason] if reason else [], multi)
+    return CommFacts(summary, [reason] if reason else [], multi, tuple(span.processes))
 
 
 class _Tally(NamedTuple):

@@ -83,10 +83,12 @@ def test_runtime_connect_lines_after_init_complete_stay_with_their_communicator(
 
 
 def test_connections_before_init_complete_belong_to_it_on_older_versions() -> None:
+    """2.12-2.17 lines ("Channel 00/0"): NET says nothing of placement in 2.14+, so only the shared
+    busId places the first communicator's peer on another node."""
     log = "\n".join([
-        "a:1:5 [0] NCCL INFO Channel 00 : 0[1b000] -> 1[1b000] [send] via NET/IB/0",
+        "a:1:5 [0] NCCL INFO Channel 00/0 : 0[1b000] -> 1[1b000] [send] via NET/IB/0",
         "a:1:5 [0] NCCL INFO comm 0x1 rank 0 nranks 2 cudaDev 0 busId 1b000 - Init COMPLETE",
-        "a:1:5 [0] NCCL INFO Channel 00 : 0[1b000] -> 1[3d000] [send] via NET/IB/0",
+        "a:1:5 [0] NCCL INFO Channel 00/0 : 0[1b000] -> 1[3d000] [send] via NET/IB/0",
         "a:1:5 [0] NCCL INFO comm 0x2 rank 0 nranks 4 cudaDev 0 busId 1b000 - Init COMPLETE",
     ])
     verdict = analyze_text(log).result()
@@ -94,6 +96,44 @@ def test_connections_before_init_complete_belong_to_it_on_older_versions() -> No
     assert by_id["nranks:2"].transports == {("net_ib", "inter_node", "0"): 1}
     assert by_id["nranks:4"].transports == {("net_ib", "unknown", "0"): 1}
     assert verdict.gdr is False
+
+
+def test_net_lines_before_2_14_join_two_nodes() -> None:
+    """2.7-2.11 lines ("Channel 00 :", no connection index): SHM connects any two ranks of one host,
+    so a NET connection crosses nodes, whatever GPUs it names."""
+    log = "\n".join([
+        "a:1:5 [0] NCCL INFO Channel 00 : 0[1b000] -> 1[3d000] [send] via NET/Socket/0",
+        "a:1:5 [0] NCCL INFO comm 0x2 rank 0 nranks 4 cudaDev 0 busId 1b000 - Init COMPLETE",
+    ])
+    verdict = analyze_text(log).result()
+    (comm,) = verdict.communicators
+    assert comm.transports == {("net_socket", "inter_node", "0"): 1}
+    assert verdict.verdict == "tcp_fallback"
+
+
+def test_net_lines_before_2_14_say_nothing_once_shm_is_disabled() -> None:
+    for setting in ("a:1:5 [0] NCCL INFO NCCL_SHM_DISABLE set by environment to 1.",
+                    "$ mpirun -np 4 -x NCCL_SHM_DISABLE=1 ./all_reduce_perf -b 8 -e 1G"):
+        log = "\n".join([
+            setting,
+            "a:1:5 [0] NCCL INFO Channel 00 : 0[1b000] -> 1[3d000] [send] via NET/Socket/0",
+            "a:1:5 [0] NCCL INFO comm 0x2 rank 0 nranks 4 cudaDev 0 busId 1b000 - Init COMPLETE",
+        ])
+        verdict = analyze_text(log).result()
+        assert verdict.communicators[0].transports == {("net_socket", "unknown", "0"): 1}, setting
+        assert verdict.verdict == "unknown", setting
+
+
+def test_net_lines_before_2_14_between_processes_of_one_hostname_stay_open() -> None:
+    """One hostname on both ends: two machines named alike, or SHM disabled off the excerpt."""
+    log = "\n".join([
+        "NCCL version 2.11.4+cuda11.4",
+        "h:1:5 [0] NCCL INFO comm 0x1 rank 0 nranks 2 cudaDev 0 busId 1b000 - Init COMPLETE",
+        "h:2:6 [0] NCCL INFO comm 0x2 rank 1 nranks 2 cudaDev 0 busId 3d000 - Init COMPLETE",
+        "h:1:5 [0] NCCL INFO Channel 00/0 : 0[1b000] -> 1[3d000] [send] via NET/Socket/0",
+    ])
+    verdict = analyze_text(log).result()
+    assert verdict.inter_node_tcp is not True
 
 
 def test_nnodes_line_before_the_commid_line_is_merged() -> None:
@@ -168,3 +208,34 @@ def test_rdma_connection_lines_decide_a_communicator_that_shows_no_network() -> 
     assert verdict.verdict == "rdma" and verdict.inter_node_tcp is False and verdict.network == "IBext_v8"
     with_socket = log.replace("NET/IBext_v8/4", "NET/Socket/0")
     assert analyze_text(with_socket).result().inter_node_tcp is not False
+
+
+def test_ib_queue_pair_lines_show_the_network() -> None:
+    """No Using network or NET/IB : Using line: the IB transport's own connection lines show IB."""
+    log = "\n".join([
+        "gpu-a:1:1 [0] NCCL INFO comm 0x1 rank 0 nranks 2 cudaDev 0 busId 1b000 - Init COMPLETE",
+        "gpu-b:2:2 [0] NCCL INFO comm 0x2 rank 1 nranks 2 cudaDev 0 busId 1b000 - Init COMPLETE",
+        "gpu-a:1:9 [0] NCCL INFO NET/IB: Dev 0 Port 1 qpn 3904 mtu 5 LID 4",
+    ])
+    verdict = analyze_text(log).result()
+    assert verdict.verdict == "rdma" and verdict.network == "IB"
+
+
+def test_nccl_hostid_names_the_node_whatever_the_hostname() -> None:
+    """NCCL hashes NCCL_HOSTID instead of the hostname: two processes of one machine with two ids are
+    two nodes, and their Socket connection crosses them (the emulation scripts/gpu-check runs)."""
+    lines = []
+    for rank, host_id in ((0, "emulated-a"), (1, "emulated-b")):
+        pid = 10 + rank
+        lines += [
+            f"gpu-box:{pid}:{pid} [0] NCCL INFO NCCL_HOSTID set by environment to {host_id}",
+            f"gpu-box:{pid}:{pid} [0] NCCL INFO Bootstrap : Using eth0:10.0.0.9<0>",
+            f"gpu-box:{pid}:{pid} [0] NCCL INFO Using network Socket",
+            f"gpu-box:{pid}:{pid} [0] NCCL INFO comm 0x{rank} rank {rank} nranks 2 cudaDev 0 nvmlDev 0 busId 1b000 "
+            f"commId 0x77 - Init COMPLETE",
+        ]
+    lines.append("gpu-box:10:10 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [receive] via NET/Socket/0")
+    verdict = analyze_text("\n".join(lines)).result()
+    assert verdict.verdict == "tcp_fallback" and verdict.nodes == 2
+    same = "\n".join(line.replace("emulated-b", "emulated-a") for line in lines)
+    assert analyze_text(same).result().verdict == "single_node"
