@@ -162,6 +162,10 @@ def test_readiness_gate_and_preflight_when_annotated() -> None:
     assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
     assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["JOB_NAME"] == "llama"
+    # The identity its result file is named and checked by (exporter/results.py): the pod's UID.
+    assert env["CCL_POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env["CCL_POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["CCL_POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
     assert env["NCCL_IB_HCA"] == "mlx5", "the trainer's NCCL settings: preflight fails when they force sockets"
     assert init["resources"] == pod["spec"]["containers"][0]["resources"], "the devices the job will use"
     assert init["volumeMounts"] == [{"name": "ccl-probe-results", "mountPath": "/var/lib/ccl-exporter/probe-results"}]
@@ -310,3 +314,19 @@ def test_decisions_are_the_documented_ones() -> None:
     for value in (*DECISIONS, *CHANGES, *(reason for _, reason in WITHHELD)):
         assert f"`{value}`" in doc, f"{value} is not documented in docs/metrics.md"
     assert ERROR in DECISIONS
+
+
+def test_the_injected_preflight_names_its_result_by_the_pods_uid() -> None:
+    """The pre-flight the webhook adds resolves, as the kubelet would set its env, to the identity the
+    exporter accepts a result with (the pod's namespace, name and UID)."""
+    from exporter.probe.runner import Identity
+
+    pod = gpu_pod(annotations={"ccl-health.io/preflight": "true"})
+    out, _, _ = patched(pod)
+    (init,) = out["spec"]["initContainers"]
+    fields = {"metadata.namespace": "ml-training", "metadata.name": "llama-worker-0", "metadata.uid": "5d1e-uid"}
+    environ = {e["name"]: fields.get(e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath"), e.get("value", ""))
+               for e in init["env"]}
+    identity = Identity.from_env("preflight", environ)
+    assert (identity.namespace, identity.pod, identity.pod_uid) == ("ml-training", "llama-worker-0", "5d1e-uid")
+    assert identity.unattributable() is None

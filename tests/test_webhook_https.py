@@ -20,11 +20,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonpatch
 import kubernetes_validate
 import pytest
 
 from tests.conftest import free_port
-from tests.jsonpatch_apply import apply_patch
 from tests.metrics_text import value
 from tests.test_web_config import _client_context, pki  # noqa: F401 - pki is a fixture
 from tests.test_webhook_admission import admission, gpu_pod
@@ -86,7 +86,7 @@ def webhook(tmp_path: Path, pki: Path) -> Iterator[Webhook]:  # noqa: F811 - the
 
 def patched(pod: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
     assert response["allowed"] is True and response["patchType"] == "JSONPatch"
-    out = apply_patch(pod, json.loads(base64.b64decode(response["patch"])))
+    out = jsonpatch.apply_patch(pod, json.loads(base64.b64decode(response["patch"])))
     kubernetes_validate.validate(out, "1.30.0", strict=True)
     return out  # type: ignore[no-any-return]
 
@@ -123,12 +123,13 @@ def test_the_done_when_cases_over_https(webhook: Webhook) -> None:
 def test_wrong_paths_methods_and_sizes_are_refused(webhook: Webhook) -> None:
     assert webhook.get("/mutate")[0] == 405
     assert webhook.get("/nothing")[0] == 404
-    # A body over --web.max-body-bytes (4 MiB) is refused from its Content-Length, before it is read.
+    # A body over --web.max-body-bytes (7 MiB, what an API server can send) is refused from its
+    # Content-Length, before it is read.
     context = _client_context(webhook.pki)
     with ssl.create_connection(("127.0.0.1", webhook.port), timeout=10) as raw, \
             context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
         tls.sendall(b"POST /mutate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                    b"Content-Length: 5242880\r\n\r\n{")
+                    b"Content-Length: 8388608\r\n\r\n{")
         assert tls.recv(200).startswith(b"HTTP/1.1 413 ")
     assert webhook.get("/healthz")[0] == 200
 

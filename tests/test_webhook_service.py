@@ -121,3 +121,42 @@ def test_the_exposition_passes_promtool() -> None:
     result = subprocess.run([require_tool("promtool"), "check", "metrics"], input=service.render_metrics().body,
                             capture_output=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+async def test_the_server_reads_and_decides_a_few_reviews_at_a_time() -> None:
+    """Each review holds its body while it is decided: beyond MAX_CONCURRENT_REVIEWS the others wait,
+    unread, so many large reviews at once cannot fill the pod's memory."""
+    import asyncio
+    import threading
+
+    import aiohttp
+
+    from exporter.webhook.metrics import Answer
+    from exporter.webhook.serving import MAX_CONCURRENT_REVIEWS, serving_webhook
+
+    class SlowService(WebhookService):
+        def __init__(self) -> None:
+            super().__init__(WebhookConfig())
+            self.lock = threading.Lock()
+            self.now = self.most = 0
+
+        def mutate(self, body: bytes) -> Answer:
+            with self.lock:
+                self.now += 1
+                self.most = max(self.most, self.now)
+            threading.Event().wait(0.2)
+            with self.lock:
+                self.now -= 1
+            return Answer(200, b"{}", "application/json")
+
+    service = SlowService()
+    async with serving_webhook(service, "127.0.0.1", 0, None, 1 << 20) as server:
+        async with aiohttp.ClientSession() as session:
+
+            async def post() -> int:
+                async with session.post(f"http://127.0.0.1:{server.port}/mutate", data=b"{}") as answer:
+                    return answer.status
+
+            statuses = await asyncio.gather(*(post() for _ in range(3 * MAX_CONCURRENT_REVIEWS)))
+    assert statuses == [200] * (3 * MAX_CONCURRENT_REVIEWS)
+    assert service.most == MAX_CONCURRENT_REVIEWS

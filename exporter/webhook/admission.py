@@ -424,7 +424,12 @@ def preflight_container(metadata: Mapping[str, Any], like: Mapping[str, Any], co
     job_name, _ = attribute_job(
         {str(k): str(v) for k, v in labels.items()}, owners, {str(k): str(v) for k, v in annotations.items()}
     )
+    # The pod's identity from the downward API: the pre-flight names its result file by the pod's
+    # UID, and the exporter uses a result only with that UID (exporter/results.py).
     env: list[dict[str, Any]] = [
+        {"name": name, "valueFrom": {"fieldRef": {"fieldPath": field_path}}} for name, field_path in POD_IDENTITY_ENV
+    ]
+    env += [
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "JOB_NAME", "value": job_name},

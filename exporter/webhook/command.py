@@ -16,13 +16,13 @@ from collections.abc import Mapping
 from exporter.config import parse_listen_address
 from exporter.flags import DEFAULT_PROBE_RESULTS, LOG_LEVEL, EnvHelpFormatter, Flag
 from exporter.webhook.admission import GPU_RESOURCE, WebhookConfig
+from exporter.webhook.body import MAX_REVIEW_BYTES
 
 log = logging.getLogger("exporter.webhook")
 
 DEFAULT_LISTEN = "0.0.0.0:8443"
-# An AdmissionReview carries the pod (and, on updates, the old one): the API server caps an
-# object at about 1.5 MiB, so 4 MiB holds any review it sends.
-DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+# What the API server can send (exporter/webhook/body.py says why); a tighter value is safe.
+DEFAULT_MAX_BODY_BYTES = MAX_REVIEW_BYTES
 
 SERVER_FLAGS = (
     Flag("--web.listen-address", DEFAULT_LISTEN, "address to listen on (HTTPS)", dest="listen_address"),

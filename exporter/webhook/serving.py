@@ -28,6 +28,8 @@ from exporter.webhook.metrics import Answer, WebhookService
 
 log = logging.getLogger("exporter.webhook")
 
+MAX_CONCURRENT_REVIEWS = 2  # reviews are decided one at a time (WebhookService.mutate); a second body reads meanwhile
+
 
 def _response(answer: Answer) -> web.Response:
     response = web.Response(status=answer.status, body=answer.body)
@@ -38,10 +40,15 @@ def _response(answer: Answer) -> web.Response:
 def webhook_server(service: WebhookService, web_config: WebConfigSource | None, max_body_bytes: int) -> WebServer:
     """The routes of the webhook on a ``WebServer`` (not started)."""
     limits = ConnectionLimits()
+    # Reviews read and decided at once: each holds its body (up to --web.max-body-bytes) while it
+    # does, so the connection cap alone would let 256 of them fill the pod's memory. The rest wait
+    # unread; the API server's timeoutSeconds bounds the wait, and the webhook fails open.
+    reviews = asyncio.Semaphore(MAX_CONCURRENT_REVIEWS)
 
     async def mutate(request: web.Request) -> web.Response:
-        body = await read_body(request, limits.read_header_timeout_seconds)
-        return _response(await asyncio.to_thread(service.mutate, body))
+        async with reviews:
+            body = await read_body(request, limits.read_header_timeout_seconds)
+            return _response(await asyncio.to_thread(service.mutate, body))
 
     async def metrics(request: web.Request) -> web.Response:
         return _response(service.render_metrics())
