@@ -144,6 +144,9 @@ async def test_health_and_readiness(app_client) -> None:  # type: ignore[no-unty
     assert (await client.get("/healthz")).status == 200
     assert (await client.get("/readyz")).status == 200
     assert (await client.get("/nope")).status == 404
+    for path in ("/healthz", "/metrics", "/nope"):
+        # No versions for a scanner to match against advisories (aiohttp's default names its own and Python's).
+        assert (await client.get(path)).headers["Server"] == "ccl-exporter", path
 
 
 def test_sigterm_shuts_down_cleanly(exporter_process, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -178,6 +178,7 @@ class WebServer:
     async def _respond(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         loaded = self.web_config.current() if self.web_config is not None else None
         response = await self._checked(request, handler, loaded)
+        response.headers["Server"] = "ccl-exporter"  # not aiohttp's default, which names its version and Python's
         if loaded is not None:
             response.headers.update(loaded.config.headers)
         return response
