@@ -158,6 +158,14 @@ def run() -> BenchResult:
         "in `tests/fixtures/nccl/CORPUS.md`. The held-out logs are scored, never read, while rules change.",
         "",
         *split,
+        "",
+        "Logs outside every corpus here: 48 excerpts from 48 public threads that neither this corpus nor the "
+        "reviewed sets hold, labelled by an independent reader from the excerpt alone (not committed: they are "
+        "others' logs). On first contact the analyzer of the placement change got 36 of 43 knowable logs right "
+        "(84 %), caught 11 of 14 fallbacks and called one 'cannot tell' log a fallback; the rules then added from "
+        "NCCL's source (2.4's NIC distance line, Socket's data path, ncclCommInitAll's name, 2.1-2.2 formats, "
+        "hosts that only warn, single-rank processes) give 43/43 and 14/14. The remaining disagreement is a "
+        "label: two ranks on NVML index 0, which the one-GPU rule places on two nodes.",
     ]
     return BenchResult(
         title="TCP fallback detection on the labelled corpus, by NCCL version",
