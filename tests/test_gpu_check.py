@@ -6,14 +6,15 @@ side-by-side comparison and its mismatch flag. The real comparison happens on a 
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from exporter.cli import build_parser
 from tests.conftest import REPO, require_tool
 from tests.fakenvml import build_fake_nvml, fake_nvml_env
 
@@ -43,8 +44,9 @@ def summary_rows(out: Path) -> dict[str, tuple[str, str]]:
     rows = {}
     for line in (out / "summary.md").read_text().splitlines():
         cells = [c.strip() for c in line.strip("|").split("|")]
-        if len(cells) == 3 and cells[1] in ("OK", "SKIPPED", "FAILED"):
-            rows[cells[0]] = (cells[1], cells[2])
+        if len(cells) == 4 and cells[1] in ("OK", "SKIPPED", "FAILED"):
+            float(cells[2])  # every step says how long it took
+            rows[cells[0]] = (cells[1], cells[3])
     return rows
 
 
@@ -56,12 +58,17 @@ def test_degrades_clearly_without_nvidia_smi_torch_or_gpu(fake_lib: Path, tmp_pa
     assert rows["ccl NVML collector"] == ("OK", "8 GPUs, 144 NVLinks")
     assert rows["nvidia-smi"][0] == "SKIPPED" and "not found" in rows["nvidia-smi"][1]
     assert rows["compare"][0] == "SKIPPED"
-    # here torch is absent or CPU-only: either way the NCCL step is skipped with its reason
-    assert rows["NCCL init"][0] == "SKIPPED" and ("torch" in rows["NCCL init"][1])
-    assert rows["ccl-exporter analyze"] == ("SKIPPED", "no NCCL log to analyze")
-    # no GPU job can run, so neither can the NCCL Inspector's: skipped, saying why
-    assert rows["NCCL Inspector"][0] == "SKIPPED" and "no GPU job can run here" in rows["NCCL Inspector"][1]
+    # here torch is absent or CPU-only: either way every GPU step is skipped with its reason
+    assert rows["torch"][0] == "SKIPPED" and "torch" in rows["torch"][1]
+    for step in ("two hosts", "NCCL Inspector job", "ccl-exporter probe (NCCL, two hosts)"):
+        assert rows[step] == ("SKIPPED", f"no GPU job can run here: {rows['torch'][1]}"), step
+    assert rows["analyze"] == ("SKIPPED", "no rank logs (no two-host run wrote one)")
+    assert rows["exporter on pod logs, RDMA node"] == ("SKIPPED", "no rank logs to lay out")
+    assert rows["Inspector plugin build"][0] == "SKIPPED" and "no NCCL source" in rows["Inspector plugin build"][1]
     assert rows["Inspector records"] == ("SKIPPED", "no Inspector output")
+    assert rows["nccl-tests build"][0] == "SKIPPED" and "no nccl-tests source" in rows["nccl-tests build"][1]
+    assert rows["nccl-tests all_reduce_perf"] == ("SKIPPED", "not built")
+    assert rows["probe vs nccl-tests"][0] == "SKIPPED"
     metrics = (out / "ccl-nvml-metrics.txt").read_text()
     assert ('ccl_gpu_info{gpu="0",name="NVIDIA H200",pci_bus_id="00000000:18:00.0",'
             'uuid="GPU-fa4e0000-0000-4000-8000-000000000000"} 1.0') in metrics
@@ -91,13 +98,11 @@ def test_analyzes_a_given_nccl_log_or_says_analyze_is_missing(fake_lib: Path, tm
     out = tmp_path / "out"
     assert run_check(out, fake_lib, "--nvidia-smi", str(tmp_path / "none"), "--nccl-log", str(log)).returncode == 0
     rows = summary_rows(out)
-    assert (out / "nccl-init.log").read_text() == log.read_text()
-    has_analyze = "analyze" in build_parser({})._subparsers._group_actions[0].choices  # type: ignore[union-attr]
-    if has_analyze:
-        assert rows["ccl-exporter analyze"][0] == "OK" and (out / "analyze.json").exists()
-    else:
-        assert rows["ccl-exporter analyze"] == (
-            "SKIPPED", "this build of ccl-exporter has no analyze command; the log is kept")
+    assert (out / "two-hosts" / "given" / "rank0.nccl.log").read_text() == log.read_text()
+    assert rows["two hosts"] == ("SKIPPED", "not run: analyzing the given log job.log")
+    # one node's log with no communicator: analyze cannot tell (exit 4), an answer all the same
+    assert rows["analyze given"][0] == "OK" and rows["analyze given"][1].startswith("exit 4, verdict unknown")
+    assert json.loads((out / "two-hosts" / "given" / "analyze.json").read_text())["verdict"] == "unknown"
 
 
 def smi_topo(classes: dict[tuple[int, int], str]) -> str:
@@ -166,9 +171,246 @@ def test_reads_given_inspector_output_as_the_exporter_does(fake_lib: Path, tmp_p
     done = run_check(out, fake_lib, "--nvidia-smi", str(tmp_path / "none"), "--inspector-dir", str(dump))
     assert done.returncode == 0, done.stdout + done.stderr
     rows = summary_rows(out)
-    assert rows["NCCL Inspector"][0] == "SKIPPED" and "reading the given output" in rows["NCCL Inspector"][1]
+    assert rows["NCCL Inspector job"][0] == "SKIPPED" and "reading the given output" in rows["NCCL Inspector job"][1]
     status, detail = rows["Inspector records"]
     assert status == "OK" and detail.startswith("16 operations"), detail
     records = (out / "inspector-records.txt").read_text()
     assert "all_reduce inter_node ge_1GB" in records and "nccl-2.30-json.log: {" in records
     assert "nccl-2.28-json.log: {" in done.stdout  # the records are printed too
+
+
+# --- recorded runs: the analysis steps on output shaped as the upstream writers write it ----------------
+
+RECORDED = REPO / "tests" / "fixtures" / "gpu-check"
+
+
+def run_recorded(folder: Path, out: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """The analysis steps on a recorded run; this machine's sysfs is an empty folder (no RDMA port)."""
+    sysfs = tmp_path / "empty-sysfs"
+    sysfs.mkdir(exist_ok=True)
+    return subprocess.run([sys.executable, str(SCRIPT), "--recorded", str(folder), "--out", str(out),
+                           "--sysfs", str(sysfs)], capture_output=True, text=True, timeout=180)
+
+
+def metric_lines(path: Path, name: str, pod: str) -> list[str]:
+    return [line for line in path.read_text().splitlines() if line.startswith(name + "{") and f'pod="{pod}"' in line]
+
+
+def test_recorded_nccl_2_28_run_is_analysed_again(tmp_path: Path) -> None:
+    """Two "hosts" on one GPU with NCCL 2.28.9: analyze calls every Socket run a TCP fallback (nNodes 2
+    outranks one hostname and loopback-only sockets), the exporter tailing them as pod logs flags it on a
+    node with an active RDMA port and not on one without, the Inspector's records read as the exporter
+    reads them, and the probe's busbw beside nccl-tests' fails the ratio check (gloo on a CPU is no NCCL)."""
+    out = tmp_path / "out"
+    done = run_recorded(RECORDED / "nccl-2.28.9", out, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = summary_rows(out)
+    assert rows["recorded run"][0] == "OK"
+    for variant in ("socket-lo", "socket-eth0", "defaults"):
+        assert rows[f"analyze {variant}"] == ("OK", "exit 3, verdict tcp_fallback, network Socket, nodes 2"), variant
+        verdict = json.loads((out / "two-hosts" / variant / "analyze.json").read_text())
+        assert (verdict["nccl_version"], verdict["nranks"], verdict["inter_node_tcp"]) == ("2.28.9", 2, True)
+    summary = (out / "summary.md").read_text()
+    assert ("`socket-lo` (IB disabled, Socket): analyze says **tcp_fallback** (network Socket, nodes 2, ranks 2). "
+            "The logs show 2 processes, one hostname for both ranks (gpu-node), NCCL 2.28.9+cuda13.0, nNodes 2, "
+            "network Socket, NCCL sockets on lo:127.0.0.1, 0 warnings.") in summary
+    assert "NCCL sockets on eth0:10.0.2.15" in summary
+
+    assert rows["exporter on pod logs, this node"] == ("OK", "6 pods, node_rdma_active 0.0; exporter-metrics-this-node.txt")
+    assert rows["exporter on pod logs, RDMA node"] == ("OK", "6 pods, node_rdma_active 1.0; exporter-metrics-rdma-node.txt")
+    for label, flagged in (("this-node", "0.0"), ("rdma-node", "1.0")):
+        page = out / f"exporter-metrics-{label}.txt"
+        for pod in ("socket-lo-rank0", "socket-lo-rank1", "defaults-rank1"):
+            assert metric_lines(page, "ccl_nccl_tcp_fallback", pod) == [
+                f'ccl_nccl_tcp_fallback{{job_kind="",job_name="",namespace="gpu-check",pod="{pod}"}} {flagged}']
+            assert any('verdict="tcp_fallback"} 1.0' in line for line in metric_lines(page, "ccl_nccl_verdict", pod))
+            info = metric_lines(page, "ccl_nccl_communicator_info", pod)
+            assert len(info) == 1 and 'network="Socket"' in info[0] and 'nnodes="2"' in info[0]
+            assert 'nccl_version="2.28.9"' in info[0]
+    pod_log = next((out / "pod-logs").glob("gpu-check_socket-lo-rank0_*/trainer/0.log")).read_text().splitlines()
+    source = (RECORDED / "nccl-2.28.9" / "two-hosts" / "socket-lo" / "rank0.nccl.log").read_text().splitlines()
+    assert [line.split(" stdout F ", 1)[1] for line in pod_log] == source
+
+    assert rows["Inspector records"] == ("OK", "6 operations; counters vs records busbw differ by at most 0.00%")
+    assert "all_reduce inter_node 10MB_100MB: 6 ops, bus bandwidth 5.35 GB/s" in (out / "inspector-records.txt").read_text()
+
+    status, detail = rows["probe vs nccl-tests"]
+    assert status == "FAILED" and detail.endswith("at 268435456 B the probe gets 0.30x nccl-tests' busbw"), detail
+    compared = json.loads((out / "bandwidth-compare.json").read_text())
+    assert (compared["probe_ranks"], compared["tests_ranks"]) == (2, 2)
+    assert [r["size_bytes"] for r in compared["rows"]] == [1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20]
+    assert [r["tests_busbw_gbs_out_of_place"] for r in compared["rows"]] == [2.99, 4.36, 4.93, 5.37, 5.49]
+    probe = json.loads((RECORDED / "nccl-2.28.9" / "probe-rank0.json").read_text())
+    assert [r["probe_busbw_gbs"] * 1e9 for r in compared["rows"]] == pytest.approx(
+        [r["busbw_bytes_per_second"] for r in probe["collectives"][0]["rows"]])
+    # the recorded folder itself is left as it was
+    assert not (RECORDED / "nccl-2.28.9" / "summary.md").exists()
+
+
+def test_recorded_nccl_2_29_run_with_a_one_rank_nccl_tests(tmp_path: Path) -> None:
+    """NCCL 2.29.7 prints ``[Rank N]`` before its Init START line; nccl-tests built without MPI runs one rank,
+    whose all-reduce bus bandwidth is 0 by definition: the comparison fails and says why."""
+    recorded = tmp_path / "recorded"
+    shutil.copytree(RECORDED / "nccl-2.29.7", recorded)
+    shutil.copy(RECORDED / "nccl-2.28.9" / "probe-rank0.json", recorded)
+    out = tmp_path / "out"
+    done = run_recorded(recorded, out, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = summary_rows(out)
+    assert rows["analyze socket-lo"] == ("OK", "exit 3, verdict tcp_fallback, network Socket, nodes 2")
+    assert json.loads((out / "two-hosts" / "socket-lo" / "analyze.json").read_text())["nccl_version"] == "2.29.7"
+    assert rows["exporter on pod logs, RDMA node"][0] == "OK"
+    assert rows["Inspector records"] == ("SKIPPED", "no Inspector output")
+    status, detail = rows["probe vs nccl-tests"]
+    assert status == "FAILED" and "the probe ran 2 ranks, nccl-tests 1" in detail, detail
+
+
+def test_recorded_run_fails_when_the_fallback_is_not_seen(tmp_path: Path) -> None:
+    """One rank's log without its nNodes and connection lines: sockets on lo only, so the analyzer's
+    loopback rule calls it one node. The check that a Socket run between two hosts is a fallback fails,
+    both in analyze and in the exporter's verdict."""
+    recorded = tmp_path / "recorded"
+    variant = recorded / "two-hosts" / "socket-lo"
+    variant.mkdir(parents=True)
+    lines = (RECORDED / "nccl-2.28.9" / "two-hosts" / "socket-lo" / "rank0.nccl.log").read_text().splitlines()
+    kept = [line for line in lines if "nNodes" not in line and "via NET/" not in line]
+    (variant / "rank0.nccl.log").write_text("\n".join(kept) + "\n")
+    out = tmp_path / "out"
+    done = run_recorded(recorded, out, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = summary_rows(out)
+    assert rows["analyze socket-lo"] == (
+        "FAILED", "exit 0, verdict single_node, network Socket, nodes 1: two hosts on Socket must be a TCP fallback (exit 3)")
+    status, detail = rows["exporter on pod logs, RDMA node"]
+    assert status == "FAILED" and "socket-lo-rank0: verdict single_node, not tcp_fallback" in detail, detail
+    assert "socket-lo-rank0: ccl_nccl_tcp_fallback 0.0, not 1 (rdma-node)" in detail
+    assert "NCCL sockets on lo:127.0.0.1" in (out / "summary.md").read_text()
+
+
+def nccl_tests_table(ranks: int, rows: list[tuple[int, float, float]]) -> str:
+    """all_reduce_perf's stdout as NVIDIA/nccl-tests v2.19.6 prints it (src/util.cu): (size, out-of-place
+    time in us, in-place time in us) per row; algbw and busbw computed as all_reduce.cu does."""
+    out = ["# nccl-tests version 2.19.6 nccl-headers=22809 nccl-library=22809\n", "# Using devices\n"]
+    out += [f"#  Rank {r:2d} Group {0:2d} Pid {700 + r:6d} on {'gpu-node':>10} device {0:2d} [0000:18:00] NVIDIA H200\n"
+            for r in range(ranks)]
+    out.append("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s \n"
+               % ("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw",
+                  "busbw", "#wrong"))
+    for size, *times in rows:
+        line = "%12i  %12i  %8s  %6s  %6s" % (size, size // 4, "float", "sum", "%6i" % -1)
+        for t in times:
+            algbw = size / 1e3 / t
+            line += "  %7.2f  %6.2f  %6.2f  %6g" % (t, algbw, algbw * 2 * (ranks - 1) / ranks, 0)
+        out.append(line + "\n")
+    out += ["# %-20s : %d %s\n" % ("Out of bounds values", 0, "OK"), "# %-20s : %g \n" % ("Avg bus bandwidth", 1.0)]
+    return "".join(out)
+
+
+def test_probe_and_nccl_tests_that_agree_pass_the_comparison(tmp_path: Path) -> None:
+    """nccl-tests rows at 1.5x and 0.9x the probe's recorded times: within the ratio band at the largest
+    size, so the step is OK and says both numbers."""
+    recorded = tmp_path / "recorded"
+    recorded.mkdir()
+    shutil.copy(RECORDED / "nccl-2.28.9" / "probe-rank0.json", recorded)
+    probe_rows = json.loads((recorded / "probe-rank0.json").read_text())["collectives"][0]["rows"]
+    times = [(r["size_bytes"], r["time_seconds"] * 1e6 * 1.5, r["time_seconds"] * 1e6 * 0.9) for r in probe_rows]
+    (recorded / "nccl-tests-all_reduce_perf.txt").write_text(nccl_tests_table(2, times))
+    out = tmp_path / "out"
+    assert run_recorded(recorded, out, tmp_path).returncode == 0
+    status, detail = summary_rows(out)["probe vs nccl-tests"]
+    assert status == "OK", detail
+    assert detail.startswith("5 sizes side by side in bandwidth-compare.txt; at 268435456 B probe 1.67 GB/s, "
+                             "nccl-tests 1.11 GB/s")
+    table = (out / "bandwidth-compare.txt").read_text().splitlines()
+    assert table[-1].split() == ["268435456", "1.67", "1.11", "1.85", "1.50"]
+
+
+def test_nccl_tests_table_is_read_as_nccl_tests_writes_it() -> None:
+    from devtools.gpu_check.bandwidth import parse_nccl_tests
+
+    text = (RECORDED / "nccl-2.28.9" / "nccl-tests-all_reduce_perf.txt").read_text()
+    run = parse_nccl_tests(text)
+    assert run.header == "# nccl-tests version 2.19.6 nccl-headers=22809 nccl-library=22809"
+    assert [r.split()[-2:] for r in run.ranks] == [["NVIDIA", "H200"]] * 2
+    assert [(r.size, r.count, r.type, r.redop, r.root) for r in run.rows][-1] == (268435456, 67108864, "float", "sum", -1)
+    last = run.rows[-1]
+    assert (last.out_of_place.time_us, last.out_of_place.busbw, last.out_of_place.wrong) == (48913.6, 5.49, 0)
+    assert (last.in_place.time_us, last.in_place.algbw) == (48870.2, 5.49)
+    assert (run.out_of_bounds, run.average_busbw, run.skipped_lines) == (0, 4.63063, 0)
+    # mixed with NCCL's INFO lines and mpirun's, data not checked (-c 0: N/A), a row cut short
+    noisy = "\n".join([
+        "gpu-node:4501:4501 [0] NCCL INFO NCCL version 2.28.9+cuda13.0",
+        "--------------------------------------------------------------------------",
+        *text.splitlines()[:12],
+        "     4194304       1048576     float     sum      -1   962.40    4.36    4.36     N/A   958.10    4.38    4.38     N/A",
+        "    16777216       4194304     float     sum      -1  3402.70    4.93",
+    ])
+    run = parse_nccl_tests(noisy)
+    assert [r.size for r in run.rows] == [1048576, 4194304]
+    assert run.rows[1].out_of_place.wrong is None and run.skipped_lines == 1
+    assert run.out_of_bounds is None
+
+
+def test_what_the_rank_logs_show() -> None:
+    from devtools.gpu_check.two_hosts import log_facts
+
+    folder = RECORDED / "nccl-2.29.7" / "two-hosts" / "socket-lo"
+    assert log_facts(sorted(folder.glob("rank*.nccl.log"))) == {
+        "hostnames": ["gpu-node"], "processes": 2, "nccl_versions": ["2.29.7+cuda13.0"], "nnodes": ["2"],
+        "networks": ["Socket"], "socket_interfaces": ["lo:127.0.0.1"], "warnings": 0}
+
+
+def test_processes_past_their_timeout_are_killed_with_their_children() -> None:
+    """A rank that waits forever (here a shell whose child sleeps) ends at the timeout, child included."""
+    import time
+
+    from devtools.gpu_check.report import TIMED_OUT, run_command, run_together
+
+    started = time.monotonic()
+    marker = f"600.{os.getpid()}"  # sleep's seconds: unique to this test, found again with pgrep
+    results = run_together([(["sh", "-c", f"echo up; sleep {marker}"], dict(os.environ)),
+                            (["sh", "-c", "echo done"], dict(os.environ))], timeout=1.0)
+    assert time.monotonic() - started < 15
+    assert results[0][0] == TIMED_OUT and results[0][1].startswith("up\n") and "timed out after 1s" in results[0][1]
+    assert results[1] == (0, "done\n")
+    code, out = run_command(["sh", "-c", f"sleep {marker} & wait"], timeout=1.0)
+    assert code == TIMED_OUT
+    time.sleep(0.2)
+    survivors = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True).stdout.split()
+    assert survivors == []
+
+
+FAKE_PLUGIN_MAKEFILE = """all: libnccl-profiler-inspector.so
+libnccl-profiler-inspector.so: inspector_plugin.cc
+\t$(CXX) -shared -fPIC -o $@ $<
+"""
+
+
+def test_inspector_plugin_is_built_from_a_source_tree(tmp_path: Path) -> None:
+    """The build step runs the plugin folder's own Makefile in a copy (the source stays clean) and reports
+    a failing build as FAILED with its log; no GPU here, so the job that would use it is skipped."""
+    require_tool("make")
+    require_tool("g++")
+    src = tmp_path / "nccl" / "plugins" / "profiler" / "inspector"
+    src.mkdir(parents=True)
+    (src / "Makefile").write_text(FAKE_PLUGIN_MAKEFILE)
+    (src / "inspector_plugin.cc").write_text('extern "C" int ncclProfiler_v5 = 5;\n')
+    (tmp_path / "nccl" / "makefiles").mkdir()
+    (tmp_path / "nccl" / "makefiles" / "version.mk").write_text("NCCL_MAJOR   := 2\nNCCL_MINOR   := 29\nNCCL_PATCH   := 7\n")
+    out = tmp_path / "out"
+    args = ["--nvidia-smi", str(tmp_path / "none"), "--nccl-src", str(tmp_path / "nccl"), "--sysfs", str(tmp_path)]
+    done = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), *args], capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = summary_rows(out)
+    assert rows["Inspector plugin build"] == (
+        "OK", "libnccl-profiler-inspector.so from NCCL 2.29.7 plugins/profiler/inspector")
+    assert "make -j8 -C" in (out / "inspector-build.log").read_text()
+    assert not (src / "libnccl-profiler-inspector.so").exists()
+    assert rows["NCCL Inspector job"][0] == "SKIPPED"
+
+    (src / "inspector_plugin.cc").write_text("this is not C++\n")
+    out = tmp_path / "out2"
+    subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), *args], capture_output=True, timeout=180)
+    status, detail = summary_rows(out)["Inspector plugin build"]
+    assert status == "FAILED" and detail.startswith("make exit 2 in inspector (NCCL 2.29.7)"), detail
