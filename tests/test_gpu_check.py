@@ -36,7 +36,9 @@ def fake_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def run_check(out: Path, lib: Path, *args: str, **fake: object) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, **fake_nvml_env(lib, **fake)}
-    return subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), *args], env=env,
+    # no carried sources: a developer's own .gpu-check-src must not change what these tests see
+    bundle = ["--src-bundle", str(out.parent / "no-bundle")]
+    return subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), *bundle, *args], env=env,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -156,7 +158,8 @@ def test_topology_step_says_what_it_skipped_without_gpus(tmp_path: Path) -> None
     out = tmp_path / "out"
     env = {**os.environ, "LD_LIBRARY_PATH": str(tmp_path)}  # no libnvidia-ml here
     done = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), "--nvidia-smi", str(tmp_path / "none"),
-                           "--sysfs", str(tmp_path)], env=env, capture_output=True, text=True, timeout=120)
+                           "--sysfs", str(tmp_path), "--src-bundle", str(tmp_path / "no-bundle")], env=env,
+                          capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     rows = summary_rows(out)
     assert rows["ccl topology"][0] == "SKIPPED" and "NVML" in rows["ccl topology"][1]
@@ -398,7 +401,8 @@ def test_inspector_plugin_is_built_from_a_source_tree(tmp_path: Path) -> None:
     (tmp_path / "nccl" / "makefiles").mkdir()
     (tmp_path / "nccl" / "makefiles" / "version.mk").write_text("NCCL_MAJOR   := 2\nNCCL_MINOR   := 29\nNCCL_PATCH   := 7\n")
     out = tmp_path / "out"
-    args = ["--nvidia-smi", str(tmp_path / "none"), "--nccl-src", str(tmp_path / "nccl"), "--sysfs", str(tmp_path)]
+    args = ["--nvidia-smi", str(tmp_path / "none"), "--nccl-src", str(tmp_path / "nccl"), "--sysfs", str(tmp_path),
+            "--src-bundle", str(tmp_path / "no-bundle")]
     done = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), *args], capture_output=True, text=True,
                           timeout=180)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -414,3 +418,60 @@ def test_inspector_plugin_is_built_from_a_source_tree(tmp_path: Path) -> None:
     subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), *args], capture_output=True, timeout=180)
     status, detail = summary_rows(out)["Inspector plugin build"]
     assert status == "FAILED" and detail.startswith("make exit 2 in inspector (NCCL 2.29.7)"), detail
+
+
+FAKE_ALL_REDUCE_PERF = """#!/bin/sh
+# all_reduce_perf's stand-in: each rank leaves its NCCL_HOSTID and NCCL_TESTS_DEVICE; rank 0 prints the
+# table (as nccl-tests prints it after gathering the ranks' device lines) once both are there.
+echo "$NCCL_HOSTID $NCCL_TESTS_DEVICE $NCCL_IB_DISABLE $NCCL_SOCKET_IFNAME $*" > "$(dirname "$0")/rank-$OMPI_COMM_WORLD_RANK"
+[ "$OMPI_COMM_WORLD_RANK" = 0 ] || exit 0
+while [ ! -f "$(dirname "$0")/rank-1" ]; do sleep 0.1; done
+cat "$(dirname "$0")/table.txt"
+"""
+
+
+def test_nccl_tests_run_as_two_hosts_under_mpirun(tmp_path: Path) -> None:
+    """Two ranks under a real mpirun, one ``-np 1`` block each with its own NCCL_HOSTID, both on the GPU
+    named by NCCL_TESTS_DEVICE, sockets on lo; rank 0's table is read as nccl-tests prints it."""
+    mpirun = require_tool("mpirun")
+    from devtools.gpu_check.bandwidth import run_nccl_tests
+    from devtools.gpu_check.report import Report
+    from devtools.gpu_check.sources import Mpi
+
+    home = tmp_path / "mpi"
+    (home / "bin").mkdir(parents=True)
+    (home / "bin" / "mpirun").symlink_to(mpirun)
+    build = tmp_path / "build"
+    build.mkdir()
+    binary = build / "all_reduce_perf"
+    binary.write_text(FAKE_ALL_REDUCE_PERF)
+    binary.chmod(0o755)
+    (build / "table.txt").write_text((RECORDED / "nccl-2.28.9" / "nccl-tests-all_reduce_perf.txt").read_text())
+    report = Report(tmp_path / "out", budget_seconds=300)
+    run_nccl_tests(report, binary, Mpi(home, {}, "test"), 3, [tmp_path / "lib"])
+    step = report.steps[-1]
+    assert (step.name, step.status) == ("nccl-tests all_reduce_perf", "OK"), step.detail + (
+        tmp_path / "out" / "nccl-tests-all_reduce_perf.txt").read_text()
+    assert step.detail == "exit 0, 2 ranks, 5 sizes, out of bounds 0; nccl-tests-all_reduce_perf.txt"
+    sweep = "-b 1M -e 256M -f 4 -n 20 -w 5 -g 1 -c 1"
+    assert (build / "rank-0").read_text() == f"gpu-check-host-0 3 1 lo {sweep}\n"
+    assert (build / "rank-1").read_text() == f"gpu-check-host-1 3 1 lo {sweep}\n"
+
+
+def test_the_nccl_source_for_torchs_nccl_is_picked_from_the_carried_folder(tmp_path: Path) -> None:
+    from devtools.gpu_check.sources import pick_nccl_source
+
+    for tag, inspector in (("v2.28.9-1", "ext-profiler/inspector"), ("v2.29.7-1", "plugins/profiler/inspector")):
+        tree = tmp_path / f"nccl-{tag}"
+        (tree / inspector).mkdir(parents=True)
+        (tree / inspector / "inspector_plugin.cc").write_text("")
+        major, minor, patch = tag[1:].split("-")[0].split(".")
+        (tree / "makefiles").mkdir()
+        (tree / "makefiles" / "version.mk").write_text(
+            f"##### version\nNCCL_MAJOR   := {major}\nNCCL_MINOR   := {minor}\nNCCL_PATCH   := {patch}\nNCCL_SUFFIX  :=\n")
+    assert pick_nccl_source(tmp_path, "2.28.9") == (tmp_path / "nccl-v2.28.9-1", "NCCL 2.28.9 source nccl-v2.28.9-1")
+    assert pick_nccl_source(tmp_path, "2.29.3") == (
+        tmp_path / "nccl-v2.29.7-1", "NCCL 2.29.7 source nccl-v2.29.7-1 for torch's NCCL 2.29.3 (same minor release)")
+    tree, why = pick_nccl_source(tmp_path, "2.30.7")
+    assert tree is None and why.endswith("(has nccl-v2.28.9-1 (2.28.9), nccl-v2.29.7-1 (2.29.7))")
+    assert pick_nccl_source(tmp_path / "none", "2.28.9")[0] is None

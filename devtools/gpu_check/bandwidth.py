@@ -71,7 +71,7 @@ def json_document(text: str) -> str | None:
 def run_probe(report: Report, gpu: int, python: str) -> None:
     """The probe as two one-rank nodes; each node's result document in ``probe-rank<r>.json``."""
     step = "ccl-exporter probe (NCCL, two hosts)"
-    timeout = report.timeout(180)
+    timeout = report.timeout(150)
     if timeout is None:
         report.out_of_time(step)
         return
@@ -137,7 +137,7 @@ def build_nccl_tests(
     if missing or src is None:
         report.add(step, SKIPPED, "; ".join(missing))
         return None
-    timeout = report.timeout(300)
+    timeout = report.timeout(240)
     if timeout is None:
         report.out_of_time(step)
         return None
@@ -167,7 +167,7 @@ def run_nccl_tests(report: Report, binary: Path | None, mpi: Mpi | None, gpu: in
     if binary is None:
         report.add(step, SKIPPED, "not built")
         return
-    timeout = report.timeout(180)
+    timeout = report.timeout(150)
     if timeout is None:
         report.out_of_time(step)
         return
@@ -311,6 +311,12 @@ def compare(report: Report, folder: Path) -> None:
         COMPARE_JSON,
         json.dumps({"probe_ranks": probe_ranks, "tests_ranks": tests_ranks, "rows": rows}, indent=1) + "\n",
     )
+    if probe is not None:
+        report.finding(
+            f"probe result: {probe.world_size} ranks, nnodes {probe.nnodes} (the probe counts hostnames), "
+            f"scope {probe.scope or '-'}, transport {probe.transport.kind} {probe.transport.name} "
+            f"(network {probe.transport.network}); {(probe.transport.reasons or ('no reason given',))[0]}"
+        )
     if probe is None or tests is None or not tests.rows:
         missing = why_probe if probe is None else f"no nccl-tests table in {TESTS_OUTPUT}"
         report.add(step, SKIPPED, f"needs both sides: {missing}; {COMPARE_TEXT} lists what there is")

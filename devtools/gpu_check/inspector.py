@@ -38,7 +38,7 @@ def build_plugin(
     if plugin_src is None:
         report.add(step, SKIPPED, why_none if nccl_root is None else f"no Inspector plugin folder in {nccl_root}")
         return None
-    timeout = report.timeout(240)
+    timeout = report.timeout(180)
     if timeout is None:
         report.out_of_time(step)
         return None
@@ -73,7 +73,7 @@ def inspector_job(report: Report, gpu: int, plugin: Path | None, gpu_skipped: st
     if plugin is None or not plugin.is_file():
         report.add(step, SKIPPED, "no Inspector plugin (see the build step, or pass --inspector-plugin)")
         return None
-    timeout = report.timeout(150)
+    timeout = report.timeout(120)
     if timeout is None:
         report.out_of_time(step)
         return None
@@ -136,6 +136,9 @@ def inspector_records(report: Report, dump: Path | None) -> None:
         by_key.setdefault((op.collective, op.scope, op.size_class), []).append(op)
     for key, ops in sorted(by_key.items()):
         seconds = sum(op.seconds for op in ops)
+        if seconds <= 0:
+            rows.append(f"{' '.join(key)}: {len(ops)} ops of no measured time")
+            continue
         ours = sum(bus_bytes(op) for op in ops) / seconds
         theirs = sum((op.stated_bus_bandwidth or 0.0) * op.seconds for op in ops) / seconds
         worst = max(worst, abs(ours - theirs) / theirs if theirs else 0.0)

@@ -175,7 +175,7 @@ def skip_reason(outputs: Sequence[str]) -> str | None:
 def run_variant(report: Report, variant: Variant, gpu: int, base: Path, python: str) -> Path | None:
     """One variant's job; the folder holding its rank logs, None when no NCCL log was written."""
     step = f"two hosts {variant.name}"
-    timeout = report.timeout(150)
+    timeout = report.timeout(90)
     if timeout is None:
         report.out_of_time(step)
         return None
