@@ -475,3 +475,124 @@ def test_the_nccl_source_for_torchs_nccl_is_picked_from_the_carried_folder(tmp_p
     tree, why = pick_nccl_source(tmp_path, "2.30.7")
     assert tree is None and why.endswith("(has nccl-v2.28.9-1 (2.28.9), nccl-v2.29.7-1 (2.29.7))")
     assert pick_nccl_source(tmp_path / "none", "2.28.9")[0] is None
+
+
+FAKE_PYTHON = '''#!{python}
+"""Stands in for the GPU machine's PyTorch Python: answers the facts query as torch 2.11 with NCCL
+2.28.9 on an H200 would, and plays each NCCL worker and probe by writing the recorded run's output
+where the real ones write theirs, after checking the environment gpu-check gave it."""
+import json, os, shutil, sys
+from pathlib import Path
+RUN = Path({run!r})
+args = sys.argv[1:]
+if args[:3] == ["-m", "exporter", "probe"]:
+    rank = args[args.index("--node-rank") + 1]
+    assert os.environ["NCCL_HOSTID"] == f"gpu-check-host-{{rank}}", os.environ.get("NCCL_HOSTID")
+    assert (os.environ["NCCL_SOCKET_IFNAME"], os.environ["CUDA_VISIBLE_DEVICES"]) == ("lo", "0")
+    print("a warning the probe printed first")
+    sys.stdout.write((RUN / "probe-rank0.json").read_text())
+    sys.exit(0)
+code = args[1]
+if "GPU-CHECK-RESULT" not in code:  # the facts query
+    print(json.dumps({{"python": "3.12.3", "torch": "2.11.0+cu130", "torch_cuda": "13.0", "nccl": "2.28.9",
+                      "device_count": 1, "device": "NVIDIA H200", "capability": "90",
+                      "nccl_lib": {nccl_lib!r}, "nccl_include": {nccl_include!r}}}))
+    sys.exit(0)
+rank = os.environ["RANK"]
+assert os.environ["NCCL_HOSTID"] == f"gpu-check-host-{{rank}}" and os.environ["NCCL_MULTI_RANK_GPU_ENABLE"] == "1"
+assert (os.environ["NCCL_DEBUG"], os.environ["NCCL_DEBUG_SUBSYS"]) == ("INFO", "INIT,NET")
+ifname = os.environ.get("NCCL_SOCKET_IFNAME")
+variant = "socket-lo" if ifname == "lo" else "socket-eth0" if ifname else "defaults"
+assert (ifname is None) == ("NCCL_IB_DISABLE" not in os.environ)
+shutil.copy(RUN / "two-hosts" / variant / f"rank{{rank}}.nccl.log", os.environ["NCCL_DEBUG_FILE"])
+if os.environ.get("NCCL_INSPECTOR_ENABLE") == "1":
+    source = sorted((RUN / "inspector").iterdir())[int(rank)]
+    shutil.copy(source, Path(os.environ["NCCL_INSPECTOR_DUMP_DIR"]) / source.name)
+    assert Path(os.environ["NCCL_PROFILER_PLUGIN"]).is_file()
+print(f"GPU-CHECK-RESULT rank {{rank}}/2 all_reduce x5 value 32.0 want 32.0 nccl 2.28.9")
+'''
+
+FAKE_NCCL_TESTS_MAKEFILE = """$(BUILDDIR)/all_reduce_perf:
+\tmkdir -p $(BUILDDIR)
+\tcp ../fake_perf.sh $@ && cp ../table.txt $(BUILDDIR)/table.txt && chmod +x $@
+\techo "MPI=$(MPI) $(NVCC_GENCODE) MPI_HOME=$(MPI_HOME)" > $(BUILDDIR)/made-with
+"""
+
+
+def test_a_live_run_on_a_stand_in_gpu_machine(fake_lib: Path, tmp_path: Path) -> None:
+    """Every GPU step of a live run, in order and with the environment each gets, on a stand-in for
+    the GPU machine: its Python answers as PyTorch with NCCL 2.28.9 would and writes the recorded run's
+    NCCL logs, Inspector files and probe document where the real ones go; the Inspector plugin and
+    nccl-tests are built by their own Makefiles (stand-ins) and nccl-tests runs under a real mpirun."""
+    mpirun = require_tool("mpirun")
+    require_tool("make")
+    require_tool("g++")
+    run = RECORDED / "nccl-2.28.9"
+    nccl = tmp_path / "nccl-wheel"
+    (nccl / "lib").mkdir(parents=True)
+    (nccl / "include").mkdir()
+    (nccl / "lib" / "libnccl.so.2").write_text("")
+    (nccl / "include" / "nccl.h").write_text("")
+    python = tmp_path / "python3"
+    python.write_text(FAKE_PYTHON.format(python=sys.executable, run=str(run), nccl_lib=str(nccl / "lib" / "libnccl.so.2"),
+                                         nccl_include=str(nccl / "include")))
+    python.chmod(0o755)
+    cuda = tmp_path / "cuda"
+    (cuda / "bin").mkdir(parents=True)
+    (cuda / "bin" / "nvcc").write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n")
+    (cuda / "bin" / "nvcc").chmod(0o755)
+    mpi = tmp_path / "mpi"
+    (mpi / "bin").mkdir(parents=True)
+    (mpi / "include").mkdir()
+    (mpi / "bin" / "mpirun").symlink_to(mpirun)
+    (mpi / "include" / "mpi.h").write_text("")
+    tests_src = tmp_path / "nccl-tests"
+    (tests_src / "src").mkdir(parents=True)
+    (tests_src / "src" / "Makefile").write_text(FAKE_NCCL_TESTS_MAKEFILE)
+    (tests_src / "fake_perf.sh").write_text(FAKE_ALL_REDUCE_PERF)
+    (tests_src / "table.txt").write_text((run / "nccl-tests-all_reduce_perf.txt").read_text())
+    plugin = tmp_path / "nccl" / "ext-profiler" / "inspector"
+    plugin.mkdir(parents=True)
+    (plugin / "Makefile").write_text(FAKE_PLUGIN_MAKEFILE)
+    (plugin / "inspector_plugin.cc").write_text('extern "C" int ncclProfiler_v5 = 5;\n')
+    sysfs = tmp_path / "sysfs"
+    sysfs.mkdir()
+    out = tmp_path / "out"
+    archive = tmp_path / "back" / "gpu-check.tar.gz"
+    env = {**os.environ, **fake_nvml_env(fake_lib), "CUDA_HOME": str(cuda)}
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(out), "--python", str(python), "--nvidia-smi", str(tmp_path / "none"),
+         "--sysfs", str(sysfs), "--src-bundle", str(tmp_path / "no-bundle"), "--nccl-src", str(tmp_path / "nccl"),
+         "--nccl-tests-src", str(tests_src), "--mpi-home", str(mpi), "--archive", str(archive)],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = summary_rows(out)
+    assert rows["torch"] == ("OK", "torch 2.11.0+cu130, NCCL 2.28.9, NVIDIA H200 (sm_90)")
+    assert rows["two hosts socket-lo"] == (
+        "OK", "2 ranks, NCCL_HOSTID per rank, NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=lo; 2 rank logs")
+    assert rows["two hosts defaults"] == ("OK", "2 ranks, NCCL_HOSTID per rank, no NCCL_* setting; 2 rank logs")
+    assert rows["analyze socket-lo"] == ("OK", "exit 3, verdict tcp_fallback, network Socket, nodes 2")
+    assert rows["exporter on pod logs, RDMA node"][0] == "OK"
+    assert rows["Inspector plugin build"] == ("OK", "libnccl-profiler-inspector.so from NCCL ? ext-profiler/inspector")
+    assert rows["NCCL Inspector job"] == ("OK", "20 all-reduces of 64 MiB on two hosts; 2 files in inspector/")
+    assert rows["Inspector records"] == ("OK", "6 operations; counters vs records busbw differ by at most 0.00%")
+    assert rows["ccl-exporter probe (NCCL, two hosts)"] == (
+        "OK", "exit codes [0, 0], 2 result documents (probe-rank<r>.json)")
+    assert rows["nccl-tests build"] == ("OK", "all_reduce_perf with MPI=1, sm_90")
+    assert rows["nccl-tests all_reduce_perf"] == (
+        "OK", "exit 0, 2 ranks, 5 sizes, out of bounds 0; nccl-tests-all_reduce_perf.txt")
+    assert rows["probe vs nccl-tests"][0] == "FAILED"  # the recorded probe is gloo on a CPU
+    build_log = (out / "nccl-tests-build.log").read_text()
+    assert "NVCC_GENCODE=-gencode=arch=compute_90,code=sm_90" in build_log and f"MPI_HOME={mpi}" in build_log
+    assert "NCCL_HOME=" in build_log and f"CUDA_HOME={cuda}" in build_log
+    socket_variants = [name for name in rows if name.startswith("two hosts socket-") and name != "two hosts socket-lo"]
+    for name in socket_variants:  # the machine's own interface, when it has one besides lo
+        assert rows[name][0] == "OK" and "NCCL_SOCKET_IFNAME==" in rows[name][1]
+    seconds = [float(line.split("|")[3]) for line in (out / "summary.md").read_text().splitlines()
+               if line.count("|") == 5 and line.split("|")[2].strip() in ("OK", "SKIPPED", "FAILED")]
+    assert len(seconds) == len(rows) and all(s >= 0 for s in seconds)
+    import tarfile
+
+    with tarfile.open(archive) as back:
+        names = back.getnames()
+    assert "out/summary.md" in names and "out/two-hosts/socket-lo/rank1.nccl.log" in names

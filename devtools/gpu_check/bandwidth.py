@@ -81,7 +81,7 @@ def run_probe(report: Report, gpu: int, python: str) -> None:
         argv = [python, "-m", "exporter", "probe", "--backend", "nccl", "--nprocs", "1", "--nnodes", str(RANKS),
                 "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", str(port), "--json",
                 "--no-write", "--timeout", f"{max(10.0, timeout - 10):.0f}", *SWEEP]  # fmt: skip
-        env = repo_env(clean_env({**SOCKETS_ON_LO, "NCCL_HOSTID": HOST_ID.format(rank=rank)}))
+        env = repo_env(base=clean_env({**SOCKETS_ON_LO, "NCCL_HOSTID": HOST_ID.format(rank=rank)}))
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
         commands.append((argv, env))
     results = run_together(commands, timeout)

