@@ -24,6 +24,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -189,6 +190,7 @@ def run_nccl_tests(report: Report, binary: Path | None, mpi: Mpi | None, gpu: in
                 argv.append(":")
             argv += ["-np", "1", *(a for k, v in exported.items() for a in ("-x", f"{k}={v}")), str(binary), *args]
         env = clean_env({**mpi.env, "PATH": os.pathsep.join([str(mpi.home / "bin"), os.environ.get("PATH", "")])})
+        env.setdefault("HOME", tempfile.gettempdir())  # Open MPI reads its settings from $HOME and fails without one
     code, out = run_command(argv, timeout, env)
     report.write(TESTS_OUTPUT, out)
     parsed = parse_nccl_tests(out)

