@@ -335,9 +335,10 @@ def compare(report: Report, folder: Path) -> None:
         problems.append("no size with a bus bandwidth on both sides")
     else:
         last = common[-1]
+        ratio = last["ratio"]
         low, high = RATIO_RANGE
-        if not low <= last["ratio"] <= high:
-            problems.append(f"at {last['size_bytes']} B the probe gets {last['ratio']:.2f}x nccl-tests' busbw")
+        if ratio is None or not low <= ratio <= high:
+            problems.append(f"at {last['size_bytes']} B the probe gets {ratio:.2f}x nccl-tests' busbw")
     detail = f"{len(common)} sizes side by side in {COMPARE_TEXT}"
     if common:
         last = common[-1]
