@@ -341,6 +341,34 @@ def test_only_a_folder_naming_the_pods_uid_speaks_for_it(tmp_path: Path) -> None
     assert skipped["tail_pod_uid_mismatch"] == skipped["prom_pod_uid_mismatch"] == 1
 
 
+def test_files_written_straight_into_the_root_are_counted_and_never_credited(tmp_path: Path) -> None:
+    """NVIDIA's flat NCCL_INSPECTOR_DUMP_DIR on the host: a file there names a pod only by its
+    hostname, which any writer of the folder picks (here the node's own pod's name). Not read,
+    not credited, counted while it is there; the pod's own folder is read as before."""
+    root = tmp_path / "inspector"
+    clock = Clock()
+    pods = Pods()
+    source = InspectorSource(root, None, clock=clock, pod_known=pod_known_on_node(pods))
+    c = InspectorCollector(source, pods, clock=clock)
+    folder(root).mkdir(parents=True)
+    c.step()
+    write(root / f"{POD}-pid41.log", record(1, micros=90_000) + "\n")
+    write(root / "nccl_inspector_metrics_3f9a1c2e-4b5d-6e7f-8091-a2b3c4d5e6f7.prom", prom_text(90_000, 5.0))
+    set_mtime(root / "nccl_inspector_metrics_3f9a1c2e-4b5d-6e7f-8091-a2b3c4d5e6f7.prom", clock.now - 10)
+    write(root / "nccl-inspector-unknown-jobid" / "x-pid1.log", record(1) + "\n")  # the plugin's default folder
+    write(root / "notes.txt", "x")
+    write(folder(root) / f"{POD}-pid42.log", record(1) + "\n")
+    c.step()
+    assert {key[4:]: value[:2] for key, value in totals(c).items()} == {
+        ("all_reduce", "inter_node", "100MB_1GB"): (1, 0.0015)}
+    assert dict(c._snapshot.unattributed) == {"flat_layout": 2, "not_a_pod_folder": 2}
+    found = samples(scrape_collectors(c))
+    assert found[("ccl_nccl_inspector_unattributed_files", (("reason", "flat_layout"),))] == 2
+    (root / f"{POD}-pid41.log").unlink()
+    c.step()
+    assert dict(c._snapshot.unattributed)["flat_layout"] == 1  # a gauge: what is there now
+
+
 def test_prom_fixture_versions_count_their_operations(tmp_path: Path) -> None:
     root = tmp_path / "inspector"
     clock = Clock()

@@ -76,6 +76,7 @@ class Snapshot:
     read_bytes: tuple[tuple[str, int], ...] = ()
     files: tuple[tuple[str, int], ...] = ()
     skipped: tuple[tuple[str, int], ...] = ()
+    unattributed: tuple[tuple[str, int], ...] = ()
     pods: int = 0
 
 
@@ -185,6 +186,7 @@ class InspectorCollector:
             read_bytes=tuple(sorted(stats.read_bytes.items())),
             files=tuple(sorted(stats.files.items())),
             skipped=tuple(sorted(skipped.items())),
+            unattributed=tuple(sorted(stats.unattributed.items())),
             pods=len(self._pods),
         )
 
@@ -253,6 +255,16 @@ def inspector_families(snap: Snapshot) -> list[Metric]:
             "folder_cap, ...) and prom_<event> of the .prom scan.",
             "reason",
             snap.skipped,
+        ),
+        (
+            GaugeMetricFamily,
+            "ccl_nccl_inspector_unattributed_files",
+            "Entries directly under the NCCL Inspector folder that are not read, by reason: flat_layout "
+            "(files named as the plugin names them, <hostname>-pid<pid>.log or nccl_inspector_metrics_<uuid>.prom: "
+            "NCCL_INSPECTOR_DUMP_DIR shared by pods, whose files name no pod that can be trusted), "
+            "not_a_pod_folder (anything else that is not a <namespace>_<pod>_<uid> folder).",
+            "reason",
+            snap.unattributed,
         ),
     ):
         family = family_type(metric_name, help_text, labels=[label])
