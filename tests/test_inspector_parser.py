@@ -123,6 +123,24 @@ def test_bad_json_records_are_skipped_with_a_reason(line: str, reason: str) -> N
     assert parse_json_record(line) == reason
 
 
+@pytest.mark.parametrize(
+    ("path", "timing", "expected"),
+    [
+        (("coll_perf", "coll_timing_source"), "kernel_gpu", None),
+        (("coll_perf", "coll_timing_source"), KeyError, None),  # before the field: taken as it is
+        (("coll_perf", "coll_timing_source"), "kernel_cpu", inspector.TIMING_KERNEL_CPU),
+        (("coll_perf", "coll_timing_source"), "collective_cpu", inspector.TIMING_COLLECTIVE_CPU),
+        (("coll_perf", "coll_timing_source"), "unknown", inspector.TIMING_UNKNOWN),
+        (("coll_perf", "coll_timing_source"), 1, inspector.INVALID_VALUE),
+    ],
+)
+def test_only_records_timed_on_the_gpu_are_taken(path: tuple[str, str], timing: object, expected: str | None) -> None:
+    """A CPU timing holds launch and polling delays: one of 250 ms beside the GPU's 9.6 ms for
+    the same all-reduce would drag the job's bus bandwidth down by an order of magnitude."""
+    got = parse_json_record(variant(path, timing))
+    assert got == expected if expected is not None else isinstance(got, Operation)
+
+
 def test_a_node_count_of_zero_is_unknown_not_invalid() -> None:
     op = parse_json_record(variant(("header", "nnodes"), 0))
     assert isinstance(op, Operation) and op.nnodes is None and op.scope == "unknown"

@@ -248,7 +248,8 @@ def inspector_families(snap: Snapshot) -> list[Metric]:
             CounterMetricFamily,
             "ccl_nccl_inspector_skipped_total",
             "Inspector input not counted, by reason: malformed, not_a_record, invalid_value, no_time, "
-            "unknown_collective, incomplete (records or .prom buckets); prom_too_large, prom_incomplete "
+            "unknown_collective, incomplete (records or .prom buckets); timing_kernel_cpu, "
+            "timing_collective_cpu, timing_unknown (records not timed on the GPU); prom_too_large, prom_incomplete "
             "(.prom versions), prom_file_cap (files); pod_cap, series_cap (operations over the "
             "collector's caps); tail_<event> (the JSON tailer: long_line, truncated, replaced, "
             "stream_evicted, pod_not_on_node, pod_uid_mismatch, pod_uid_missing, pod_list_unavailable, symlink, "

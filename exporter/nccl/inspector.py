@@ -28,7 +28,21 @@ history shows:
 
 ``message bytes`` in a record are per rank for AllGather and ReduceScatter; the nccl-tests size
 (the whole buffer, what the bus factor applies to) is that times the rank count, as the plugin
-computes its own bandwidths. No I/O, no clock: the caller reads the files.
+computes its own bandwidths.
+
+**Timing source.** Every JSON record of 2.28 and later names how its time was taken
+(``coll_timing_source``/``p2p_timing_source``, ``inspectorTimingSourceToString``): ``kernel_gpu``
+(the slowest channel's kernel, by the GPU's global timer), ``kernel_cpu`` (a channel's kernel by
+CPU timestamps of the profiler events) or ``collective_cpu`` (the whole operation by CPU
+timestamps), ``unknown`` for none of them. Only ``kernel_gpu`` is the operation's own time: the
+CPU timings hold launch and polling delays (a 1 GiB all-reduce of 9.6 ms on the GPU was seen at
+250 ms). NCCL 2.30 drops the others by default (``NCCL_INSPECTOR_REQUIRE_KERNEL_TIMING=1``); here
+a record of any version timed otherwise is skipped with its reason (``timing_kernel_cpu``,
+``timing_collective_cpu``, ``timing_unknown``), so that one slow CPU timing never drags a job's
+bus bandwidth down. A record without the field is taken as it is. ``.prom`` files name no timing
+source: what they hold cannot be told apart (2.30 with its default holds GPU timings only).
+
+No I/O, no clock: the caller reads the files.
 """
 
 from __future__ import annotations
@@ -77,7 +91,24 @@ INVALID_VALUE = "invalid_value"  # a field missing, of the wrong type or out of 
 NO_TIME = "no_time"  # an execution time of 0 (no bandwidth can be derived)
 UNKNOWN_COLLECTIVE = "unknown_collective"
 INCOMPLETE = "incomplete"  # a .prom bucket without both of its metrics
-SKIP_REASONS = (MALFORMED, NOT_A_RECORD, INVALID_VALUE, NO_TIME, UNKNOWN_COLLECTIVE, INCOMPLETE)
+TIMING_KERNEL_CPU = "timing_kernel_cpu"  # timed by CPU timestamps of a kernel (module docstring)
+TIMING_COLLECTIVE_CPU = "timing_collective_cpu"  # timed by CPU timestamps of the whole operation
+TIMING_UNKNOWN = "timing_unknown"  # a timing source the plugin calls "unknown", or one it never wrote
+SKIP_REASONS = (
+    MALFORMED,
+    NOT_A_RECORD,
+    INVALID_VALUE,
+    NO_TIME,
+    UNKNOWN_COLLECTIVE,
+    INCOMPLETE,
+    TIMING_KERNEL_CPU,
+    TIMING_COLLECTIVE_CPU,
+    TIMING_UNKNOWN,
+)
+
+# The timing source of an operation's own time, and why the others are not taken
+KERNEL_GPU = "kernel_gpu"
+_OTHER_TIMING = {"kernel_cpu": TIMING_KERNEL_CPU, "collective_cpu": TIMING_COLLECTIVE_CPU}
 
 _MAX_BYTES = 1 << 50  # a message above 1 PiB is not a message
 _MAX_MICROSECONDS = 1e10  # nor an operation of ~3 hours
@@ -180,6 +211,11 @@ def parse_json_record(line: str) -> Operation | str:
     name = perf.get(prefix)
     if nranks is None or nnodes is None or size is None or micros is None or not isinstance(name, str):
         return INVALID_VALUE
+    timing = perf.get(f"{prefix}_timing_source", KERNEL_GPU)  # absent (before 2.28): taken as it is
+    if not isinstance(timing, str):
+        return INVALID_VALUE
+    if timing != KERNEL_GPU:
+        return _OTHER_TIMING.get(timing, TIMING_UNKNOWN)
     stated = _number(perf.get(f"{prefix}_busbw_gbs"), 0, _MAX_GBS)
     return _operation(name, nranks, nnodes, size, micros, stated)
 
