@@ -13,7 +13,7 @@ import pytest
 
 from exporter.collectors.inspector import InspectorCollector, InspectorCollectorLimits, bus_bytes
 from exporter.nccl.inspector import parse_json_record
-from exporter.sim.inspector import json_record, prom_bucket_lines, size_range
+from exporter.sim.inspector import json_record, plugin_bandwidths, prom_bucket_lines, size_range
 from exporter.sources.inspector import InspectorLimits, InspectorSource
 from exporter.sources.kube import PodMetadata
 from exporter.sources.podlogs import TailLimits, pod_known_on_node
@@ -225,9 +225,11 @@ def test_a_pods_series_go_after_the_grace_period(tmp_path: Path) -> None:
 # ---- .prom files ----------------------------------------------------------------------------
 
 
-def prom_text(mean_us: int, busbw: float, size: int = 512 << 20) -> str:
+def prom_text(mean_us: int, size: int = 512 << 20) -> str:
+    """A v5.1 bucket of one all-reduce of ``size`` bytes on 16 ranks in ``mean_us``."""
     labels = (f'version="v5.1",slurm_job_id="unknown",node="{POD}",gpu="GPU0",comm_name="DP",n_nodes="2",'
               f'nranks="16",collective="AllReduce",message_size="{size_range(size)}",algo_proto="Ring_Simple"')
+    busbw = plugin_bandwidths("AllReduce", size, mean_us, 16)[1]
     return "\n".join(prom_bucket_lines(labels, [mean_us], [busbw])) + "\n"
 
 
@@ -239,13 +241,13 @@ def test_each_prom_version_is_counted_once_and_only_when_complete(tmp_path: Path
     root = tmp_path / "inspector"
     prom = folder(root) / "nccl_inspector_metrics_a1b2.prom"
     clock = Clock()
-    write(prom, prom_text(3000, 300.0))
+    write(prom, prom_text(3000))
     set_mtime(prom, clock.now - 100)
     c = collector(root, clock=clock)
     c.step()  # there at the first start: may have been counted before a restart
     assert totals(c) == {}
 
-    write(prom, prom_text(3100, 290.0), mode="w")  # the next dump interval
+    write(prom, prom_text(3100), mode="w")  # the next dump interval
     set_mtime(prom, clock.now - 0.2)  # being written: not yet
     c.step()
     assert totals(c) == {}
@@ -255,11 +257,11 @@ def test_each_prom_version_is_counted_once_and_only_when_complete(tmp_path: Path
     key = (NS, POD, "llama", "PyTorchJob", "all_reduce", "inter_node", "100MB_1GB")
     ops, seconds, bus = totals(c)[key]
     assert (ops, seconds) == (1, pytest.approx(0.0031))
-    assert bus / seconds == pytest.approx(290e9)
+    assert bus / seconds == pytest.approx((512 << 20) * 1.875 / 0.0031, rel=1e-5)
 
     # A version cut short (its first bucket whole, the second without its last line's end) waits
     # for the rest: read then, its first bucket would be counted twice.
-    two_buckets = prom_text(3200, 280.0) + prom_text(90, 40.0, size=4 << 20)
+    two_buckets = prom_text(3200) + prom_text(90, size=4 << 20)
     write(prom, two_buckets[:-3], mode="w")
     set_mtime(prom, clock.now - 5)
     c.step()
@@ -283,9 +285,9 @@ def test_prom_files_that_are_too_large_or_too_many_are_skipped_and_counted(tmp_p
     c = InspectorCollector(source, Pods(), clock=clock)
     c.step()
     huge = folder(root) / "nccl_inspector_metrics_0.prom"
-    write(huge, prom_text(3000, 300.0) * 100)
+    write(huge, prom_text(3000) * 100)
     for name in ("1", "2"):
-        write(folder(root) / f"nccl_inspector_metrics_{name}.prom", prom_text(3000, 300.0))
+        write(folder(root) / f"nccl_inspector_metrics_{name}.prom", prom_text(3000))
     for path in folder(root).iterdir():
         set_mtime(path, clock.now - 10)
     c.step()
@@ -299,7 +301,7 @@ def test_symlinked_prom_files_and_folders_of_other_pods_are_not_read(tmp_path: P
     root = tmp_path / "inspector"
     clock = Clock()
     secret = tmp_path / "secret.prom"
-    write(secret, prom_text(3000, 300.0))
+    write(secret, prom_text(3000))
     folder(root).mkdir(parents=True)
     folder(root, pod="not-here").mkdir(parents=True)
     pods = Pods()
@@ -308,7 +310,7 @@ def test_symlinked_prom_files_and_folders_of_other_pods_are_not_read(tmp_path: P
     c = InspectorCollector(source, pods, clock=clock)
     c.step()
     (folder(root) / "nccl_inspector_metrics_x.prom").symlink_to(secret)
-    write(folder(root, pod="not-here") / "nccl_inspector_metrics_y.prom", prom_text(3000, 300.0))
+    write(folder(root, pod="not-here") / "nccl_inspector_metrics_y.prom", prom_text(3000))
     write(folder(root, pod="not-here") / "x-pid1.log", record(1) + "\n")
     set_mtime(folder(root, pod="not-here") / "nccl_inspector_metrics_y.prom", clock.now - 10)
     c.step()
@@ -331,7 +333,7 @@ def test_only_a_folder_naming_the_pods_uid_speaks_for_it(tmp_path: Path) -> None
     for uid in ("", OTHER_UID, UID):
         write(folder(root, uid=uid) / "x-pid1.log", record(1) + "\n")
         prom = folder(root, uid=uid) / "nccl_inspector_metrics_a1.prom"
-        write(prom, prom_text(3000, 300.0))
+        write(prom, prom_text(3000))
         set_mtime(prom, clock.now - 10)
     c.step()
     ops = {key[4:]: value[0] for key, value in totals(c).items() if key[:2] == (NS, POD)}
@@ -339,6 +341,34 @@ def test_only_a_folder_naming_the_pods_uid_speaks_for_it(tmp_path: Path) -> None
     skipped = dict(c._snapshot.skipped)
     assert skipped["tail_pod_uid_missing"] == skipped["prom_pod_uid_missing"] == 1
     assert skipped["tail_pod_uid_mismatch"] == skipped["prom_pod_uid_mismatch"] == 1
+
+
+def test_files_written_straight_into_the_root_are_counted_and_never_credited(tmp_path: Path) -> None:
+    """NVIDIA's flat NCCL_INSPECTOR_DUMP_DIR on the host: a file there names a pod only by its
+    hostname, which any writer of the folder picks (here the node's own pod's name). Not read,
+    not credited, counted while it is there; the pod's own folder is read as before."""
+    root = tmp_path / "inspector"
+    clock = Clock()
+    pods = Pods()
+    source = InspectorSource(root, None, clock=clock, pod_known=pod_known_on_node(pods))
+    c = InspectorCollector(source, pods, clock=clock)
+    folder(root).mkdir(parents=True)
+    c.step()
+    write(root / f"{POD}-pid41.log", record(1, micros=90_000) + "\n")
+    write(root / "nccl_inspector_metrics_3f9a1c2e-4b5d-6e7f-8091-a2b3c4d5e6f7.prom", prom_text(90_000))
+    set_mtime(root / "nccl_inspector_metrics_3f9a1c2e-4b5d-6e7f-8091-a2b3c4d5e6f7.prom", clock.now - 10)
+    write(root / "nccl-inspector-unknown-jobid" / "x-pid1.log", record(1) + "\n")  # the plugin's default folder
+    write(root / "notes.txt", "x")
+    write(folder(root) / f"{POD}-pid42.log", record(1) + "\n")
+    c.step()
+    assert {key[4:]: value[:2] for key, value in totals(c).items()} == {
+        ("all_reduce", "inter_node", "100MB_1GB"): (1, 0.0015)}
+    assert dict(c._snapshot.unattributed) == {"flat_layout": 2, "not_a_pod_folder": 2}
+    found = samples(scrape_collectors(c))
+    assert found[("ccl_nccl_inspector_unattributed_files", (("reason", "flat_layout"),))] == 2
+    (root / f"{POD}-pid41.log").unlink()
+    c.step()
+    assert dict(c._snapshot.unattributed)["flat_layout"] == 1  # a gauge: what is there now
 
 
 def test_prom_fixture_versions_count_their_operations(tmp_path: Path) -> None:

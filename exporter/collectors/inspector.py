@@ -8,9 +8,14 @@ rate(ccl_nccl_collective_seconds_total)`` is the bus bandwidth the job's operati
 bytes/s, weighted by time as nccl-tests weighs it.
 
 Bus bytes are the nccl-tests size of the operation times the bus factor of its collective and
-rank count (``exporter.probe.formulas``, the probe's own arithmetic), for JSON records; a
-``.prom`` file gives bucketed sizes, so there they are the plugin's stated bus bandwidth times the
-time. Counters only grow: an operation is added to its pod once, and nothing is taken back when a
+rank count (``exporter.probe.formulas``, the probe's own arithmetic); a ``.prom`` file's size is
+the one its bandwidth and time give back within the bucket's range (``exporter.nccl.inspector``),
+so that the same operation lands in the same size class and adds the same bus bytes from either
+format. A version 5.1 bucket holds the mean of an interval's operations without their count: it
+adds one operation and its mean time (the format cannot give more). Operations the plugin timed
+by CPU timestamps are not counted (skipped, by reason).
+
+Counters only grow: an operation is added to its pod once, and nothing is taken back when a
 rank's file goes away (deleted at teardown, rotated, rewritten). A pod's series go once the pod
 has had no Inspector file, or has left the node's pod list, for the grace period. The job
 (``job_name``, ``job_kind``) comes from the node's pod list, as for the NCCL collector.
@@ -29,7 +34,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 
 from exporter.collectors.base import CollectorSpec, CollectorUnavailable, run_every
 from exporter.flags import Flag
-from exporter.nccl.inspector import FORMAT_JSON, Operation
+from exporter.nccl.inspector import Operation
 from exporter.probe.formulas import busbw_factor
 from exporter.resources import NodeResources
 from exporter.sources.inspector import InspectorBatch, InspectorSource, PodKey
@@ -48,8 +53,6 @@ SERIES_LABELS = ["namespace", "pod", "job_name", "job_kind", "collective", "scop
 
 def bus_bytes(operation: Operation) -> float:
     """The bus bytes of one operation (see the module docstring)."""
-    if operation.format != FORMAT_JSON and operation.stated_bus_bandwidth is not None:
-        return operation.stated_bus_bandwidth * operation.seconds
     factor = busbw_factor(_FORMULA.get(operation.collective, operation.collective), operation.nranks)
     return operation.size_bytes * factor
 
@@ -76,6 +79,7 @@ class Snapshot:
     read_bytes: tuple[tuple[str, int], ...] = ()
     files: tuple[tuple[str, int], ...] = ()
     skipped: tuple[tuple[str, int], ...] = ()
+    unattributed: tuple[tuple[str, int], ...] = ()
     pods: int = 0
 
 
@@ -185,6 +189,7 @@ class InspectorCollector:
             read_bytes=tuple(sorted(stats.read_bytes.items())),
             files=tuple(sorted(stats.files.items())),
             skipped=tuple(sorted(skipped.items())),
+            unattributed=tuple(sorted(stats.unattributed.items())),
             pods=len(self._pods),
         )
 
@@ -246,13 +251,24 @@ def inspector_families(snap: Snapshot) -> list[Metric]:
             CounterMetricFamily,
             "ccl_nccl_inspector_skipped_total",
             "Inspector input not counted, by reason: malformed, not_a_record, invalid_value, no_time, "
-            "unknown_collective, incomplete (records or .prom buckets); prom_too_large, prom_incomplete "
+            "unknown_collective, incomplete (records or .prom buckets); timing_kernel_cpu, "
+            "timing_collective_cpu, timing_unknown (records not timed on the GPU); prom_too_large, prom_incomplete "
             "(.prom versions), prom_file_cap (files); pod_cap, series_cap (operations over the "
             "collector's caps); tail_<event> (the JSON tailer: long_line, truncated, replaced, "
             "stream_evicted, pod_not_on_node, pod_uid_mismatch, pod_uid_missing, pod_list_unavailable, symlink, "
             "folder_cap, ...) and prom_<event> of the .prom scan.",
             "reason",
             snap.skipped,
+        ),
+        (
+            GaugeMetricFamily,
+            "ccl_nccl_inspector_unattributed_files",
+            "Entries directly under the NCCL Inspector folder that are not read, by reason: flat_layout "
+            "(files named as the plugin names them, <hostname>-pid<pid>.log or nccl_inspector_metrics_<uuid>.prom: "
+            "NCCL_INSPECTOR_DUMP_DIR shared by pods, whose files name no pod that can be trusted), "
+            "not_a_pod_folder (anything else that is not a <namespace>_<pod>_<uid> folder).",
+            "reason",
+            snap.unattributed,
         ),
     ):
         family = family_type(metric_name, help_text, labels=[label])

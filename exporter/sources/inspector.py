@@ -26,6 +26,15 @@ Two kinds of file:
   poll are taken as counted (they may have been before a restart); a file that disappears
   takes nothing back.
 
+NVIDIA's README points ``NCCL_INSPECTOR_DUMP_DIR`` at one flat folder for every job
+(``<hostname>-pid<pid>.log``, ``nccl_inspector_metrics_<uuid>.prom``). Such a file right under the
+root names no pod but by a hostname (a pod's name in Kubernetes), which any pod that can write
+the folder picks as it likes, and neither its owner, inode nor times tell its writer: it is never
+read, never credited to anyone, and counted (``unattributed``: ``flat_layout`` for files named as
+the plugin names them, ``not_a_pod_folder`` for any other entry of the root that is not a
+``<namespace>_<pod>[_<uid>]`` folder). The plugin's flat folder works as it is when the folder a
+pod sees is its own ``subPathExpr`` mount.
+
 Hostile input is capped and counted, never a crash: lines over ``max_line_bytes`` (the tailer
 cuts them; the record no longer parses), records that do not parse or carry values out of
 range (``exporter.nccl.inspector`` names the reasons), ``.prom`` files over ``max_prom_bytes``,
@@ -35,6 +44,7 @@ more ``.prom`` files than ``max_prom_files``, more than ``prom_tick_bytes`` of t
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -44,11 +54,20 @@ from pathlib import Path
 from exporter.nccl.inspector import FORMAT_JSON, FORMAT_PROM, INCOMPLETE, Operation, parse_json_record, parse_prom
 from exporter.sources.podlogs import PodKnown, PodLogTailer, StreamKey, TailLimits, TailSelection
 from exporter.sources.podlogs.files import read_at, regular_file
+from exporter.sources.podlogs.layout import is_debug_folder_name
 from exporter.sources.podlogs.limits import TailStats
-from exporter.sources.podlogs.scan import FolderCache, Scanner
+from exporter.sources.podlogs.scan import DIR, FolderCache, Scanner, resolved
+
+log = logging.getLogger(__name__)
 
 STATE_FILE_NAME = "inspector-state.json"
 PROM_NAME = re.compile(r"nccl_inspector_metrics_[^/]{1,200}\.prom")
+# The plugin's JSON file name, "%s/%s-pid%d.log" of the dump folder, hostname and pid
+JSON_NAME = re.compile(r"[^/]{1,255}-pid[0-9]{1,10}\.log")
+# Why an entry of the root is not read (``InspectorStats.unattributed``)
+FLAT_LAYOUT = "flat_layout"
+NOT_A_POD_FOLDER = "not_a_pod_folder"
+UNATTRIBUTED_REASONS = (FLAT_LAYOUT, NOT_A_POD_FOLDER)
 # Every JSON record holds "coll_perf" or "p2p_perf"; other lines of a .log file are not records.
 RECORD_NEEDLE = b'_perf"'
 # Pod (namespace, name) -> its operations of one poll
@@ -61,6 +80,11 @@ def is_json_log_name(name: str) -> bool:
 
 def is_prom_name(name: str) -> bool:
     return PROM_NAME.fullmatch(name) is not None
+
+
+def is_plugin_file_name(name: str) -> bool:
+    """A name the plugin gives its files: ``<hostname>-pid<pid>.log`` or ``nccl_inspector_metrics_<uuid>.prom``."""
+    return JSON_NAME.fullmatch(name) is not None or is_prom_name(name)
 
 
 JSON_SELECTION = TailSelection(needle=RECORD_NEEDLE, debug_file_name=is_json_log_name, state_file_name=STATE_FILE_NAME)
@@ -95,6 +119,8 @@ class InspectorStats:
     # (versions), tail_<event> of the JSON tailer and prom_<event> of the .prom scan
     skipped: dict[str, int] = field(default_factory=dict)
     files: dict[str, int] = field(default_factory=lambda: dict.fromkeys((FORMAT_JSON, FORMAT_PROM), 0))
+    # reason -> entries of the root not read now (UNATTRIBUTED_REASONS; a gauge)
+    unattributed: dict[str, int] = field(default_factory=lambda: dict.fromkeys(UNATTRIBUTED_REASONS, 0))
 
     def skip(self, reason: str, count: int = 1) -> None:
         if count > 0:
@@ -143,6 +169,8 @@ class InspectorSource:
         self._prom: dict[StreamKey, PromVersion] = {}  # the version last counted (or taken as counted)
         self._json_streams: set[StreamKey] = set()
         self._over_cap: set[StreamKey] = set()  # .prom files beyond max_prom_files (counted once)
+        self._root_listing = FolderCache(prom_limits)
+        self._warned_flat = False
         self._first_poll = True
 
     def save_state(self) -> bool:
@@ -158,12 +186,35 @@ class InspectorSource:
         batch = InspectorBatch()
         self._poll_json(batch)
         self._poll_prom(batch)
+        self._count_unattributed()
         self._first_poll = False
         for reason, count in self._tailer.stats.events.items():
             self.stats.skipped[f"tail_{reason}"] = count
         for reason, count in self._prom_stats.events.items():
             self.stats.skipped[f"prom_{reason}"] = count
         return batch
+
+    def _count_unattributed(self) -> None:
+        """What the root holds besides pod folders (see the module docstring), from a listing
+        reused while the root is unchanged."""
+        root = resolved(self.root)
+        assert root is not None
+        listing = self._root_listing.list(root, self._clock())
+        counts = dict.fromkeys(UNATTRIBUTED_REASONS, 0)
+        for name, kind in listing.entries:
+            if kind == DIR and is_debug_folder_name(name):
+                continue  # a pod's folder: read, or refused and counted by the scan
+            counts[FLAT_LAYOUT if kind != DIR and is_plugin_file_name(name) else NOT_A_POD_FOLDER] += 1
+        self.stats.unattributed = counts
+        if counts[FLAT_LAYOUT] and not self._warned_flat:
+            self._warned_flat = True
+            log.warning(
+                "%d NCCL Inspector file(s) directly under %s (NCCL_INSPECTOR_DUMP_DIR shared by pods): not read, "
+                "a file there names no pod that can be trusted. Give each pod its own folder "
+                "<namespace>_<pod>_<uid> (subPathExpr: $(POD_NAMESPACE)_$(POD_NAME)_$(POD_UID) from the downward API)",
+                counts[FLAT_LAYOUT],
+                self.root,
+            )
 
     # -- JSON Lines ------------------------------------------------------------------
 
