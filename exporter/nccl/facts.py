@@ -62,6 +62,7 @@ class Process:
         "ofi_provider",
         "loopback",
         "loose_ranks",
+        "at_line_start",
     )
 
     def __init__(self, key: tuple[str, int] | None) -> None:
@@ -95,6 +96,10 @@ class Process:
         self.ofi_provider: str | None = None  # aws-ofi-nccl's libfabric provider
         self.loopback: bool | None = None  # bootstrap/socket interfaces: all loopback (True), any other (False)
         self.loose_ranks: set[int] = set()  # ranks this process logged outside any known communicator
+        # Logged a record at the start of a line: its hostname is whole. A process known only from
+        # records glued behind another writer's ("...rank 1 nrc0b5:324666:...") may carry that
+        # record's tail in front of its hostname.
+        self.at_line_start = False
 
     def label(self) -> str:
         return f"{self.key[0]}:{self.key[1]}" if self.key else "(no prefix)"
@@ -265,17 +270,23 @@ def node_keys(processes: Iterable[Process]) -> dict[int, NodeKey]:
         if p.key is not None:
             by_pid.setdefault(p.key[1], set()).add(p.key[0])
     canonical: dict[int, str] = {}
+    whole = {p.key[0] for p in processes if p.key is not None and p.at_line_start}
     for p in processes:
         if p.key is not None and len(by_pid[p.key[1]]) > 1:
             shorter = [h for h in by_pid[p.key[1]] if h != p.key[0] and p.key[0].endswith(h)]
             if shorter:
                 canonical[id(p)] = min(shorter, key=len)
+        if p.key is not None and id(p) not in canonical and not p.at_line_start:
+            # Seen only glued behind another record: a whole hostname of the log it ends with is its own.
+            suffixes = [h for h in whole if h != p.key[0] and p.key[0].endswith(h)]
+            if suffixes:
+                canonical[id(p)] = max(suffixes, key=len)
     address = _addresses(processes)
     addresses: dict[str, set[str]] = {}
     for p in processes:
         node_address = address[id(p)]
         if p.host is not None and node_address:
-            addresses.setdefault(p.host, set()).add(node_address)
+            addresses.setdefault(canonical.get(id(p), p.host), set()).add(node_address)
     keys: dict[int, NodeKey] = {}
     for p in processes:
         if p.host is None:

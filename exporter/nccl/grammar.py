@@ -261,6 +261,8 @@ def _net_line(message: str) -> Event | None:
         m = _INTERFACE_RE.match(message)
         return InterfaceEvent(m.group("if"), m.group("addr")) if m else None
     if message.startswith("NET/OFI "):
+        if message.startswith("NET/OFI Initializing aws-ofi-nccl"):  # the plugin starts: loaded, not yet in use
+            return PluginEvent(OFI_FAMILY, None, PLUGIN_LOADED)
         m = _OFI_PROVIDER_RE.search(message, 8, 8 + 200)
         if m is not None:
             return OfiProviderEvent(m.group("provider"), m.group("fabric"))

@@ -18,7 +18,7 @@ from exporter.nccl.verdict import NcclWarning, Verdict
 # A line the reader can use holds one of these: "NCCL " (every record the logger writes), or for a
 # bare message body (its prefix stripped by whoever shipped the log) one of the others; any other
 # line is dropped at once by ``feed``. ``ccl-exporter analyze`` skips, unread, lines holding none.
-LINE_NEEDLES = ("NCCL ", " via ", "Using", "comm ", " Pid ", "] INFO ", "GLOBAL_RANK", "NCCL_SHM_DISABLE")
+LINE_NEEDLES = ("NCCL ", " via ", "Using", "comm ", " Pid ", "Ring ", "GLOBAL_RANK", "NCCL_SHM_DISABLE")
 _MEMO_ENTRIES = 4096  # parsed messages remembered per stream (cleared when full)
 _MEMO_MESSAGE_CHARS = 512  # longer messages are parsed every time
 # What each remembered fact costs, in bytes (CPython 3.11, measured with tracemalloc; the parser
@@ -91,7 +91,7 @@ class StreamReader(StreamState):
                 and "Using" not in line
                 and "comm " not in line
                 and " Pid " not in line
-                and "] INFO " not in line  # NCCL 2.2 and older: "host:pid:tid [dev] INFO ..."
+                and "Ring " not in line  # NCCL 2.2 and older print rings without the word NCCL
             ):
                 if "GLOBAL_RANK" in line:
                     self._launcher_rank(line)
@@ -127,8 +127,8 @@ class StreamReader(StreamState):
         if len(records) > self.limits.max_records_per_line:
             self._count("records", len(records) - self.limits.max_records_per_line)
             records = records[: self.limits.max_records_per_line]
-        for record in records:
-            self._record(record)
+        for index, record in enumerate(records):
+            self._record(record, glued=index > 0)
 
     # -- launchers --------------------------------------------------------------------------
 
@@ -180,12 +180,12 @@ class StreamReader(StreamState):
             self._memo_chars += len(message)
         return event
 
-    def _record(self, record: g.Record) -> None:
+    def _record(self, record: g.Record, glued: bool = False) -> None:
         category = g.warning_category(record)
         if category is not None:
             if category in ("ib_completion_error", "ib_async_event") and record.message.startswith("NET/IB"):
                 # The IB transport is carrying traffic (it reports completions from a peer).
-                process = self._process(record.prefix)
+                process = self._process(record.prefix, glued)
                 process.ib_datapath_line = process.ib_datapath_line or self._cite(record)
             self.warnings_by_category[category] = self.warnings_by_category.get(category, 0) + 1
             if len(self.warnings) < self.limits.max_warnings:
@@ -198,7 +198,7 @@ class StreamReader(StreamState):
         event = self._parse(record.message)
         if event is None:
             if record.level == "WARN" and record.prefix is not None:
-                self._process(record.prefix)  # a process of this host runs NCCL, whatever it warns of
+                self._process(record.prefix, glued)  # a process of this host runs NCCL, whatever it warns of
             return
         if record.prefix is None and isinstance(event, (g.EnvEvent, g.GdrEvent, g.BootstrapEvent)):
             return  # a bare body of these says nothing about whose it is
@@ -212,7 +212,7 @@ class StreamReader(StreamState):
             else:
                 self._count("ranks")
             return
-        process = self._process(record.prefix)
+        process = self._process(record.prefix, glued)
         thread = self._thread(process, record.prefix.tid if record.prefix else 0)
         self._handlers[type(event)](process, thread, event, record)
 

@@ -94,8 +94,10 @@ class StreamState:
         """The record as a reason or warning quotes it."""
         return cite(record, self.limits.max_cited_chars)
 
-    def _process(self, prefix: Prefix | None) -> Process:
-        """The process a record's prefix names (the oldest one evicted at the cap)."""
+    def _process(self, prefix: Prefix | None, glued: bool = False) -> Process:
+        """The process a record's prefix names (the oldest one evicted at the cap); ``glued``: the
+        record followed another on its line (an interleaved writer), so its hostname may carry the
+        other record's tail."""
         key = (prefix.host, prefix.pid) if prefix else None
         process = self.processes.get(key)
         if process is None and prefix is not None:
@@ -110,6 +112,9 @@ class StreamState:
                 del self.processes[oldest]
                 self._count("processes")
             process = self.processes[key] = Process(key)
+            self._nodes = None
+        if not glued and not process.at_line_start:
+            process.at_line_start = True
             self._nodes = None
         return process
 
