@@ -66,6 +66,7 @@ LOCAL_AFFINITIES = ("PIX", "PXB")  # NCCL's default GPUDirect RDMA reach (NCCL_N
 BRIDGE_CLASS_PREFIX = "0x0604"  # PCI-to-PCI bridge (root ports, switch ports), any prog-if
 MAX_DEVICES = 256  # GPUs, and entries of /sys/class/infiniband, read at most
 MAX_PATH_COMPONENTS = 32  # a PCI path deeper than this is not a real one
+MAX_PCI_FUNCTIONS = 8192  # entries of /sys/bus/pci/devices looked at for SR-IOV VFs
 
 _BDF_RE = re.compile(r"^([0-9a-f]{4}):([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$")
 _HOST_BRIDGE_RE = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
@@ -210,6 +211,8 @@ class Topology:
     problems: tuple[str, ...] = ()
     # (gpu index, device) -> class, for the pairs sysfs says something of
     classes: dict[tuple[int, str], str] = field(default_factory=dict)
+    # SR-IOV VF PCI address -> its PF's, for the PFs that carry an RDMA device (the VF's physfn link)
+    vf_parents: dict[str, str] = field(default_factory=dict)
 
     def affinity(self, gpu: int, device: str) -> str | None:
         return self.classes.get((gpu, device))
@@ -263,6 +266,15 @@ class Topology:
         """The RDMA devices of the PCI function at ``address`` (a PF or a VF)."""
         return tuple(n.device for n in self.nics if n.placement is not None and n.placement.address == address)
 
+    def physical_function_of(self, address: str) -> str | None:
+        """The PF of the SR-IOV VF at ``address`` when that PF carries an RDMA device (None otherwise).
+
+        In the RDMA subsystem's exclusive network-namespace mode (``rdma system set netns
+        exclusive``) a VF's RDMA device moves into the pod's network namespace with its netdev and is
+        gone from the host's ``/sys/class/infiniband``; its PCI function, and the ``physfn`` link to
+        its PF, stay."""
+        return self.vf_parents.get(address)
+
     def has_nic(self, device: str) -> bool:
         return any(n.device == device for n in self.nics)
 
@@ -297,6 +309,7 @@ def build_topology(
             continue
         function = os.path.join(os.path.realpath(sysfs / "devices"), place.host_bridge, *place.path)
         nic_records.append(NicTopology(device, place, os.path.lexists(os.path.join(function, "physfn"))))
+    pf_addresses = {n.placement.address for n in nic_records if n.placement is not None and not n.virtual_function}
     classes: dict[tuple[int, str], str] = {}
     for gpu_record in gpu_records:
         for nic in nic_records:
@@ -305,7 +318,28 @@ def build_topology(
             cls = affinity(gpu_record.placement, nic.placement)
             if cls is not None:
                 classes[(gpu_record.index, nic.device)] = cls
-    return Topology(tuple(gpu_records), tuple(nic_records), tuple(found_problems), classes)
+    vf_parents = _virtual_function_parents(sysfs, pf_addresses)
+    return Topology(tuple(gpu_records), tuple(nic_records), tuple(found_problems), classes, vf_parents)
+
+
+def _virtual_function_parents(sysfs: Path, pf_addresses: set[str]) -> dict[str, str]:
+    """VF address -> PF address for every SR-IOV VF of ``pf_addresses``, from each VF's ``physfn``
+    link (``/sys/bus/pci/devices/<vf>/physfn -> ../<pf>``, the kernel's drivers/pci/iov.c)."""
+    if not pf_addresses:
+        return {}
+    bus = sysfs / "bus" / "pci" / "devices"
+    parents: dict[str, str] = {}
+    for address in list_dir(bus)[:MAX_PCI_FUNCTIONS]:
+        if not _BDF_RE.match(address):
+            continue
+        try:
+            target = os.readlink(bus / address / "physfn")
+        except OSError:
+            continue  # not a VF (no physfn link)
+        parent = os.path.basename(target.rstrip("/"))
+        if parent in pf_addresses:
+            parents[address] = parent
+    return parents
 
 
 def _is_software_device(sysfs: Path, entry: Path) -> bool:
