@@ -531,3 +531,4 @@ def test_the_openssl_hooks_reach_the_context_python_made() -> None:
     native.accept_any_client_certificate(required=True)
     assert context.verify_mode == ssl.CERT_REQUIRED
     assert native.set_groups(["P-384", "X25519"]) and not native.set_groups(["P-257"])
+    assert native_context(ssl.create_default_context()) is None, "a client context is left alone"

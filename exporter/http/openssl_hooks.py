@@ -89,6 +89,8 @@ def native_context(context: ssl.SSLContext) -> NativeContext | None:
     pointer = ctypes.c_void_p.from_address(id(context) + object.__basicsize__).value
     if not pointer:
         return None
+    if context.check_hostname:  # a client context: CERT_NONE cannot be set to check the pointer
+        return None
     saved = context.verify_mode
     try:
         if library.SSL_CTX_get_options(pointer) != int(context.options):
