@@ -570,16 +570,15 @@ def node_fabric() -> Dashboard:
                                 (_rate("device, port", "ccl_rdma_port_receive_packets_total", node),
                                  "{{device}}/{{port}} rx")))
         .with_panel(_timeseries("Port error counters", "cps",
-                                (_rate("device, port, counter", "ccl_rdma_port_errors_total", node,
-                                       'counter!="port_xmit_wait"') + " > 0",
+                                (_rate("device, port, counter", "ccl_rdma_port_errors_total", node) + " > 0",
                                  "{{device}}/{{port}} {{counter}}"),
                                 alerts=("CclRdmaPortErrorsIncreasing",)))
         .with_panel(_timeseries("Congestion: CNPs, ECN marks, transmit wait", "cps",
                                 (_rate("device, port, counter", "ccl_rdma_port_hw_counters_total", node,
                                        'counter=~"np_cnp_sent|rp_cnp_handled|np_ecn_marked_roce_packets"'),
                                  "{{device}}/{{port}} {{counter}}"),
-                                (_rate("device, port", "ccl_rdma_port_errors_total", node, 'counter="port_xmit_wait"'),
-                                 "{{device}}/{{port}} port_xmit_wait"),
+                                (_rate("device, port", "ccl_rdma_port_transmit_wait_total", node),
+                                 "{{device}}/{{port}} transmit wait (ticks)"),
                                 alerts=("CclRoceCongestionHigh",)))
         .with_panel(_timeseries("RDMA transport errors (hw counters)", "cps",
                                 (_rate("device, port, counter", "ccl_rdma_port_hw_counters_total", node,

@@ -25,3 +25,9 @@ def issue(folder: Path, name: str, subject: str, san: str, ca: str = "ca") -> No
     (folder / f"{name}.ext").write_text(f"subjectAltName={san}\n")
     openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key", "-CAcreateserial",
             "-days", "2", "-out", f"{name}.crt", "-extfile", f"{name}.ext", cwd=folder)
+
+
+def self_signed(folder: Path, name: str, subject: str, san: str) -> None:
+    """``name.key``/``name.crt``: a certificate that signs itself (its own CA), with subjectAltName ``san``."""
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.crt",
+            "-days", "2", "-subj", subject, "-addext", f"subjectAltName={san}", cwd=folder)

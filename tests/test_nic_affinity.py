@@ -124,14 +124,44 @@ def test_device_names_a_log_invents_make_no_series(tmp_path: Path) -> None:
     assert rows == [("liar-0", "7", "mlx5_7", "PIX", "true", "PIX")], "GPU 0's device [0] is no NIC of this node"
 
 
-def test_nearest_class_is_empty_when_one_nic_of_the_gpu_is_unplaced() -> None:
-    """The class of the GPU's nearest NIC is only claimed when every NIC's class to it is known: an
-    unplaced NIC might be the nearer one."""
-    gpu = GpuTopology(0, "GPU-0", "00000000:18:00.0", None)
-    placed = NicTopology("mlx5_0", None)
-    unplaced = NicTopology("mlx5_1", None)
+def test_nearest_class_is_empty_only_when_an_unknown_nic_might_be_nearer() -> None:
+    """The class of the GPU's nearest NIC is claimed unless a NIC of unknown class might be nearer: one on
+    the GPU's own host bridge might be PIX; one on another host bridge is NODE at best."""
+    from exporter.sources.topology import PciPlacement
+
+    def place(address: str, host_bridge: str) -> PciPlacement:
+        return PciPlacement(address, host_bridge, (address,), None, ())
+
+    gpu = GpuTopology(0, "GPU-0", "00000000:18:00.0", place("0000:18:00.0", "pci0000:15"))
+    near = NicTopology("mlx5_0", place("0000:19:00.0", "pci0000:15"))
     uses = [NicUse("worker-0", "18000", "mlx5_1", "true")]
-    known = Topology(gpus=(gpu,), nics=(placed, unplaced), classes={(0, "mlx5_0"): "PIX", (0, "mlx5_1"): "SYS"})
-    assert pod_nic_affinity("worker-0", uses, False, known) == (("0", "mlx5_1", "SYS", "true", "PIX"),)
-    partial = Topology(gpus=(gpu,), nics=(placed, unplaced), classes={(0, "mlx5_1"): "SYS"})
-    assert pod_nic_affinity("worker-0", uses, False, partial) == (("0", "mlx5_1", "SYS", "true", ""),)
+    for other_bridge, expected in (("pci0000:15", ""), ("pci0000:90", "PIX")):
+        used = NicTopology("mlx5_1", place("0000:91:00.0", other_bridge))
+        known = Topology(gpus=(gpu,), nics=(near, used), classes={(0, "mlx5_0"): "PIX", (0, "mlx5_1"): "SYS"})
+        assert pod_nic_affinity("worker-0", uses, False, known) == (("0", "mlx5_1", "SYS", "true", "PIX"),)
+        partial = Topology(gpus=(gpu,), nics=(near, used), classes={(0, "mlx5_0"): "PIX"})
+        assert pod_nic_affinity("worker-0", uses, False, partial) == (("0", "mlx5_1", "", "true", expected),), (
+            other_bridge)
+
+
+def test_a_software_rdma_device_and_a_nic_of_unknown_numa_node_leave_the_crossed_rail_visible(tmp_path: Path) -> None:
+    """A soft-RoCE rxe0 (no PCI device) and a NIC whose numa_node is -1 on a host bridge of its own used to
+    blank every GPU's nearest NIC, so a crossed rail (affinity SYS, nearest PIX) could never show."""
+    import os
+
+    from exporter.sim.topology import INFINIBAND_CLASS, PciFunction, PciTreeWriter
+
+    node, pods = sim(tmp_path)
+    tree = PciTreeWriter(node.sysfs)
+    storage = tree.add("pci0000:f0", [PciFunction("0000:f0:01.0"), PciFunction("0000:f1:00.0", INFINIBAND_CLASS)], -1)
+    tree.link_rdma("mlx5_10", storage)
+    (node.sysfs / "devices" / "virtual" / "infiniband" / "rxe0").mkdir(parents=True)
+    os.symlink("../../devices/virtual/infiniband/rxe0", node.sysfs / "class" / "infiniband" / "rxe0")
+    collector = collector_on(node, pods)
+    collector.step()
+    assert affinity_rows(collector) == [
+        ("gpt-neox-worker-0", "0", "mlx5_4", "SYS", "true", "PIX"),
+        ("gpt-neox-worker-0", "7", "mlx5_3", "SYS", "true", "PIX"),
+        ("llama-70b-worker-0", "0", "mlx5_0", "PIX", "true", "PIX"),
+        ("llama-70b-worker-0", "7", "mlx5_7", "PIX", "true", "PIX"),
+    ]

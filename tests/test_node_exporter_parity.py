@@ -35,6 +35,8 @@ SAME = {
         "ccl_rdma_port_cast_packets_total", {"cast": "multicast", "direction": "transmit"}),
     "node_infiniband_multicast_packets_received_total": (
         "ccl_rdma_port_cast_packets_total", {"cast": "multicast", "direction": "receive"}),
+    # congestion ticks, not an error: a family of its own, as node_exporter's
+    "node_infiniband_port_transmit_wait_total": ("ccl_rdma_port_transmit_wait_total", {}),
 }
 # Pre-4.5 kernels' counters_ext/ 64-bit files: node_exporter exposes them as "legacy_" families;
 # we use them in place of the 32-bit counters/ files for the same port.
@@ -56,7 +58,6 @@ ERRORS = {
     "node_infiniband_port_errors_received_total": "port_rcv_errors",
     "node_infiniband_port_discards_received_total": "port_rcv_discards",
     "node_infiniband_port_discards_transmitted_total": "port_xmit_discards",
-    "node_infiniband_port_transmit_wait_total": "port_xmit_wait",
     "node_infiniband_port_receive_remote_physical_errors_total": "port_rcv_remote_physical_errors",
     "node_infiniband_port_receive_switch_relay_errors_total": "port_rcv_switch_relay_errors",
     "node_infiniband_local_link_integrity_errors_total": "local_link_integrity_errors",

@@ -4,6 +4,7 @@ resolved through a sysfs tree of the HGX layout."""
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Iterator
@@ -206,3 +207,62 @@ def test_rdma_resource_flags() -> None:
     Args.podresources_rdma_shared_devices = "rdma/a"
     with pytest.raises(SystemExit, match="RESOURCE=device"):
         settings_from_args(Args())  # type: ignore[arg-type]
+
+
+def exclusive_netns_tree(root: Path) -> Path:
+    """The HGX tree with SR-IOV VFs whose RDMA devices moved into pods' network namespaces (``rdma
+    system set netns exclusive``): each VF's PCI function stays on the host, with its ``physfn`` link
+    to the PF (drivers/pci/iov.c), but no ``/sys/class/infiniband`` entry is left for it. One VF of
+    mlx5_0 (``0000:19:00.4``) is still on the host, with its RDMA device mlx5_12."""
+    SimTopology().setup(root)
+    sysfs = root / "sys"
+    tree = PciTreeWriter(sysfs)
+    for bus, vf, on_host in ((0x18, "0000:19:00.2", None), (0x2A, "0000:2b:00.5", None), (0x18, "0000:19:00.4", "mlx5_12")):
+        chain = [PciFunction(f"0000:{bus - 3:02x}:01.0"), PciFunction(f"0000:{bus - 2:02x}:00.0"),
+                 PciFunction(f"0000:{bus - 1:02x}:01.0"), PciFunction(vf, INFINIBAND_CLASS)]
+        folder = tree.add(f"pci0000:{bus - 3:02x}", chain, 0)
+        os.symlink(f"../0000:{bus + 1:02x}:00.0", folder / "physfn")
+        if on_host:
+            tree.link_rdma(on_host, folder)
+    return sysfs
+
+
+def test_in_exclusive_netns_mode_a_vfs_pci_address_resolves_to_its_pf(tmp_path: Path) -> None:
+    """sriov-network-device-plugin names the VF by PCI address; Multus's network-status gives the VF's
+    address and RDMA device (device-info 1.0.0) and, from 1.1.0, the PF's address (the fields of
+    ``PciDevice`` in k8snetworkplumbingwg/network-attachment-definition-client
+    pkg/apis/k8s.cni.cncf.io/v1/types.go: pci-address, rdma-device, pf-pci-address). With the VF's
+    RDMA device gone from the host, each resolves to the PF's RDMA device, not to nothing."""
+    from exporter.sources.podresources import DeviceAssignment, PodResourcesListing
+    from exporter.sources.rdma_bindings import rdma_bindings
+
+    sysfs = exclusive_netns_tree(tmp_path)
+    topology = TopologySource(sysfs, None).read()
+    assert not topology.has_nic("mlx5_10") and topology.nics_at("0000:19:00.2") == ()
+    assert topology.physical_function_of("0000:19:00.2") == "0000:19:00.0"
+
+    pods = [
+        PodMetadata("ml", "multus-1-0", "u1", "job", "PyTorchJob", attached_devices=attached_devices({
+            NETWORK_STATUS_ANNOTATION: json.dumps([
+                {"name": "ml/rail-1", "interface": "net1", "device-info": {"type": "pci", "version": "1.0.0", "pci": {
+                    "pci-address": "0000:2b:00.5", "rdma-device": "mlx5_15"}}},
+            ])})),
+        PodMetadata("ml", "multus-1-1", "u2", "job", "PyTorchJob", attached_devices=attached_devices({
+            NETWORK_STATUS_ANNOTATION: json.dumps([
+                {"name": "ml/rail-0", "interface": "net1", "device-info": {"type": "pci", "version": "1.1.0", "pci": {
+                    "pci-address": "0000:99:00.7", "rdma-device": "mlx5_20", "pf-pci-address": "0000:19:00.0"}}},
+            ])})),
+    ]
+    listing = PodResourcesListing(devices=(
+        DeviceAssignment("intel.com/sriov_rdma", "0000:19:00.2", "ml", "sriov-worker-0", "trainer"),
+        DeviceAssignment("intel.com/sriov_rdma", "0000:19:00.4", "ml", "sriov-worker-1", "trainer"),
+        DeviceAssignment("intel.com/sriov_rdma", "0000:77:00.2", "ml", "elsewhere-0", "trainer"),
+    ))
+    bindings, unresolved = rdma_bindings(listing, pods, topology, RdmaResources())
+    assert [(b.pod, b.device, b.source) for b in bindings] == [
+        ("multus-1-0", "mlx5_1", "multus"),  # VF 0000:2b:00.5 -> physfn -> PF 0000:2b:00.0
+        ("multus-1-1", "mlx5_0", "multus"),  # a VF this tree does not have: the PF device-info names
+        ("sriov-worker-0", "mlx5_0", "device_plugin"),  # VF 0000:19:00.2 -> physfn -> PF 0000:19:00.0
+        ("sriov-worker-1", "mlx5_12", "device_plugin"),  # a VF still on the host keeps its own device
+    ]
+    assert unresolved == 1, "an address that is neither a PCI function with an RDMA device nor a VF of one"

@@ -18,6 +18,7 @@ from exporter.sources.nvml import GpuIdentity, NvmlUnavailable
 from exporter.sources.topology import (
     GpuTopology,
     NicTopology,
+    PciPlacement,
     Topology,
     TopologySource,
     affinity,
@@ -124,7 +125,8 @@ def test_a_missing_numa_node_leaves_cross_host_bridge_classes_unknown_not_guesse
     assert topology.affinity(0, "mlx5_0") == "PIX", "the switch alone says it"
     assert topology.affinity(0, "mlx5_1") is None and topology.affinity(0, "mlx5_7") is None
     assert topology.affinity(1, "mlx5_0") is None and topology.affinity(1, "mlx5_2") == "NODE"
-    assert topology.nearest(0) is None, "an unknown NIC might be nearer"
+    # a NIC of unknown NUMA node on another host bridge is NODE at best: never nearer than a PIX one
+    assert topology.nearest(0) == ("PIX", ("mlx5_0",)) and topology.nearest(1) == ("PIX", ("mlx5_1",))
 
 
 def test_an_unreadable_bridge_class_leaves_switch_classes_unknown(tmp_path: Path) -> None:
@@ -160,9 +162,12 @@ def test_links_that_leave_sysfs_or_point_at_no_pci_function_are_problems_not_cra
     topology = build_topology(sysfs, StaticNvml().gpus())
     names = {n.device: n.placement for n in topology.nics}
     assert names["mlx5_1"] is None and names["rxe0"] is None and names["mlx5_2"] is None
-    assert len(topology.problems) == 3, topology.problems
+    assert {n.device: n.unplaced for n in topology.unplaced_nics} == {
+        "mlx5_1": "unreadable", "mlx5_2": "unreadable", "rxe0": "not_pci"}
+    assert len(topology.problems) == 2, "a software RDMA device is no problem"
     assert topology.affinity(0, "mlx5_0") == "PIX" and topology.affinity(1, "mlx5_1") is None
-    assert topology.nearest(0) is None, "mlx5_1 and mlx5_2 are NICs of unknown place"
+    # NICs without a placement are out of the matrix: the others still have a nearest NIC
+    assert topology.nearest(0) == ("PIX", ("mlx5_0",)) and topology.nearest(3) == ("PIX", ("mlx5_3",))
 
 
 def test_class_entries_without_a_device_link_are_placed_through_their_pci_function(tmp_path: Path) -> None:
@@ -311,16 +316,22 @@ def test_the_node_summary_counts_what_the_per_gpu_series_say(tmp_path: Path) -> 
                       "ccl_topology_node_local_nics": 7}
 
 
+def synthetic_place(address: str, host_bridge: str = "pci0000:00") -> PciPlacement:
+    """A placement for a hand-made Topology: only the host bridge matters to ``nearest``."""
+    return PciPlacement(address, host_bridge, (address,), 0, ())
+
+
 def test_the_node_summary_counts_shared_and_far_nics_once() -> None:
     """Two GPUs beside one NIC (one local NIC for two GPUs), a GPU whose nearest NIC is across the host
     bridge (no local NIC), and a GPU whose nearest NIC is unknown (not counted as local)."""
-    gpus = tuple(GpuTopology(i, f"GPU-{i}", f"00000000:{0x18 + i:02x}:00.0", None) for i in range(4))
-    nics = (NicTopology("mlx5_0", None), NicTopology("mlx5_1", None))
+    gpus = tuple(GpuTopology(i, f"GPU-{i}", f"00000000:{0x18 + i:02x}:00.0", synthetic_place(f"0000:{0x18 + i:02x}:00.0"))
+                 for i in range(4))
+    nics = (NicTopology("mlx5_0", synthetic_place("0000:30:00.0")), NicTopology("mlx5_1", synthetic_place("0000:31:00.0")))
     classes = {(0, "mlx5_0"): "PIX", (0, "mlx5_1"): "SYS", (1, "mlx5_0"): "PXB", (1, "mlx5_1"): "SYS",
-               (2, "mlx5_0"): "PHB", (2, "mlx5_1"): "SYS", (3, "mlx5_1"): "PIX"}
+               (2, "mlx5_0"): "PHB", (2, "mlx5_1"): "SYS", (3, "mlx5_1"): "PIX"}  # GPU 3 - mlx5_0: unknown
     families = TopologyCollector.node_families(Topology(gpus=gpus, nics=nics, classes=classes))
     assert {f.name: f.samples[0].value for f in families} == {
-        "ccl_topology_node_gpus": 0,  # no placement read for these GPUs
+        "ccl_topology_node_gpus": 4,
         "ccl_topology_node_gpus_with_local_nic": 2,
         "ccl_topology_node_local_nics": 1,
     }

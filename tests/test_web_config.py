@@ -22,10 +22,18 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import bcrypt
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 import pytest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
-from exporter.http.webconfig import AUTH_CACHE_SIZE, AuthBusy, WebConfigError, WebConfigSource, parse_web_config
+from exporter.http.access import AUTH_CACHE_SIZE, AuthBusy
+from exporter.http.webconfig import (
+    WebConfigError,
+    WebConfigSource,
+    parse_web_config,
+    peer_has_allowed_san,
+)
 from exporter.server import create_app, serving
 from tests.conftest import REPO, free_port, require_tool
 from tests.pki import issue, make_ca
@@ -145,25 +153,25 @@ def test_no_tls_key_means_plain_http_and_an_empty_file_is_valid(tmp_path: Path) 
 @pytest.mark.parametrize(
     ("text", "reason"),
     [
-        ("tls_server_config:\n  cert_file: a.crt\n", "missing key_file"),
-        ("tls_server_config:\n  key_file: a.key\n", "missing cert_file"),
+        ("tls_server_config:\n  cert_file: a.crt\n", "missing one of key or key_file"),
+        ("tls_server_config:\n  key_file: a.key\n", "missing one of cert or cert_file"),
+        ("tls_server_config:\n  cert: PEM\n", "missing one of key or key_file"),
         ("tls_server_config:\n  cert_file: a\n  key_file: b\n  client_ca_file: ca.crt\n", "without a client_auth_type"),
-        ("tls_server_config:\n  cert_file: a\n  key_file: b\n  client_auth_type: RequireAndVerifyClientCert\n",
-         "needs client_ca_file"),
-        ("tls_server_config:\n  cert_file: a\n  key_file: b\n  client_auth_type: RequireAnyClientCert\n",
-         "not supported"),
         ("tls_server_config:\n  cert_file: a\n  key_file: b\n  client_auth_type: Sometimes\n", "invalid 'Sometimes'"),
         ("tls_server_config:\n  cert_file: a\n  key_file: b\n  min_version: SSL3\n", "unknown 'SSL3'"),
-        ("tls_server_config:\n  cert: PEM\n", "inline PEM"),
-        ("tls_server_config:\n  cert_file: a\n  key_file: b\n  cipher_suites: [TLS_AES_128_GCM_SHA256]\n",
-         "TLS 1.3 suite"),
+        ("tls_server_config:\n  cert_file: a\n  key_file: b\n  cipher_suites: [TLS_RSA_WITH_AES_128_GCM_SHA256]\n",
+         "unknown cipher"),
         ("tls_server_config:\n  certfile: a\n", "unknown field 'certfile'"),
+        ("tls_server_config:\n  cert_file: a\n  cert_file: b\n", "set twice"),
         ("tls_config:\n  cert_file: a\n", "unknown field 'tls_config'"),
-        ("basic_auth_users:\n  u: plaintext\n", "not a bcrypt hash"),
-        ("http_server_config:\n  headers:\n    Server: ours\n", "unknown field 'Server'"),
+        ("basic_auth_users:\n  u: plaintext\n", "too short to be a bcrypted password"),
+        ("http_server_config:\n  headers:\n    Server: ours\n", "'Server' can not be configured"),
         ("http_server_config:\n  headers:\n    X-Frame-Options: allow\n", "is not one of deny, sameorigin"),
+        ("http_server_config:\n  http2: \"yes\"\n", "must be true or false"),
         ("rate_limit:\n  burst: 5\n  interval: soon\n", "not a duration"),
-        ("rate_limit:\n  burst: -1\n  interval: 1s\n", "burst must be a whole number"),
+        ("rate_limit:\n  burst: \"5\"\n  interval: 1s\n", "must be a whole number"),
+        ("rate_limit:\n  burst: 1e400\n  interval: 1s\n", "must be a whole number"),
+        ("rate_limit:\n  burst: 1\n  interval: 1sec\n", "not a duration"),
         ("[1, 2", "not YAML"),
         ("- a list\n", "must be a mapping"),
     ],
@@ -171,6 +179,69 @@ def test_no_tls_key_means_plain_http_and_an_empty_file_is_valid(tmp_path: Path) 
 def test_what_exporter_toolkit_refuses_is_refused_with_a_reason(tmp_path: Path, text: str, reason: str) -> None:
     with pytest.raises(WebConfigError, match=reason.replace("(", r"\(")):
         parse_web_config(text, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # yaml.v2 into Go types: a string field takes the scalar as written, a Duration a plain int as
+        # nanoseconds or Go's duration syntax, an int a plain number, a bool YAML 1.1's words.
+        ("http_server_config:\n  headers:\n    X-XSS-Protection: 1\n", {"headers": {"X-XSS-Protection": "1"}}),
+        ("http_server_config:\n  headers:\n    X-XSS-Protection: 0x10\n", {"headers": {"X-XSS-Protection": "0x10"}}),
+        ("rate_limit:\n  interval: 1000000000\n  burst: 0x10\n", {"rate_limit": (16, 1.0)}),
+        ("rate_limit:\n  interval: 1h30m\n  burst: 1_000\n", {"rate_limit": (1000, 5400.0)}),
+        ("rate_limit:\n  interval: 1.5s\n  burst: 3.9\n", {"rate_limit": (3, 1.5)}),
+        ("rate_limit:\n  interval: 250ms\n  burst: -2\n", {"rate_limit": (-2, 0.25)}),  # refuses all, as Go
+        ("rate_limit:\n  interval: -1s\n  burst: 1\n", {"rate_limit": None}),  # rate.Every(<0): no limit
+        ("http_server_config:\n  http2: off\n", {"http2": False}),
+        ("http_server_config:\n  http2: y\n", {"http2": True}),
+        ("http_server_config:\n", {"http2": False}),  # yaml.v2 zeroes a struct given as null
+        ("", {"http2": True}),
+        ("first: document\n---\n", None),
+    ],
+)
+def test_values_are_read_as_go_reads_them_into_typed_fields(tmp_path: Path, text: str, expected: dict | None) -> None:
+    if expected is None:
+        with pytest.raises(WebConfigError, match="unknown field 'first'"):
+            parse_web_config(text, tmp_path)
+        return
+    config = parse_web_config(text, tmp_path)
+    if "headers" in expected:
+        assert config.headers == expected["headers"]
+    if "rate_limit" in expected:
+        limit = config.rate_limit
+        assert (None if limit is None else (limit.burst, limit.interval_seconds)) == expected["rate_limit"]
+    if "http2" in expected:
+        assert config.http2 is expected["http2"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # a null http_server_config turns HTTP/2 off (above), so Go's HTTP/2 cipher rule does not apply
+        "tls_server_config:\n  cert_file: a\n  key_file: b\n  cipher_suites: [TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA]\n"
+        "http_server_config:\n",
+        # nor from TLS 1.3 up, where Go does not use the list
+        "tls_server_config:\n  cert_file: a\n  key_file: b\n  min_version: TLS13\n"
+        "  cipher_suites: [TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA]\n",
+        # RequireClientCert: exporter-toolkit's old name for RequireAnyClientCert
+        "tls_server_config:\n  cert_file: a\n  key_file: b\n  client_auth_type: RequireClientCert\n",
+    ],
+)
+def test_configurations_go_takes_are_taken(tmp_path: Path, text: str) -> None:
+    config = parse_web_config(text, tmp_path)
+    assert config.tls is not None and config.tls.client_auth_type in ("NoClientCert", "RequireAnyClientCert")
+
+
+def test_client_allowed_sans_apply_only_when_a_certificate_is_asked_for(tmp_path: Path) -> None:
+    base = "tls_server_config:\n  cert_file: a\n  key_file: b\n  client_allowed_sans: []\n"
+    plain = parse_web_config(base, tmp_path).tls
+    asking = parse_web_config(base + "  client_auth_type: VerifyClientCertIfGiven\n", tmp_path).tls
+    assert plain is not None and plain.sans_to_check is None, "Go calls VerifyPeerCertificate only after asking"
+    assert asking is not None and asking.sans_to_check == (), "an empty list is a check that nothing passes"
+    ipv6 = {"subjectAltName": (("IP Address", "2001:DB8:0:0:0:0:0:1\n"),)}
+    assert peer_has_allowed_san(ipv6, ("2001:db8::1",)), "IP SANs compared in Go's net.IP.String() form"
+    assert not peer_has_allowed_san(None, ()) and peer_has_allowed_san(None, None)
 
 
 def test_a_certificate_that_does_not_load_stops_the_start(tmp_path: Path, pki: Path) -> None:
@@ -369,7 +440,7 @@ def test_serve_refuses_a_bad_web_config_with_one_line(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60, cwd=REPO,
     )
     assert result.returncode == 1 and "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines() == [f"ccl-exporter: --web.config.file {config}: tls_server_config: missing key_file"]
+    assert result.stderr.strip().splitlines() == [f"ccl-exporter: --web.config.file {config}: tls_server_config: missing one of key or key_file"]
 
 
 def test_a_real_prometheus_scrapes_over_tls_with_basic_auth(tmp_path: Path, pki: Path) -> None:
@@ -424,3 +495,27 @@ def _wait_listening(port: int, timeout: float = 30.0) -> bool:
             return True
         time.sleep(0.1)
     raise TimeoutError(f"the exporter did not listen on {port}")
+
+
+_KEYS = ["tls_server_config", "http_server_config", "basic_auth_users", "rate_limit", "cert", "key", "cert_file",
+         "key_file", "client_ca", "client_ca_file", "client_auth_type", "cipher_suites", "curve_preferences",
+         "min_version", "max_version", "prefer_server_cipher_suites", "client_allowed_sans", "http2", "headers",
+         "burst", "interval", "X-Frame-Options"]
+_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True),
+                     st.text(max_size=12), st.sampled_from(["TLS13", "X25519", "1s", "-1.5h", "0x1F", ".s", "1e400",
+                                                            "RequireAnyClientCert", "$2y$99$" + "a" * 53]))
+_VALUES = st.recursive(_SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                         st.dictionaries(st.sampled_from(_KEYS), inner, max_size=4)),
+                       max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(document=st.dictionaries(st.sampled_from(_KEYS), _VALUES, max_size=5), raw=st.text(max_size=80))
+def test_any_file_is_a_web_config_or_one_clear_error(tmp_path: Path, document: dict, raw: str) -> None:
+    import yaml
+
+    for text in (yaml.safe_dump(document), raw):
+        try:
+            parse_web_config(text, tmp_path)
+        except WebConfigError as exc:
+            assert "\n" not in str(exc)

@@ -9,8 +9,9 @@ pod and direction from the exporter, in the exporter's own shard, instead of eve
 interfaces from every kubelet's cAdvisor joined in a global ruler.
 
 A GPU pod the kubelet reports no network bytes for (a hostNetwork pod where the runtime gives
-none, a pod still starting) gets ``ccl_gpu_pod_network_unreported`` 1: the fallback cannot be
-inferred from its traffic, and the exporter says so.
+none, a pod still starting, a pod in whose network namespace cAdvisor found no interface) gets
+``ccl_gpu_pod_network_unreported`` 1: the fallback cannot be inferred from its traffic, and the
+exporter says so. None of these is a failure of the collector.
 """
 
 from __future__ import annotations
@@ -91,8 +92,8 @@ class PodNetworkCollector:
         unreported = GaugeMetricFamily(
             "ccl_gpu_pod_network_unreported",
             "1 for a pod holding GPUs on this node whose network bytes the kubelet does not report (a "
-            "hostNetwork pod whose runtime gives none, a pod still starting): its traffic cannot tell "
-            "a TCP fallback.",
+            "hostNetwork pod whose runtime gives none, a pod still starting, no interface found in its "
+            "network namespace): its traffic cannot tell a TCP fallback.",
             labels=LABELS,
         )
         source = metadata or NoPodMetadata()

@@ -121,15 +121,29 @@ class RdmaCollector:
         )
         errors = CounterMetricFamily(
             "ccl_rdma_port_errors_total",
-            "Every other counters/ file (symbol_error, link_downed, link_error_recovery, "
-            "port_rcv_errors, port_xmit_discards, port_xmit_wait, ...); counter = file name.",
+            "Every other counters/ file, each an error or discard count (symbol_error, link_downed, "
+            "link_error_recovery, port_rcv_errors, port_xmit_discards, ...); counter = file name.",
             labels=PORT_LABELS + ["counter"],
+        )
+        wait = CounterMetricFamily(
+            "ccl_rdma_port_transmit_wait",
+            "Ticks during which the port had data to transmit but sent none (no credits, or lost "
+            "arbitration): congestion, not an error; counters/port_xmit_wait. The tick is the device's "
+            "sampling tick, so compare rates of one device model.",
+            labels=PORT_LABELS,
         )
         hw = CounterMetricFamily(
             "ccl_rdma_port_hw_counters_total",
             "Driver hw_counters/ files (RoCE np_cnp_sent, rp_cnp_handled, out_of_sequence, "
-            "local_ack_timeout_err, out_of_buffer, ...); counter = file name.",
+            "local_ack_timeout_err, out_of_buffer, ...), lifespan aside; counter = file name.",
             labels=PORT_LABELS + ["counter"],
+        )
+        lifespan = GaugeMetricFamily(
+            "ccl_rdma_port_hw_counters_lifespan_seconds",
+            "How long the kernel keeps the hw_counters values it read before reading the device again "
+            "(hw_counters/lifespan, a setting in milliseconds: default 0.01 s, at most 10 s); "
+            "ccl_rdma_port_hw_counters_total is at most this old.",
+            labels=PORT_LABELS,
         )
 
         def add(family: GaugeMetricFamily | CounterMetricFamily, labels: list[str], value: int | None) -> None:
@@ -160,9 +174,15 @@ class RdmaCollector:
                 _add_cast(cast_packets, labels, p)
                 for counter, value in sorted(p.errors.items()):
                     errors.add_metric(labels + [counter], float(value))
+                add(wait, labels, p.transmit_wait)
                 for counter, value in sorted(p.hw_counters.items()):
                     hw.add_metric(labels + [counter], float(value))
-        return [info, state, phys, rate, tx_bytes, rx_bytes, tx_packets, rx_packets, cast_packets, errors, hw]
+                if p.hw_counters_lifespan_ms is not None:
+                    lifespan.add_metric(labels, p.hw_counters_lifespan_ms / 1000)
+        return [
+            info, state, phys, rate, tx_bytes, rx_bytes, tx_packets, rx_packets, cast_packets, errors, wait, hw,
+            lifespan,
+        ]  # fmt: skip
 
     @staticmethod
     def node_families(devices: Iterable[RdmaDevice], totals: Mapping[str, float]) -> list[Metric]:

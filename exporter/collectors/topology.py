@@ -1,7 +1,8 @@
 """Topology collector: ``ccl_topology_*`` — where GPUs and RDMA NICs sit, and how far apart.
 
-The GPU x NIC matrix in ``nvidia-smi topo -m`` classes (PIX, PXB, PHB, NODE, SYS), each GPU's
-nearest NIC(s), and each device's PCI placement (NUMA node, host bridge, PCIe switches, path); and
+The GPU x NIC matrix in ``nvidia-smi topo -m`` classes (PIX, PXB, PHB, NODE, SYS; not NCCL's path
+types, see ``exporter.sources.topology``), each GPU's nearest NIC(s), each device's PCI placement
+(NUMA node, host bridge, PCIe switches, path), the RDMA devices without one; and
 the node's summary of them (``ccl_topology_node_*``: placed GPUs, GPUs with a NIC beside them and
 those NICs), so that rules over a fleet read one series per node instead of every GPU's.
 Read from sysfs by ``exporter.sources.topology`` once and again only when the node changes, never
@@ -52,15 +53,16 @@ class TopologyCollector:
         pairs = GaugeMetricFamily(
             "ccl_topology_gpu_nic_info",
             "A GPU and an RDMA NIC of this node and the class of the PCIe path between them, as nvidia-smi "
-            "topo -m names it: PIX (one PCIe switch), PXB (several switches), PHB (the host bridge), NODE "
-            "(host bridges of one NUMA node), SYS (across NUMA nodes); always 1. numa_node is the NIC's, "
-            "gpu_numa_node the GPU's. Pairs sysfs does not tell are absent.",
+            "topo -m names it (not NCCL's path types, which have no NODE): PIX (one PCIe switch), PXB (several "
+            "switches), PHB (the host bridge), NODE (host bridges of one NUMA node), SYS (across NUMA nodes); "
+            "always 1. numa_node is the NIC's, gpu_numa_node the GPU's. Pairs sysfs does not tell are absent.",
             labels=["gpu", "uuid", "device", "affinity", "numa_node", "gpu_numa_node"],
         )
         nearest = GaugeMetricFamily(
             "ccl_topology_gpu_nearest_nic_info",
-            "The RDMA NIC(s) nearest to a GPU and their class; always 1. Absent for a GPU when the class "
-            "of any NIC to it is unknown.",
+            "The RDMA NIC(s) nearest to a GPU and their class (nvidia-smi's, as ccl_topology_gpu_nic_info); "
+            "always 1. Absent for a GPU when a NIC of unknown class to it might be nearer (one on its own host "
+            "bridge, or nothing nearer than NODE known); NICs without a PCI placement are not in the way.",
             labels=["gpu", "uuid", "device", "affinity"],
         )
         gpu_pci = GaugeMetricFamily(
@@ -75,6 +77,15 @@ class TopologyCollector:
             "Where an RDMA NIC sits on the PCI tree (sysfs); always 1. Labels as on ccl_topology_gpu_pci_info.",
             labels=["device"] + PLACEMENT_LABELS,
         )
+        unplaced = GaugeMetricFamily(
+            "ccl_topology_nic_unplaced_info",
+            "An RDMA device sysfs gives no PCI placement, left out of the GPU x NIC matrix; always 1. reason: "
+            "not_pci (a software device such as soft-RoCE rxe0 or siw0, under /sys/devices/virtual), "
+            "unreadable (its device link missing or broken; also in the collector's partial-scrape message).",
+            labels=["device", "reason"],
+        )
+        for nic in topology.unplaced_nics:
+            unplaced.add_metric([nic.device, nic.unplaced or ""], 1.0)
         gpu_numa = {gpu.index: _numa(gpu.placement) for gpu in topology.gpus}
         nic_numa = {nic.device: _numa(nic.placement) for nic in topology.nics}
         for gpu in topology.gpus:
@@ -93,7 +104,7 @@ class TopologyCollector:
         for nic in topology.physical_nics:
             if nic.placement is not None:
                 nic_pci.add_metric([nic.device] + _placement_values(nic.placement), 1.0)
-        return [pairs, nearest, gpu_pci, nic_pci]
+        return [pairs, nearest, gpu_pci, nic_pci, unplaced]
 
     @staticmethod
     def node_families(topology: Topology) -> list[Metric]:

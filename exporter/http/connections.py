@@ -13,8 +13,8 @@ listening socket accepts plain TCP and ``ConnectionGuard`` admits each connectio
 * a connection that has not sent a whole request head within ``read_header_timeout_seconds``
   (TLS handshake included) is closed;
 * TLS starts on an admitted connection only, with the web configuration's context in force when
-  it arrives (rotated certificates apply to the next handshake), and a client certificate must
-  name one of ``client_allowed_sans`` when the file lists some.
+  it arrives (rotated certificates apply to the next handshake), and, when the file lists
+  ``client_allowed_sans`` and asks for client certificates, the client's must name one of them.
 
 An admitted connection is then aiohttp's: its ``RequestHandler`` parses, routes, keeps alive
 (``keepalive_timeout_seconds`` after each response) and closes it. ``exporter.http.server``
@@ -293,12 +293,12 @@ class GuardedSite(web.TCPSite):
         transport.pause_reading()  # the ClientHello stays in the socket until start_tls takes it
         tls = loaded.config.tls
         task = asyncio.get_running_loop().create_task(
-            self._start_tls(transport, loaded.ssl_context, tls.client_allowed_sans if tls else ())
+            self._start_tls(transport, loaded.ssl_context, tls.sans_to_check if tls else None)
         )
         self._handshakes.add(task)
         task.add_done_callback(self._handshakes.discard)
 
-    async def _start_tls(self, raw: asyncio.Transport, context: ssl.SSLContext, sans: tuple[str, ...]) -> None:
+    async def _start_tls(self, raw: asyncio.Transport, context: ssl.SSLContext, sans: tuple[str, ...] | None) -> None:
         loop = asyncio.get_running_loop()
         if raw.is_closing():  # shed or timed out before its turn came
             self.guard.forget(raw)
@@ -317,7 +317,7 @@ class GuardedSite(web.TCPSite):
         if transport is None or raw.is_closing():
             self._tls_dropped(raw)
             return
-        if sans and not peer_has_allowed_san(transport.get_extra_info("peercert"), sans):
+        if not peer_has_allowed_san(transport.get_extra_info("peercert"), sans):
             log.info("client %s: its certificate names none of client_allowed_sans", peer)
             transport.abort()
             self._tls_dropped(raw)

@@ -33,8 +33,9 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from exporter.http.access import AuthBusy
 from exporter.http.connections import ConnectionGuard, ConnectionLimits, GuardedSite
-from exporter.http.webconfig import AuthBusy, LoadedWebConfig, WebConfigSource
+from exporter.http.webconfig import LoadedWebConfig, WebConfigSource
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ IB_COUNTERS = (
     "unicast_rcv_packets unicast_xmit_packets"
 ).split()
 HW_COUNTERS = (
-    "duplicate_request implied_nak_seq_err lifespan local_ack_timeout_err np_cnp_sent "
+    "duplicate_request implied_nak_seq_err local_ack_timeout_err np_cnp_sent "
     "np_ecn_marked_roce_packets out_of_buffer out_of_sequence packet_seq_err req_cqe_error "
     "req_cqe_flush_error req_remote_access_errors req_remote_invalid_request resp_cqe_error "
     "resp_cqe_flush_error resp_local_length_error resp_remote_access_errors rnr_nak_retry_err "
@@ -96,6 +96,8 @@ class SimRdma:
             if spec.link_layer == "Ethernet":
                 for name in HW_COUNTERS:
                     self.counters[(spec.device, f"hw_counters/{name}")] = 0
+                # a setting, not a counter: milliseconds the kernel keeps hw_counters values (default 10)
+                write_attribute(port / "hw_counters" / "lifespan", 10)
             else:
                 for name in ("out_of_sequence", "local_ack_timeout_err", "out_of_buffer"):
                     self.counters[(spec.device, f"hw_counters/{name}")] = 0

@@ -90,10 +90,18 @@ def _name(value: object) -> str | None:
 
 
 def _interfaces(network: Mapping[str, Any]) -> list[tuple[str, int, int]] | None:
-    """(name, rx, tx) of a pod's interfaces; None when malformed. Older kubelets give only the
-    default interface at the top level (name, rxBytes, txBytes)."""
+    """(name, rx, tx) of a pod's interfaces; [] when the kubelet found none; None when malformed.
+
+    The shape is ``NetworkStats`` of the kubelet's stats API (k8s.io/kubelet
+    ``pkg/apis/stats/v1alpha1/types.go``): ``interfaces`` lists every interface and is left out
+    when empty (``omitempty``); the default interface is inlined at the top level ("if found"),
+    so with no interfaces at all the kubelet sends ``{"time": ..., "name": ""}``
+    (``cadvisorInfoToNetworkStats`` in ``pkg/kubelet/stats/helper.go``; the CRI stats provider
+    likewise). Older kubelets give only the default interface at the top level."""
     listed = network.get("interfaces")
-    if listed is None:
+    if listed is None or listed == []:
+        if network.get("name") in (None, ""):
+            return []  # no interface found: a pod without interface data, not a malformed one
         listed = [network]
     if not isinstance(listed, list) or len(listed) > MAX_INTERFACES:
         return None
@@ -133,6 +141,8 @@ def pod_networks(summary: object) -> PodNetworks:
         if interfaces is None:
             malformed += 1
             continue
+        if not interfaces:
+            continue  # the kubelet found no interface in the pod's network namespace
         own = [i for i in interfaces if not is_host_side(i[0])]
         pods[(namespace, pod)] = PodNetwork(
             namespace,
@@ -223,15 +233,17 @@ def summary_from_bytes(body: bytes, where: str) -> PodNetworks:
 
 def summary_document(pods: Iterable[tuple[str, str, Mapping[str, tuple[int, int]]]]) -> dict[str, Any]:
     """A ``/stats/summary`` answer in the kubelet's shape for (namespace, pod, {interface: (rx, tx)}):
-    what the simulated node serves and the tests send."""
+    what the simulated node serves and the tests send. As the kubelet's cAdvisor path writes it
+    (``cadvisorInfoToNetworkStats``): eth0 inlined as the default interface when there is one
+    (``"name": ""`` otherwise), and ``interfaces`` only when there are some."""
     entries = []
     for namespace, pod, interfaces in pods:
         listed = [{"name": name, "rxBytes": rx, "txBytes": tx} for name, (rx, tx) in interfaces.items()]
-        first = listed[0] if listed else {"name": "eth0", "rxBytes": 0, "txBytes": 0}
+        default = next((entry for entry in listed if entry["name"] == "eth0"), {"name": ""})
+        network: dict[str, Any] = {"time": "2026-01-01T00:00:00Z", **default}
+        if listed:
+            network["interfaces"] = listed
         entries.append(
-            {
-                "podRef": {"name": pod, "namespace": namespace, "uid": f"uid-{namespace}-{pod}"},
-                "network": {"time": "2026-01-01T00:00:00Z", **first, "interfaces": listed},
-            }
+            {"podRef": {"name": pod, "namespace": namespace, "uid": f"uid-{namespace}-{pod}"}, "network": network}
         )
     return {"node": {"nodeName": "", "network": {}}, "pods": entries}

@@ -5,10 +5,12 @@ NetworkAttachmentDefinition, ``<namespace>/<name>``), ``interface`` (in the pod)
 ``mac``, ``default`` and, for device-backed networks (SR-IOV, host-device, RDMA), a
 ``device-info`` object (k8snetworkplumbingwg device-info spec, ``pkg/apis/k8s.cni.cncf.io/v1``
 ``DeviceInfo``): ``{"type": "pci", "version": "1.1.0", "pci": {"pci-address": ..., "rdma-device":
-..., "pf-pci-address": ...}}``. Older Multus wrote the same list under ``networks-status``.
+..., "pf-pci-address": ...}}`` (``PciDevice`` there: ``pf-pci-address`` is the VF's PF, given
+since device-info 1.1.0 by the SR-IOV network device plugin). Older Multus wrote the same list
+under ``networks-status``.
 
-``attached_devices`` keeps, per attachment, what names a host device: the PCI address and the
-RDMA device. An annotation that is not such a list is ignored (never an error); the text read and
+``attached_devices`` keeps, per attachment, what names a host device: the PCI address, the RDMA
+device and the PF's PCI address. An annotation that is not such a list is ignored (never an error); the text read and
 the attachments kept are bounded.
 """
 
@@ -34,6 +36,7 @@ class AttachedDevice:
     interface: str  # the interface inside the pod ("" when not given)
     pci_address: str | None
     rdma_device: str | None
+    pf_pci_address: str | None = None  # the PF of an SR-IOV VF
 
 
 def _text(value: Any) -> str | None:
@@ -64,5 +67,13 @@ def attached_devices(annotations: Mapping[str, Any] | None) -> tuple[AttachedDev
         address, rdma = _text(pci.get("pci-address")), _text(pci.get("rdma-device"))
         if address is None and rdma is None:
             continue
-        found.append(AttachedDevice(_text(entry.get("name")) or "", _text(entry.get("interface")) or "", address, rdma))
+        found.append(
+            AttachedDevice(
+                _text(entry.get("name")) or "",
+                _text(entry.get("interface")) or "",
+                address,
+                rdma,
+                _text(pci.get("pf-pci-address")),
+            )
+        )
     return tuple(found)

@@ -3,7 +3,10 @@
 Per device: ``fw_ver``, ``board_id``, ``hca_type``; per port ``ports/<n>/``: ``state``,
 ``phys_state`` ("<id>: <NAME>"), ``rate`` ("400 Gb/sec (4X NDR)"), ``link_layer``, the RoCE
 netdev (``gid_attrs/ndevs/*`` or the device's ``net/`` folder), ``counters/`` and
-``counters_ext/`` (pre-4.5 kernels' 64-bit files) and ``hw_counters/``.
+``counters_ext/`` (pre-4.5 kernels' 64-bit files) and ``hw_counters/``, each file as the
+kernel's ``Documentation/ABI/stable/sysfs-class-infiniband`` describes it: data counters in
+4-octet words, ``port_xmit_wait`` in ticks of congestion, ``hw_counters/lifespan`` a setting in
+milliseconds, every other file a count.
 
 Unlike procfs, one unreadable value skips that value, one malformed port skips that port's
 broken fields, and one malformed device never hides the others. Each problem is recorded in
@@ -40,9 +43,22 @@ EXT_CAST_PACKET_COUNTERS = {
     "port_multicast_xmit_packets": ("multicast", "transmit"),
     "port_multicast_rcv_packets": ("multicast", "receive"),
 }
+# counters/port_xmit_wait: "the number of ticks during which the port had data to transmit but
+# no data was sent during the entire tick (either because of insufficient credits or because of
+# lack of arbitration)" (Documentation/ABI/stable/sysfs-class-infiniband): congestion, not an error.
+TRANSMIT_WAIT_COUNTER = "port_xmit_wait"
 # Everything else in counters/ is an error/health counter (symbol_error, link_downed,
-# port_rcv_errors, port_xmit_discards, port_xmit_wait, VL15_dropped, ...).
-NOT_ERROR_COUNTERS = frozenset(DATA_WORD_COUNTERS) | frozenset(PACKET_COUNTERS) | frozenset(CAST_PACKET_COUNTERS)
+# port_rcv_errors, port_xmit_discards, VL15_dropped, ...).
+NOT_ERROR_COUNTERS = (
+    frozenset(DATA_WORD_COUNTERS)
+    | frozenset(PACKET_COUNTERS)
+    | frozenset(CAST_PACKET_COUNTERS)
+    | {TRANSMIT_WAIT_COUNTER}
+)
+# hw_counters/lifespan is not a counter but a setting: how long, in milliseconds, the kernel keeps
+# the hw_counters values it read before reading the hardware again (default 10, writable 0-10000;
+# the same ABI document).
+HW_COUNTERS_LIFESPAN = "lifespan"
 
 # What the ids of ports/<n>/state and ports/<n>/phys_state ("<id>: <name>") mean, as the kernel
 # names them (drivers/infiniband/core/sysfs.c; it prints "<unknown>" for physical state 0 and
@@ -81,7 +97,9 @@ class RdmaPort:
     # (cast, direction) -> packets, cast in {unicast, multicast}
     cast_packets: dict[tuple[str, str], int] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)
-    hw_counters: dict[str, int] = field(default_factory=dict)
+    transmit_wait: int | None = None  # counters/port_xmit_wait, in the device's ticks
+    hw_counters: dict[str, int] = field(default_factory=dict)  # hw_counters/ without lifespan
+    hw_counters_lifespan_ms: int | None = None  # hw_counters/lifespan
 
 
 @dataclass(frozen=True)
@@ -165,6 +183,7 @@ def read_port(device: str, device_dir: str, port_name: str, reader: AttributeRea
     rate_text = reader(f"{port_dir}/rate")
     counters = _read_counter_dir(f"{port_dir}/counters", reader)
     ext = _read_counter_dir(f"{port_dir}/counters_ext", reader)
+    hw_counters = _read_counter_dir(f"{port_dir}/hw_counters", reader)
 
     def pick(ext_table: dict[str, str], table: dict[str, str], direction: str, scale: int) -> int | None:
         for source, names in ((ext, ext_table), (counters, table)):
@@ -198,7 +217,9 @@ def read_port(device: str, device_dir: str, port_name: str, reader: AttributeRea
         receive_packets=pick(EXT_PACKET_COUNTERS, PACKET_COUNTERS, "receive", 1),
         cast_packets=cast,
         errors={k: v for k, v in counters.items() if k not in NOT_ERROR_COUNTERS},
-        hw_counters=_read_counter_dir(f"{port_dir}/hw_counters", reader),
+        transmit_wait=counters.get(TRANSMIT_WAIT_COUNTER),
+        hw_counters={k: v for k, v in hw_counters.items() if k != HW_COUNTERS_LIFESPAN},
+        hw_counters_lifespan_ms=hw_counters.get(HW_COUNTERS_LIFESPAN),
     )
 
 

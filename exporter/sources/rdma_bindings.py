@@ -15,7 +15,11 @@ Three ways a NIC reaches a pod, each named in the ``source`` of a binding:
 
 A device becomes an RDMA NIC only through the node's topology: a PCI function that carries an
 RDMA device (a PF or an SR-IOV VF), or an RDMA device present under ``/sys/class/infiniband``.
-What does not resolve is counted, never guessed.
+In the RDMA subsystem's exclusive network-namespace mode a VF's RDMA device moves into the pod's
+network namespace and is gone from the host: a VF address that carries no RDMA device on the host
+resolves to its PF's (the VF's ``physfn`` link, or Multus's ``device-info.pci.pf-pci-address``),
+the NIC whose port the pod's traffic leaves through. What does not resolve is counted, never
+guessed.
 """
 
 from __future__ import annotations
@@ -69,16 +73,21 @@ class RdmaBinding:
 
 def resolve(topology: Topology, *names: str) -> tuple[str, ...]:
     """The RDMA devices a device's names point at: an RDMA device's own name, else the RDMA devices of
-    the PCI function an address in a name spells."""
+    the PCI function an address in a name spells, else, for an SR-IOV VF whose RDMA device is not on
+    the host (exclusive netns mode), those of its PF."""
     for name in names:
         if topology.has_nic(name):
             return (name,)
-    for name in names:
-        address = pci_address_in(name)
-        if address is not None:
-            found = topology.nics_at(address)
-            if found:
-                return found
+    addresses = [address for address in map(pci_address_in, names) if address is not None]
+    for address in addresses:
+        found = topology.nics_at(address)
+        if found:
+            return found
+    for address in addresses:
+        parent = topology.physical_function_of(address)
+        found = topology.nics_at(parent) if parent else ()
+        if found:
+            return found
     return ()
 
 
@@ -112,6 +121,6 @@ def rdma_bindings(
             add(dyn.namespace, dyn.pod, resolve(topology, dyn.device, *dyn.cdi_devices), SOURCE_DRA, dyn.driver)
     for pod in pods:
         for attached in pod.attached_devices:
-            names = tuple(n for n in (attached.rdma_device, attached.pci_address) if n)
+            names = tuple(n for n in (attached.rdma_device, attached.pci_address, attached.pf_pci_address) if n)
             add(pod.namespace, pod.name, resolve(topology, *names), SOURCE_MULTUS, attached.network)
     return sorted(found, key=lambda b: (b.namespace, b.pod, b.device, b.source, b.resource)), unresolved

@@ -26,6 +26,19 @@ missing or broken has no class to any NIC; two devices on different host bridges
 known NUMA node have none; a missing bridge class leaves the switch-dependent classes out.
 Problems are listed in ``Topology.problems``.
 
+An RDMA device with no PCI placement at all is left out of the GPU x NIC matrix, named in
+``NicTopology.unplaced``: a software device (soft-RoCE ``rxe0``, ``siw0``: its class entry
+resolves under ``/sys/devices/virtual``), which is no problem, or one whose link is missing or
+broken, which is. Neither keeps the other GPUs and NICs from their nearest NIC (``nearest``).
+
+These are nvidia-smi's classes, not NCCL's path types (``src/graph/topo.cc``, ``paths.cc``),
+which differ in places: NCCL has no NODE (a CPU node per NUMA node, so two host bridges of one
+NUMA node are PHB), merges the two levels of a Broadcom Gen4/Gen5 PEX switch into one (PXB here
+can be PIX there), takes ``numa_node`` -1 as a CPU of its own (SYS to every device with a NUMA
+node) and hangs a NIC without a PCI device on the first CPU. The split that matters for
+GPUDirect RDMA and for a crossed rail, PIX or PXB against everything further, is the same in both
+(docs/topology.md, "nvidia-smi's classes and NCCL's").
+
 ``TopologySource`` reads all this once and again only when the node changes: on each ``read``
 it compares a cheap fingerprint (the RDMA class folder's entries and their links, the GPU list
 NVML discovered) at most every ``check_seconds``, and walks sysfs only when it differs.
@@ -53,6 +66,7 @@ LOCAL_AFFINITIES = ("PIX", "PXB")  # NCCL's default GPUDirect RDMA reach (NCCL_N
 BRIDGE_CLASS_PREFIX = "0x0604"  # PCI-to-PCI bridge (root ports, switch ports), any prog-if
 MAX_DEVICES = 256  # GPUs, and entries of /sys/class/infiniband, read at most
 MAX_PATH_COMPONENTS = 32  # a PCI path deeper than this is not a real one
+MAX_PCI_FUNCTIONS = 8192  # entries of /sys/bus/pci/devices looked at for SR-IOV VFs
 
 _BDF_RE = re.compile(r"^([0-9a-f]{4}):([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$")
 _HOST_BRIDGE_RE = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
@@ -175,11 +189,17 @@ class GpuTopology:
     placement: PciPlacement | None
 
 
+# Why an RDMA device has no PCI placement (NicTopology.unplaced).
+UNPLACED_NOT_PCI = "not_pci"  # a software device (rxe, siw) under /sys/devices/virtual: no PCI function
+UNPLACED_UNREADABLE = "unreadable"  # its link is missing, broken or leads to no PCI function: a problem
+
+
 @dataclass(frozen=True)
 class NicTopology:
     device: str  # the RDMA device, mlx5_0
     placement: PciPlacement | None
     virtual_function: bool = False  # an SR-IOV VF (its function has a physfn link): not in the matrix
+    unplaced: str | None = None  # UNPLACED_*: why there is no placement (None when there is one)
 
 
 @dataclass(frozen=True)
@@ -191,24 +211,46 @@ class Topology:
     problems: tuple[str, ...] = ()
     # (gpu index, device) -> class, for the pairs sysfs says something of
     classes: dict[tuple[int, str], str] = field(default_factory=dict)
+    # SR-IOV VF PCI address -> its PF's, for the PFs that carry an RDMA device (the VF's physfn link)
+    vf_parents: dict[str, str] = field(default_factory=dict)
 
     def affinity(self, gpu: int, device: str) -> str | None:
         return self.classes.get((gpu, device))
 
     @property
     def physical_nics(self) -> tuple[NicTopology, ...]:
-        """The NICs of the GPU x NIC matrix: physical functions (a VF sits where its PF does)."""
-        return tuple(nic for nic in self.nics if not nic.virtual_function)
+        """The NICs of the GPU x NIC matrix: physical functions with a PCI placement (a VF sits where
+        its PF does; a device without a placement is in ``unplaced_nics``)."""
+        return tuple(nic for nic in self.nics if not nic.virtual_function and nic.placement is not None)
+
+    @property
+    def unplaced_nics(self) -> tuple[NicTopology, ...]:
+        """RDMA devices sysfs gives no PCI placement: software devices and broken links."""
+        return tuple(nic for nic in self.nics if nic.placement is None)
 
     def nearest(self, gpu: int) -> tuple[str, tuple[str, ...]] | None:
-        """The nearest class from GPU ``gpu`` to any physical NIC and the NICs at it; None unless the
-        class of every such NIC to it is known (one unknown NIC might be nearer)."""
+        """The nearest class from GPU ``gpu`` to any physical NIC and the NICs at it.
+
+        A NIC whose class to the GPU is unknown is passed over when it cannot be nearer than the
+        nearest known one: on another host bridge it is NODE at best (its NUMA node unknown), so a
+        known PIX, PXB or PHB stands. Otherwise (an unknown NIC on the GPU's own host bridge, or
+        nothing better than NODE known) the answer is None: one unknown NIC might be nearer. NICs
+        without a placement (``unplaced_nics``) are not in the matrix and never in the way."""
+        place = next((g.placement for g in self.gpus if g.index == gpu), None)
+        if place is None:
+            return None
         nics = self.physical_nics
         found = [self.classes.get((gpu, nic.device)) for nic in nics]
         known = [cls for cls in found if cls is not None]
-        if not known or len(known) != len(found):
+        if not known:
             return None
         best = min(known, key=AFFINITIES.index)
+        unknown = [nic for nic, cls in zip(nics, found, strict=True) if cls is None]
+        beyond_reach = AFFINITIES.index(best) < AFFINITIES.index("NODE") and all(
+            nic.placement is not None and nic.placement.host_bridge != place.host_bridge for nic in unknown
+        )
+        if unknown and not beyond_reach:
+            return None
         return best, tuple(nic.device for nic, cls in zip(nics, found, strict=True) if cls == best)
 
     def gpu_at(self, address: str) -> GpuTopology | None:
@@ -223,6 +265,15 @@ class Topology:
     def nics_at(self, address: str) -> tuple[str, ...]:
         """The RDMA devices of the PCI function at ``address`` (a PF or a VF)."""
         return tuple(n.device for n in self.nics if n.placement is not None and n.placement.address == address)
+
+    def physical_function_of(self, address: str) -> str | None:
+        """The PF of the SR-IOV VF at ``address`` when that PF carries an RDMA device (None otherwise).
+
+        In the RDMA subsystem's exclusive network-namespace mode (``rdma system set netns
+        exclusive``) a VF's RDMA device moves into the pod's network namespace with its netdev and is
+        gone from the host's ``/sys/class/infiniband``; its PCI function, and the ``physfn`` link to
+        its PF, stay."""
+        return self.vf_parents.get(address)
 
     def has_nic(self, device: str) -> bool:
         return any(n.device == device for n in self.nics)
@@ -250,11 +301,15 @@ def build_topology(
     for device in list_dir(class_dir)[:MAX_DEVICES]:
         place = _nic_placement(sysfs, class_dir / device, reader)
         if isinstance(place, str):
-            found_problems.append(f"{device}: {place}")
-            nic_records.append(NicTopology(device, None))
+            if _is_software_device(sysfs, class_dir / device):
+                nic_records.append(NicTopology(device, None, unplaced=UNPLACED_NOT_PCI))
+            else:
+                found_problems.append(f"{device}: {place}")
+                nic_records.append(NicTopology(device, None, unplaced=UNPLACED_UNREADABLE))
             continue
         function = os.path.join(os.path.realpath(sysfs / "devices"), place.host_bridge, *place.path)
         nic_records.append(NicTopology(device, place, os.path.lexists(os.path.join(function, "physfn"))))
+    pf_addresses = {n.placement.address for n in nic_records if n.placement is not None and not n.virtual_function}
     classes: dict[tuple[int, str], str] = {}
     for gpu_record in gpu_records:
         for nic in nic_records:
@@ -263,7 +318,39 @@ def build_topology(
             cls = affinity(gpu_record.placement, nic.placement)
             if cls is not None:
                 classes[(gpu_record.index, nic.device)] = cls
-    return Topology(tuple(gpu_records), tuple(nic_records), tuple(found_problems), classes)
+    vf_parents = _virtual_function_parents(sysfs, pf_addresses)
+    return Topology(tuple(gpu_records), tuple(nic_records), tuple(found_problems), classes, vf_parents)
+
+
+def _virtual_function_parents(sysfs: Path, pf_addresses: set[str]) -> dict[str, str]:
+    """VF address -> PF address for every SR-IOV VF of ``pf_addresses``, from each VF's ``physfn``
+    link (``/sys/bus/pci/devices/<vf>/physfn -> ../<pf>``, the kernel's drivers/pci/iov.c)."""
+    if not pf_addresses:
+        return {}
+    bus = sysfs / "bus" / "pci" / "devices"
+    parents: dict[str, str] = {}
+    for address in list_dir(bus)[:MAX_PCI_FUNCTIONS]:
+        if not _BDF_RE.match(address):
+            continue
+        try:
+            target = os.readlink(bus / address / "physfn")
+        except OSError:
+            continue  # not a VF (no physfn link)
+        parent = os.path.basename(target.rstrip("/"))
+        if parent in pf_addresses:
+            parents[address] = parent
+    return parents
+
+
+def _is_software_device(sysfs: Path, entry: Path) -> bool:
+    """Whether an RDMA class entry is a device the kernel made without hardware (soft-RoCE ``rxe``,
+    ``siw``): it resolves under ``devices/virtual`` and has no ``device`` link to a bus device."""
+    try:
+        real = os.path.realpath(entry, strict=True)
+    except (OSError, RuntimeError):
+        return False
+    virtual = os.path.join(os.path.realpath(sysfs / "devices"), "virtual") + os.sep
+    return real.startswith(virtual) and not os.path.lexists(entry / "device")
 
 
 def _nic_placement(sysfs: Path, entry: Path, reader: AttributeReader) -> PciPlacement | str:

@@ -123,7 +123,8 @@ def nccl_families(snap: Snapshot, limits: NcclLimits) -> list[Metric]:
     nic_affinity = GaugeMetricFamily(
         "ccl_nccl_nic_affinity",
         "The RDMA NIC (device) a GPU's NCCL network traffic leaves through, from the pod's NET channel lines, "
-        "and the class of their PCIe path (PIX, PXB, PHB, NODE, SYS as nvidia-smi topo -m; empty when sysfs "
+        "and the class of their PCIe path (PIX, PXB, PHB, NODE, SYS as nvidia-smi topo -m, not NCCL's own path "
+        "types, which put NODE under PHB; PIX/PXB against the rest splits the same in both; empty when sysfs "
         "does not tell); always 1. gdr: true when those channels use GPUDirect RDMA, false when none does, "
         "mixed. nearest_affinity: the class of the GPU's nearest NIC (ccl_topology_gpu_nearest_nic_info), "
         "empty when unknown; affinity above it means the traffic skips a nearer NIC.",
