@@ -19,11 +19,11 @@ import re
 from typing import Any
 
 import pytest
-from helm_python import Chart, HelmRenderError, HelmValuesError
+from helm_python import Chart, HelmRenderError, HelmValuesError, lint
 
 from exporter.http.server import UNAUTHENTICATED_PATHS
 from tests.conftest import REPO
-from tests.test_helm_chart import CHART, NAMESPACE, RELEASE, container, objects_of, one, render
+from tests.test_helm_chart import ACCEPTED_LINT_INFO, CHART, NAMESPACE, RELEASE, container, objects_of, one, render
 from tests.test_manifests import tolerates
 
 EVERYTHING_ON: dict[str, Any] = {
@@ -194,6 +194,16 @@ def test_the_probes_and_the_monitor_follow_the_web_configuration(web: dict[str, 
     assert endpoint.get("scheme") == ("https" if web.get("tls") else None)
     assert endpoint.get("tlsConfig") == monitor.get("tlsConfig")
     assert endpoint.get("basicAuth") == monitor.get("basicAuth")
+
+
+def test_strict_lint_is_clean_with_client_certificates_and_basic_auth() -> None:
+    values = {"web": {"configSecret": "ccl-web", "basicAuth": {"enabled": True},
+                      "tls": {"enabled": True, "clientAuthType": "RequireAndVerifyClientCert"}},
+              "podMonitor": {"tlsConfig": {**TLS_CONFIG, **CLIENT_CERTIFICATE}, "basicAuth": BASIC_AUTH},
+              "commonLabels": {"cost-center": "gpu"}, **EVERYTHING_ON}
+    report = lint(CHART, values, strict=True, namespace=NAMESPACE, kube_version="v1.30.0")
+    assert report["errors"] == [], report
+    assert {m["error"] for m in report["messages"]} <= ACCEPTED_LINT_INFO, report
 
 
 def test_the_scheme_is_written_lowercase() -> None:
