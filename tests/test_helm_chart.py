@@ -3,7 +3,8 @@
 - ``helm lint --strict`` finds nothing beyond the icon note (with default and other values);
 - the default render is the kustomize base in substance, the probe render the idle-probes
   overlay, the kube-prometheus-stack values file the kube-prometheus-stack overlay; what may
-  differ is listed in ``ALLOWED_DIFFERENCES`` and normalised away, nothing else;
+  differ is listed in ``ALLOWED_DIFFERENCES`` and normalised away (the chart's object names,
+  made from the release, renamed to the base's), nothing else;
 - renders with non-default values validate strictly against every Kubernetes version
   kubernetes-validate bundles, and the scanner (checkov) accepts them as it does the base;
 - values.schema.json rejects bad values;
@@ -13,6 +14,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import re
 import shutil
 from pathlib import Path
@@ -34,14 +36,29 @@ from tests.test_manifests import (
     IDLE_PROBES,
     KUBE_PROMETHEUS_STACK,
     MANIFESTS,
+    _closed,
     _render,
+    _STR,
     assert_prepares_the_results_folder,
     scan,
 )
 
 CHART = MANIFESTS / "helm" / "ccl-health-exporter"
 NAMESPACE = "ccl-health"
-RELEASE = "ccl-health-exporter"
+RELEASE = "ccl-health-exporter"  # what docs/deploy.md installs: its objects are named ccl-health-exporter
+# The release the comparisons with kustomize render, and the names its objects get, each with the
+# base's name for the same object (longest first: the webhook's names start with the fullname).
+COMPARED_RELEASE = "fabric"
+_COMPARED_FULLNAME = "fabric-ccl-health-exporter"
+BASE_NAMES = [
+    (f"{_COMPARED_FULLNAME}-webhook", "ccl-webhook"),
+    (f"{_COMPARED_FULLNAME}-global-rules", "ccl-health-global-rules"),
+    (f"{_COMPARED_FULLNAME}-rules", "ccl-health-rules"),
+    (f"{_COMPARED_FULLNAME}-dashboard-", "grafana-dashboard-"),
+    (_COMPARED_FULLNAME, "ccl-exporter"),
+]
+# Cluster-scoped objects the base named after the project rather than after the object it serves.
+BASE_NAMES_BY_KIND = {("MutatingWebhookConfiguration", "ccl-webhook"): "ccl-health-webhook"}
 # Every minor version whose schemas kubernetes-validate bundles (docs/deploy.md's matrix).
 KUBERNETES_VERSIONS = [f"1.{minor}.0" for minor in range(25, 38)]
 
@@ -55,6 +72,13 @@ ALLOWED_DIFFERENCES = {
                        "chart's value instead of a kustomize overlay.",
     "list order": "env, volumeMounts, volumes and ports are compared by name (kustomize's patches reorder "
                   "them; Kubernetes does not care), and readOnly: false is the same as no readOnly.",
+    "object names": "the chart names its objects after the release (<release>-ccl-health-exporter, as "
+                    "prometheus-node-exporter's chart does) so that two releases coexist; the base keeps its fixed "
+                    "names. The comparison renames the chart's to the base's (BASE_NAMES), references included.",
+    "instance label in selectors": "the chart's selectors also match app.kubernetes.io/instance, so that a "
+                                   "release never selects another's pods; the base is one install per cluster and "
+                                   "keeps its selectors (a DaemonSet's selector cannot change in place).",
+    "helm test": "the objects of `helm test` (annotated helm.sh/hook: test) exist only while the test runs.",
 }
 HELM_LABELS = {"helm.sh/chart", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by",
                "app.kubernetes.io/version", "app.kubernetes.io/name"}
@@ -67,17 +91,39 @@ def render(values: dict[str, Any] | None = None, *, name: str = RELEASE, namespa
         return chart.render(values or {}, name=name, namespace=namespace)
 
 
-def objects_of(rendered: dict[str, str]) -> list[dict[str, Any]]:
+def is_test_hook(obj: dict[str, Any]) -> bool:
+    return obj["metadata"].get("annotations", {}).get("helm.sh/hook") == "test"
+
+
+def objects_of(rendered: dict[str, str], *, tests: bool = False) -> list[dict[str, Any]]:
+    """The objects of a render; those of `helm test` (which exist only while it runs) with ``tests``."""
     found = []
     for path, text in sorted(rendered.items()):
         if path.endswith(".txt"):
             continue
-        found.extend(doc for doc in yaml.safe_load_all(text) if doc)
+        found.extend(doc for doc in yaml.safe_load_all(text) if doc and (tests or not is_test_hook(doc)))
     return found
 
 
-def chart_objects(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    return objects_of(render(values))
+def chart_objects(values: dict[str, Any] | None = None, *, tests: bool = False) -> list[dict[str, Any]]:
+    return objects_of(render(values), tests=tests)
+
+
+def base_named(obj: dict[str, Any]) -> dict[str, Any]:
+    """A chart object rendered for COMPARED_RELEASE with the base's names (ALLOWED_DIFFERENCES)."""
+    text = yaml.safe_dump(obj)
+    for chart_name, base_name in BASE_NAMES:
+        text = text.replace(chart_name, base_name)
+    renamed: dict[str, Any] = yaml.safe_load(text)
+    key = (renamed["kind"], renamed["metadata"]["name"])
+    renamed["metadata"]["name"] = BASE_NAMES_BY_KIND.get(key, key[1])
+    return renamed
+
+
+def compared_objects(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The render to compare with kustomize: COMPARED_RELEASE's objects without `helm test`'s,
+    named as the base names them."""
+    return [base_named(o) for o in objects_of(render(values, name=COMPARED_RELEASE))]
 
 
 def one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
@@ -86,11 +132,12 @@ def one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     return found[0]
 
 
-RULE_FILES = {"ccl-health-rules": "node", "ccl-health-global-rules": "global"}  # PrometheusRule -> its half
+RULE_FILES = {"ccl-health-rules": "node", "ccl-health-global-rules": "global"}  # alerts/ file -> its half
 
 
 def prometheus_rules(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {o["metadata"]["name"]: o for o in objects if o["kind"] == "PrometheusRule"}
+    """The PrometheusRules by their half (ccl-health.io/rules: node or global)."""
+    return {o["metadata"]["labels"]["ccl-health.io/rules"]: o for o in objects if o["kind"] == "PrometheusRule"}
 
 
 def container(objects: list[dict[str, Any]]) -> dict[str, Any]:
@@ -115,10 +162,21 @@ def _metadata(obj: dict[str, Any]) -> list[dict[str, Any]]:
     return [obj["metadata"], *([obj["spec"]["template"]["metadata"]] if "template" in obj.get("spec", {}) else [])]
 
 
+def _without_key(value: Any, key: str) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_key(v, key) for k, v in value.items() if k != key}
+    if isinstance(value, list):
+        return [_without_key(v, key) for v in value]
+    return value
+
+
 def normalised(obj: dict[str, Any], base: dict[str, Any] | None = None) -> dict[str, Any]:
     """``obj`` with the allowed differences taken out (see ALLOWED_DIFFERENCES): for a rendered
-    object, Helm's standard labels that ``base`` (its kustomize twin) does not have."""
+    object, Helm's standard labels that ``base`` (its kustomize twin) does not have, and the
+    instance label in selectors where the base has it nowhere."""
     obj = copy.deepcopy(obj)
+    if base is not None and "app.kubernetes.io/instance" not in yaml.safe_dump(base):
+        obj = _without_key(obj, "app.kubernetes.io/instance")
     for index, meta in enumerate(_metadata(obj)):
         labels = meta.get("labels", {})
         if base is not None:
@@ -169,29 +227,36 @@ def test_strict_lint_catches_a_broken_template(tmp_path: Path) -> None:
 # ---- the same objects as kustomize ----
 
 def test_default_render_equals_the_kustomize_base(kustomized: list[dict[str, Any]]) -> None:
-    assert {o["kind"] for o in kustomized} - {o["kind"] for o in chart_objects()} == {"Namespace"}
-    assert_same_in_substance(kustomized, chart_objects())
+    assert {o["kind"] for o in kustomized} - {o["kind"] for o in compared_objects()} == {"Namespace"}
+    assert_same_in_substance(kustomized, compared_objects())
 
 
 def test_probes_render_equals_the_idle_probes_overlay() -> None:
     overlay = [doc for doc in yaml.safe_load_all(_render(IDLE_PROBES)) if doc]
-    assert_same_in_substance(overlay, chart_objects({"probes": {"enabled": True}}))
+    assert_same_in_substance(overlay, compared_objects({"probes": {"enabled": True}}))
 
 
 def test_kube_prometheus_stack_values_equal_the_overlay() -> None:
     overlay = [doc for doc in yaml.safe_load_all(_render(KUBE_PROMETHEUS_STACK)) if doc]
     values = yaml.safe_load((CHART / "values-kube-prometheus-stack.yaml").read_text())
-    charted = chart_objects(values)
+    charted = compared_objects(values)
     assert_same_in_substance(overlay, charted)
     assert {o["kind"] for o in charted if o["metadata"]["labels"].get("release") == "kube-prometheus-stack"} \
         == {"PodMonitor", "PrometheusRule"}
+    (scraper,) = one(charted, "NetworkPolicy")["spec"]["ingress"][0]["from"]
+    assert scraper["podSelector"]["matchLabels"]["operator.prometheus.io/name"] == "kube-prometheus-stack-prometheus"
 
 
 def test_the_comparison_sees_a_difference(kustomized: list[dict[str, Any]]) -> None:
     with pytest.raises(AssertionError, match="DaemonSet"):
-        assert_same_in_substance(kustomized, chart_objects({"priorityClassName": "system-cluster-critical"}))
+        assert_same_in_substance(kustomized, compared_objects({"priorityClassName": "system-cluster-critical"}))
     with pytest.raises(AssertionError):
-        assert_same_in_substance(kustomized, chart_objects({"networkPolicy": {"enabled": False}}))
+        assert_same_in_substance(kustomized, compared_objects({"networkPolicy": {"enabled": False}}))
+    with pytest.raises(AssertionError, match="NetworkPolicy"):
+        assert_same_in_substance(kustomized, compared_objects({"networkPolicy": {"prometheus": {"namespace": "obs"}}}))
+    # The names are compared too: a chart name the renaming does not know is a difference.
+    with pytest.raises(AssertionError):
+        assert_same_in_substance(kustomized, [base_named(o) for o in objects_of(render(name="other"))])
 
 
 # ---- non-default values ----
@@ -206,7 +271,9 @@ NON_DEFAULT: dict[str, Any] = {
     "probes": {"enabled": True, "interval": 3600, "timeout": 120,
                "image": {"repository": "registry.internal/ccl-health-exporter-probe", "digest": "sha256:" + "cd" * 32}},
     "hostPaths": {"podResources": "/var/lib/k0s/kubelet/pod-resources", "probeResults": "/data/ccl/results/"},
-    "web": {"configSecret": "ccl-web-config"},
+    "commonLabels": {"cost-center": "gpu-platform"},
+    "nvml": {"nvlinkGranularity": "gpu"},
+    "web": {"configSecret": "ccl-web-config", "tls": {"enabled": True}, "basicAuth": {"enabled": True}},
     "extraArgs": ["--log.level=debug"],
     "extraEnv": [{"name": "HTTPS_PROXY", "value": "http://proxy.internal:3128"}],
     "extraVolumes": [{"name": "nccl-extra", "hostPath": {"path": "/scratch/nccl", "type": "Directory"}}],
@@ -227,7 +294,7 @@ NON_DEFAULT: dict[str, Any] = {
                       "kubelet": {"cidrs": ["10.1.0.0/16"]}},
     "kubelet": {"port": 10255, "insecureSkipVerify": True},
     "podMonitor": {"enabled": False},
-    "serviceMonitor": {"enabled": True, "labels": {"release": "monitoring-stack"}, "interval": "30s",
+    "serviceMonitor": {"enabled": True, "additionalLabels": {"release": "monitoring-stack"}, "interval": "30s",
                        "scrapeTimeout": "20s", "scheme": "https",
                        "tlsConfig": {"ca": {"secret": {"name": "ccl-web-config", "key": "ca.crt"}},
                                      "serverName": "ccl-exporter"},
@@ -235,11 +302,12 @@ NON_DEFAULT: dict[str, Any] = {
                                      "password": {"name": "ccl-scrape", "key": "password"}},
                        "metricRelabelings": [{"sourceLabels": ["__name__"], "regex": "python_.*",
                                               "action": "drop"}]},
-    "prometheusRule": {"labels": {"release": "monitoring-stack"},
+    "prometheusRule": {"additionalLabels": {"release": "monitoring-stack"},
                        "runbookBaseUrl": "https://wiki.internal/gpu/runbooks/"},
     "dashboards": {"namespace": "grafana", "annotations": {"grafana_folder": "GPU fabric"}},
-    "livenessProbe": {"httpGet": {"path": "/healthz", "port": "metrics", "scheme": "HTTPS"}},
-    "readinessProbe": {"httpGet": {"path": "/readyz", "port": "metrics", "scheme": "HTTPS"}},
+    # A handler of the user's own replaces the chart's; timings alone keep it.
+    "livenessProbe": {"tcpSocket": {"port": "metrics"}, "periodSeconds": 30},
+    "readinessProbe": {"periodSeconds": 5},
 }
 
 
@@ -248,25 +316,37 @@ def _operator_schemas() -> dict[str, Any]:
     ServiceMonitor (the prometheus-operator v1 API; unknown fields still rejected)."""
     schemas = copy.deepcopy(CRD_SCHEMAS)
     endpoint = schemas["PodMonitor"]["properties"]["spec"]["properties"]["podMetricsEndpoints"]["items"]
+    key_ref = _closed({"name": _STR, "key": _STR, "optional": {"type": "boolean"}}, ["name", "key"])
+    secret_or_config_map = {"oneOf": [_closed({"secret": key_ref}, ["secret"]),
+                                      _closed({"configMap": key_ref}, ["configMap"])]}
+    safe_tls = {"ca": secret_or_config_map, "cert": secret_or_config_map, "keySecret": key_ref, "serverName": _STR,
+                "insecureSkipVerify": {"type": "boolean"}, "minVersion": _STR, "maxVersion": _STR}
     endpoint["properties"].update({
-        "scheme": {"enum": ["http", "https", "HTTP", "HTTPS"]}, "tlsConfig": {"type": "object"},
-        "basicAuth": {"type": "object"},
+        # Lowercase only: operators before v0.87 reject HTTP and HTTPS.
+        "scheme": {"enum": ["http", "https"]},
+        # A PodMonitor's TLS has no file fields (SafeTLSConfig).
+        "tlsConfig": _closed(safe_tls),
+        "basicAuth": _closed({"username": key_ref, "password": key_ref}, ["username", "password"]),
     })
     service_monitor = copy.deepcopy(schemas["PodMonitor"])
     service_monitor["properties"]["kind"] = {"const": "ServiceMonitor"}
     spec = service_monitor["properties"]["spec"]
     spec["properties"]["endpoints"] = spec["properties"].pop("podMetricsEndpoints")
     spec["required"] = ["selector", "endpoints"]
+    spec["properties"]["endpoints"]["items"]["properties"]["tlsConfig"] = _closed(
+        {**safe_tls, "caFile": _STR, "certFile": _STR, "keyFile": _STR})
     schemas["ServiceMonitor"] = service_monitor
     return schemas
 
 
 OPERATOR_SCHEMAS = _operator_schemas()
+# What the chart renders beyond the base's kinds: the `helm test` pod.
+CHART_CORE_KINDS = CORE_KINDS | {"Pod"}
 
 
 def validate_strictly(objects: list[dict[str, Any]]) -> None:
     for obj in objects:
-        if obj["kind"] in CORE_KINDS:
+        if obj["kind"] in CHART_CORE_KINDS:
             for version in KUBERNETES_VERSIONS:
                 kubernetes_validate.validate(obj, version, strict=True)
         else:
@@ -276,9 +356,9 @@ def validate_strictly(objects: list[dict[str, Any]]) -> None:
 @pytest.mark.parametrize("values", [{}, {"probes": {"enabled": True}}, NON_DEFAULT],
                          ids=["defaults", "probes", "non-default"])
 def test_renders_validate_strictly_on_every_kubernetes_version(values: dict[str, Any]) -> None:
-    objects = chart_objects(values)
+    objects = chart_objects(values, tests=True)
     validate_strictly(objects)
-    assert {o["kind"] for o in objects} <= CORE_KINDS | set(OPERATOR_SCHEMAS)
+    assert {o["kind"] for o in objects} <= CHART_CORE_KINDS | set(OPERATOR_SCHEMAS)
 
 
 def test_strict_validation_of_a_render_catches_a_typo() -> None:
@@ -306,6 +386,7 @@ def test_non_default_values_reach_the_objects() -> None:
     args = exporter_container["args"]
     assert "--web.listen-address=0.0.0.0:19500" in args
     assert {"--no-collector.podresources", "--no-collector.rdma"} <= set(args)
+    assert "--collector.nvml.nvlink-granularity=gpu" in args
     assert args[-2:] == ["--web.config.file=/etc/ccl-exporter/web/web-config.yml", "--log.level=debug"]
     assert {"name": "HTTPS_PROXY", "value": "http://proxy.internal:3128"} in exporter_container["env"]
     mounts = {m["name"]: m for m in exporter_container["volumeMounts"]}
@@ -322,8 +403,14 @@ def test_non_default_values_reach_the_objects() -> None:
                                           "targetLabel": "node", "action": "replace"}
     assert one(objects, "Service")["spec"]["ports"][0]["port"] == 19500
     rules = prometheus_rules(objects)
-    assert set(rules) == set(RULE_FILES)
+    assert set(rules) == set(RULE_FILES.values())
     assert all(rule["metadata"]["labels"]["release"] == "monitoring-stack" for rule in rules.values())
+    assert {o["metadata"]["labels"]["cost-center"] for o in objects} == {"gpu-platform"}, "commonLabels on everything"
+    assert daemonset["spec"]["template"]["metadata"]["labels"]["cost-center"] == "gpu-platform"
+    assert exporter_container["livenessProbe"] == {"tcpSocket": {"port": "metrics"}, "periodSeconds": 30,
+                                                   "initialDelaySeconds": 5, "timeoutSeconds": 5}
+    assert exporter_container["readinessProbe"] == {"httpGet": {"path": "/readyz", "port": "metrics", "scheme": "HTTPS"},
+                                                    "periodSeconds": 5, "timeoutSeconds": 5}
     assert {m["metadata"]["namespace"] for m in objects if m["kind"] == "ConfigMap"} == {"grafana"}
     policy = one(objects, "NetworkPolicy")["spec"]
     assert policy["ingress"][0]["from"] == NON_DEFAULT["networkPolicy"]["scrapers"]
@@ -367,19 +454,43 @@ def test_web_config_secret_is_off_by_default() -> None:
     assert "web-config" not in {m["name"] for m in exporter_container["volumeMounts"]}
 
 
+def _dashboard_links(objects: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(title, url) of every panel link of the rendered dashboards."""
+    found = []
+    for config_map in (o for o in objects if o["kind"] == "ConfigMap"):
+        for text in config_map["data"].values():
+            for panel in json.loads(text)["panels"]:
+                found.extend((link["title"], link["url"]) for link in panel.get("links", []))
+    return found
+
+
 def test_runbook_base_url_moves_every_link() -> None:
+    """The alerts' runbook_url and the dashboards' runbook links alike; the dashboards' links to
+    each other stay."""
+    from alerts.sync import RUNBOOK_BASE_URL
+
     base = "https://wiki.internal/gpu/runbooks/"
-    rules = prometheus_rules(chart_objects({"prometheusRule": {"runbookBaseUrl": base}})).values()
+    objects = chart_objects({"prometheusRule": {"runbookBaseUrl": base}})
+    rules = prometheus_rules(objects).values()
     alerts = [r for rule in rules for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
     assert alerts
     for alert in alerts:
         assert alert["annotations"]["runbook_url"] == f"{base}{alert['alert']}.md"
+    links, shipped = _dashboard_links(objects), _dashboard_links(chart_objects())
+    runbooks = [(title, url) for title, url in links if title.startswith("Runbook: ")]
+    assert len(runbooks) >= 10
+    for title, url in runbooks:
+        assert url == f"{base}{title.removeprefix('Runbook: ')}.md"
+    assert [u for t, u in shipped if t.startswith("Runbook: ")] == \
+        [f"{RUNBOOK_BASE_URL}{t.removeprefix('Runbook: ')}.md" for t, _ in shipped if t.startswith("Runbook: ")]
+    assert [link for link in links if not link[0].startswith("Runbook: ")] == \
+        [link for link in shipped if not link[0].startswith("Runbook: ")], "links between dashboards stay"
 
 
 def test_global_rules_can_be_left_to_a_global_ruler() -> None:
     """prometheusRule.globalRules=false: only the node-level rules, for a sharded Prometheus whose
     cross-node rules run on Thanos Ruler, Mimir's ruler or vmalert."""
-    assert set(prometheus_rules(chart_objects({"prometheusRule": {"globalRules": False}}))) == {"ccl-health-rules"}
+    assert set(prometheus_rules(chart_objects({"prometheusRule": {"globalRules": False}}))) == {"node"}
     assert prometheus_rules(chart_objects({"prometheusRule": {"enabled": False}})) == {}
 
 
@@ -437,15 +548,19 @@ def test_probes_need_the_probe_collector() -> None:
 def test_notes_say_what_to_do_next() -> None:
     notes = render()[f"{RELEASE}/templates/NOTES.txt"]
     assert "pod-security.kubernetes.io/enforce=privileged" in notes
-    assert "port-forward daemonset/ccl-exporter 19400" in notes
-    assert "podMonitor.labels.release" in notes, "points kube-prometheus-stack users at the release label"
+    assert "port-forward daemonset/ccl-health-exporter 19400" in notes
+    assert "podMonitor.additionalLabels.release" in notes, "points kube-prometheus-stack users at the release label"
+    assert f"helm test {RELEASE} -n {NAMESPACE}" in notes
+    assert "DEPRECATED" not in notes
     labelled = render(yaml.safe_load((CHART / "values-kube-prometheus-stack.yaml").read_text()))
     assert "(release: kube-prometheus-stack)" in labelled[f"{RELEASE}/templates/NOTES.txt"]
+    old_name = render({"podMonitor": {"labels": {"release": "stack"}}})[f"{RELEASE}/templates/NOTES.txt"]
+    assert "(release: stack)" in old_name and "DEPRECATED: podMonitor.labels" in old_name
 
 
 def test_checkov_finds_nothing_unexplained_in_the_renders(tmp_path: Path) -> None:
     for name, values in (("defaults", {}), ("probes", {"probes": {"enabled": True}}), ("non-default", NON_DEFAULT)):
-        text = "\n---\n".join(yaml.safe_dump(o) for o in chart_objects(values))
+        text = "\n---\n".join(yaml.safe_dump(o) for o in chart_objects(values, tests=True))
         (tmp_path / f"{name}.yaml").write_text(text)
     report = scan(tmp_path)
     assert report["summary"]["passed"] > 30, "the scanner checked all three renders"
@@ -513,14 +628,13 @@ def test_the_drift_check_sees_a_stale_copy() -> None:
 
 
 def test_rendered_rules_and_dashboards_equal_the_base_and_their_sources(kustomized: list[dict[str, Any]]) -> None:
-    charted = chart_objects()
+    charted = compared_objects()
     charted_rules, kustomized_rules = prometheus_rules(charted), prometheus_rules(kustomized)
-    assert set(charted_rules) == set(kustomized_rules) == set(RULE_FILES)
+    assert set(charted_rules) == set(kustomized_rules) == set(RULE_FILES.values())
     for name, half in RULE_FILES.items():
         rules = yaml.safe_load((REPO / "alerts" / f"{name}.yaml").read_text())
-        assert charted_rules[name]["spec"] == rules == kustomized_rules[name]["spec"]
-        assert charted_rules[name]["metadata"]["labels"]["ccl-health.io/rules"] == half
-        assert kustomized_rules[name]["metadata"]["labels"]["ccl-health.io/rules"] == half
+        assert charted_rules[half]["spec"] == rules == kustomized_rules[half]["spec"]
+        assert charted_rules[half]["metadata"]["name"] == kustomized_rules[half]["metadata"]["name"] == name
     maps = {m["metadata"]["name"]: m["data"] for m in charted if m["kind"] == "ConfigMap"}
     assert maps == {m["metadata"]["name"]: m["data"] for m in kustomized if m["kind"] == "ConfigMap"}
     for data in maps.values():

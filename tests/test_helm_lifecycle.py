@@ -37,6 +37,7 @@ from tests.test_helm_chart import (
     RELEASE,
     assert_same_in_substance,
     chart_objects,
+    compared_objects,
     container,
     one,
     render,
@@ -83,7 +84,7 @@ NON_DEFAULT: dict[str, Any] = {
         "caBundle": CA_PEM,
     },
     "podMonitor": {"enabled": False},
-    "serviceMonitor": {"enabled": True, "labels": {"release": "monitoring-stack"}, "interval": "30s"},
+    "serviceMonitor": {"enabled": True, "additionalLabels": {"release": "monitoring-stack"}, "interval": "30s"},
 }
 
 
@@ -145,12 +146,12 @@ def validate_strictly(objects: list[dict[str, Any]], versions: list[str]) -> Non
 
 def test_lifecycle_values_render_the_lifecycle_overlay() -> None:
     overlay = overlay_objects(LIFECYCLE)
-    assert_same_in_substance(overlay, chart_objects(HOOKS_ON))
+    assert_same_in_substance(overlay, compared_objects(HOOKS_ON))
 
 
 def test_webhook_values_render_the_webhook_overlay() -> None:
     overlay = overlay_objects(WEBHOOK)
-    charted = chart_objects(WEBHOOK_ON)
+    charted = compared_objects(WEBHOOK_ON)
     assert_same_in_substance(overlay, charted)
     assert {"Deployment", "MutatingWebhookConfiguration", "Certificate", "Issuer", "PodDisruptionBudget"} <= \
         {o["kind"] for o in charted}
@@ -159,11 +160,11 @@ def test_webhook_values_render_the_webhook_overlay() -> None:
 def test_the_comparison_sees_a_changed_hook() -> None:
     overlay = overlay_objects(LIFECYCLE)
     with pytest.raises(AssertionError, match="ccl-exporter-lifecycle"):
-        assert_same_in_substance(overlay, chart_objects({"lifecycle": {"enabled": True, "hooks": ["readiness", "events"]}}))
+        assert_same_in_substance(overlay, compared_objects({"lifecycle": {"enabled": True, "hooks": ["readiness", "events"]}}))
     with pytest.raises(AssertionError):
-        assert_same_in_substance(overlay, chart_objects({"lifecycle": {"enabled": True, "ownNodePolicy": False}}))
+        assert_same_in_substance(overlay, compared_objects({"lifecycle": {"enabled": True, "ownNodePolicy": False}}))
     with pytest.raises(AssertionError, match="DaemonSet"):
-        assert_same_in_substance(overlay, chart_objects({"lifecycle": {"enabled": True, "nodeCondition": {"interval": 5}}}))
+        assert_same_in_substance(overlay, compared_objects({"lifecycle": {"enabled": True, "nodeCondition": {"interval": 5}}}))
 
 
 def test_off_by_default() -> None:
@@ -220,7 +221,7 @@ def test_checkov_finds_nothing_unexplained_in_the_renders(tmp_path: Path) -> Non
     checked = {c["resource"].split(".")[0] for c in report["results"]["passed_checks"]}
     assert {"Deployment", "DaemonSet", "ClusterRole"} <= checked, "the scanner checked the webhook and the hooks"
     skipped = {(c["resource"], c["check_id"]) for c in report["results"]["skipped_checks"]}
-    assert ("Deployment.ccl-health.ccl-webhook", "CKV_K8S_43") in skipped, "the webhook's accepted findings, with reasons"
+    assert ("Deployment.ccl-health.ccl-health-exporter-webhook", "CKV_K8S_43") in skipped, "the webhook's accepted findings, with reasons"
 
 
 # ---- the arguments, through the real parsers ----
@@ -246,7 +247,7 @@ def test_webhook_args_parse_with_the_webhook_parser() -> None:
     mounts = {m["name"]: m["mountPath"] for m in webhook_container(objects)["volumeMounts"]}
     for path in (parsed.tls_cert_file, parsed.tls_key_file):
         assert Path(path).parent == Path(mounts["tls"])
-    assert {v["name"]: v for v in pod["volumes"]}["tls"]["secret"]["secretName"] == "ccl-webhook-tls"
+    assert {v["name"]: v for v in pod["volumes"]}["tls"]["secret"]["secretName"] == "ccl-health-exporter-webhook-tls"
 
 
 def test_non_default_webhook_args_say_what_the_values_say() -> None:
@@ -333,7 +334,7 @@ def test_a_contradicting_collector_switch_fails_with_the_way_out(values: dict[st
 def test_each_hook_gets_only_the_rbac_it_writes_with() -> None:
     def rules(hooks: list[str]) -> list[dict[str, Any]]:
         role = named(chart_objects({"lifecycle": {"enabled": True, "hooks": hooks}}), "ClusterRole",
-                     "ccl-exporter-lifecycle")
+                     "ccl-health-exporter-lifecycle")
         return role["rules"]  # type: ignore[no-any-return]
 
     assert rules(["events"]) == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
@@ -408,9 +409,9 @@ def test_an_issuer_of_the_cluster_replaces_the_chart_ca() -> None:
     assert not [o for o in objects if o["kind"] == "Issuer"]
     (certificate,) = [o for o in objects if o["kind"] == "Certificate"]
     assert certificate["spec"]["issuerRef"] == {"name": "cluster-ca", "kind": "ClusterIssuer"}
-    assert certificate["spec"]["secretName"] == "ccl-webhook-tls"
+    assert certificate["spec"]["secretName"] == "ccl-health-exporter-webhook-tls"
     assert one(objects, "MutatingWebhookConfiguration")["metadata"]["annotations"] == \
-        {"cert-manager.io/inject-ca-from": f"{NAMESPACE}/ccl-webhook"}
+        {"cert-manager.io/inject-ca-from": f"{NAMESPACE}/ccl-health-exporter-webhook"}
     validate_strictly(objects, ["1.30.0"])
 
 
@@ -425,7 +426,7 @@ def test_the_webhook_monitor_follows_the_exporters() -> None:
     service_ports = {p["name"] for p in named(objects, "Service", "gpu-fabric-webhook")["spec"]["ports"]}
     assert endpoint["port"] in service_ports
     assert not [o for o in chart_objects({"webhook": {"enabled": True, "monitor": {"enabled": False}}})
-                if o["metadata"]["name"] == "ccl-webhook" and o["kind"] in ("PodMonitor", "ServiceMonitor")]
+                if o["metadata"]["name"] == "ccl-health-exporter-webhook" and o["kind"] in ("PodMonitor", "ServiceMonitor")]
     assert not [o for o in chart_objects({"webhook": {"enabled": True}, "podMonitor": {"enabled": False}})
                 if o["kind"] in ("PodMonitor", "ServiceMonitor")]
 

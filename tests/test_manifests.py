@@ -236,7 +236,7 @@ def _yaml_block_with(doc: Path, marker: str) -> str:
 
 def test_the_documented_scraper_patch_changes_who_may_scrape(tmp_path: Path) -> None:
     """docs/deploy.md shows an overlay that admits another scraper; it must render and validate."""
-    overlay = yaml.safe_load(_yaml_block_with(REPO / "docs" / "deploy.md", "kind: NetworkPolicy"))
+    overlay = yaml.safe_load(_yaml_block_with(REPO / "docs" / "deploy.md", "value: {app.kubernetes.io/name: vmagent}"))
     overlay["resources"] = [os.path.relpath(MANIFESTS / "base", tmp_path)]
     (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
     patched = _one(_documents(_render(tmp_path)), "NetworkPolicy")
@@ -277,7 +277,24 @@ def test_daemonset_is_unprivileged_with_read_only_host_mounts(objects: list[dict
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
-    assert any(t["key"] == "nvidia.com/gpu" for t in pod["tolerations"])
+    for taint in (("nvidia.com/gpu", "NoSchedule"), ("nvidia.com/gpu", "NoExecute"),
+                  ("ccl-health.io/fabric-degraded", "NoSchedule"), ("ccl-health.io/fabric-degraded", "NoExecute")):
+        assert tolerates(pod["tolerations"], *taint), f"a node tainted {taint} loses its exporter"
+    assert not tolerates(pod["tolerations"], "example.com/maintenance", "NoExecute"), "other NoExecute taints clear the node"
+
+
+def tolerates(tolerations: list[dict], key: str, effect: str, value: str = "") -> bool:  # type: ignore[type-arg]
+    """Whether a pod with ``tolerations`` tolerates the taint key=value:effect (Kubernetes'
+    rules: an empty key with Exists matches every key, an empty effect every effect)."""
+    for toleration in tolerations:
+        if toleration.get("effect") and toleration["effect"] != effect:
+            continue
+        operator = toleration.get("operator", "Equal")
+        if operator == "Exists" and toleration.get("key", "") in ("", key):
+            return True
+        if operator == "Equal" and toleration.get("key") == key and toleration.get("value", "") == value:
+            return True
+    return False
 
 
 def assert_prepares_the_results_folder(pod: dict) -> dict:  # type: ignore[type-arg]
@@ -436,9 +453,17 @@ def _without_release(obj: dict) -> dict:  # type: ignore[type-arg]
     return copy  # type: ignore[no-any-return]
 
 
+def _without_stack_prometheus(obj: dict) -> dict:  # type: ignore[type-arg]
+    copy = yaml.safe_load(yaml.safe_dump(obj))
+    if copy["kind"] == "NetworkPolicy":
+        copy["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"].pop("operator.prometheus.io/name", None)
+    return copy  # type: ignore[no-any-return]
+
+
 def test_kube_prometheus_stack_overlay_adds_only_the_release_label(objects: list[dict]) -> None:  # type: ignore[type-arg]
     """What kube-prometheus-stack's Prometheus selects by (release: <its release name>) is on the
-    PodMonitor and the PrometheusRule, and nothing else changes."""
+    PodMonitor and the PrometheusRule, the NetworkPolicy admits that Prometheus only (the pods the
+    operator labels operator.prometheus.io/name: <release>-prometheus), and nothing else changes."""
     stack = _documents(_render(KUBE_PROMETHEUS_STACK))
     for obj in stack:
         if obj["kind"] in CORE_KINDS:
@@ -447,7 +472,11 @@ def test_kube_prometheus_stack_overlay_adds_only_the_release_label(objects: list
             jsonschema.validate(obj, CRD_SCHEMAS[obj["kind"]])
     labelled = {o["kind"] for o in stack if o["metadata"].get("labels", {}).get("release") == "kube-prometheus-stack"}
     assert labelled == SELECTED_BY_RELEASE
-    assert sorted(map(yaml.safe_dump, map(_without_release, stack))) == sorted(map(yaml.safe_dump, objects))
+    (scraper,) = _one(stack, "NetworkPolicy")["spec"]["ingress"][0]["from"]
+    assert scraper["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus",
+                                                     "operator.prometheus.io/name": "kube-prometheus-stack-prometheus"}
+    assert sorted(map(yaml.safe_dump, map(_without_stack_prometheus, map(_without_release, stack)))) == \
+        sorted(map(yaml.safe_dump, objects))
 
 
 def test_the_documented_release_overlay_sets_another_release_name(tmp_path: Path) -> None:
@@ -458,3 +487,5 @@ def test_the_documented_release_overlay_sets_another_release_name(tmp_path: Path
     rendered = _documents(_render(tmp_path))
     releases = {(o["kind"], o["metadata"]["labels"].get("release")) for o in rendered if o["kind"] in SELECTED_BY_RELEASE}
     assert releases == {("PodMonitor", "monitoring-stack"), ("PrometheusRule", "monitoring-stack")}
+    (scraper,) = _one(rendered, "NetworkPolicy")["spec"]["ingress"][0]["from"]
+    assert scraper["podSelector"]["matchLabels"]["operator.prometheus.io/name"] == "monitoring-stack-prometheus"
