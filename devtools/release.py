@@ -8,7 +8,9 @@ name a version before any build reads them are set here, in the commit the tag p
   "Unreleased" opens above it, and the links at the bottom follow;
 - the Helm chart's ``appVersion`` (the default image tag) becomes ``X.Y.Z``, and its ``version`` is
   raised (patch) unless it was already raised since the previous release;
-- the kustomize base's image ``newTag`` becomes ``X.Y.Z``.
+- the kustomize base's image ``newTag`` becomes ``X.Y.Z``, and every other
+  ``ccl-health-exporter:<latest release>`` image reference under ``manifests/`` (the examples,
+  the webhook overlay's pre-flight image) ``ccl-health-exporter:X.Y.Z``.
 
 Then one commit, "Release X.Y.Z", and an annotated tag ``vX.Y.Z`` on it. Nothing is pushed.
 Between releases these files keep naming the latest release, whose image exists, while builds of
@@ -30,6 +32,10 @@ REPO = Path(__file__).resolve().parent.parent
 CHANGELOG = Path("CHANGELOG.md")
 CHART = Path("manifests/helm/ccl-health-exporter/Chart.yaml")
 KUSTOMIZATION = Path("manifests/base/kustomization.yaml")
+# Manifests that name the image with its tag outside the kustomize images transformer (the Helm
+# chart takes its tag from appVersion and is not among them).
+IMAGE_REFERENCE_FILES = ("manifests/examples/*.yaml", "manifests/overlays/*/*.yaml")
+IMAGE = "ccl-health-exporter"
 RELEASE_VERSION = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)$")
 TAG_PREFIX = "v"
 UNRELEASED = "## [Unreleased]"
@@ -119,6 +125,16 @@ def set_image_tag(kustomization: str, version: str) -> str:
     return _NEW_TAG.sub(lambda match: f"{match.group(1)}{version}", kustomization, count=1)
 
 
+def image_references(text: str) -> list[str]:
+    """The tags of ``ccl-health-exporter:<tag>`` image references in ``text``, ``-probe`` cut off."""
+    return [tag.removesuffix("-probe") for tag in re.findall(rf"\b{IMAGE}:([0-9][0-9A-Za-z.+-]*)", text)]
+
+
+def set_image_references(text: str, old: str, new: str) -> str:
+    """``ccl-health-exporter:<old>`` (and ``<old>-probe``) become ``<new>`` (and ``<new>-probe``)."""
+    return re.sub(rf"\b{IMAGE}:{re.escape(old)}(?=-probe\b|[^0-9A-Za-z.+-]|$)", f"{IMAGE}:{new}", text)
+
+
 def _git(root: Path, *args: str, check: bool = True) -> str:
     result = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=60)
     if check and result.returncode != 0:
@@ -145,15 +161,22 @@ def cut(root: Path, version: str, date: datetime.date) -> str:
         raise ReleaseError(f"{version} is not above the latest release tag {TAG_PREFIX}{previous}")
     release = Release(version=version, date=date, previous=previous)
 
+    changelog = (root / CHANGELOG).read_text()
+    latest = latest_release(changelog)
     chart_text = (root / CHART).read_text()
     chart_before = _git(root, "show", f"{TAG_PREFIX}{previous}:{CHART}", check=False) if previous else ""
     # Raised since the previous release already (a chart change did it): leave it as it is.
     raise_chart = not chart_before or chart_version(chart_before) == chart_version(chart_text)
     edits = {
-        CHANGELOG: cut_changelog((root / CHANGELOG).read_text(), release),
+        CHANGELOG: cut_changelog(changelog, release),
         CHART: set_app_version(chart_text, version, raise_chart),
         KUSTOMIZATION: set_image_tag((root / KUSTOMIZATION).read_text(), version),
     }
+    for pattern in IMAGE_REFERENCE_FILES:
+        for path in sorted(root.glob(pattern)):
+            text = path.read_text()
+            if latest and image_references(text):
+                edits[path.relative_to(root)] = set_image_references(text, latest, version)
     for path, text in edits.items():
         (root / path).write_text(text)
     _git(root, "add", "--", *(str(path) for path in edits))

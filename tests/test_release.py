@@ -119,6 +119,11 @@ def test_the_release_files_name_the_latest_release() -> None:
     (image,) = yaml.safe_load(KUSTOMIZATION.read_text())["images"]
     assert chart["appVersion"] == latest
     assert image["newTag"] == latest
+    references = {str(path.relative_to(REPO)): release.image_references(path.read_text())
+                  for pattern in release.IMAGE_REFERENCE_FILES for path in REPO.glob(pattern)}
+    assert sum(map(len, references.values())) >= 4, "the examples and the webhook overlay name the image"
+    assert {path: tags for path, tags in references.items() if set(tags) - {latest}} == {}, \
+        "every image reference in the manifests names the latest release, which devtools/release.py moves"
 
 
 def _scm_version(root: Path) -> str:
@@ -160,6 +165,10 @@ def _scratch_checkout(root: Path) -> Path:
     for path in (release.CHART, release.KUSTOMIZATION):
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / path, root / path)
+    for pattern in release.IMAGE_REFERENCE_FILES:
+        for path in REPO.glob(pattern):
+            (root / path.relative_to(REPO)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, root / path.relative_to(REPO))
     assert _git(root, "init", "--quiet", "--initial-branch=main").returncode == 0
     assert _git(root, "add", "--all").returncode == 0
     assert _git(root, "commit", "--quiet", "-m", "the tree as it is").returncode == 0
@@ -209,6 +218,9 @@ def test_a_release_tags_a_commit_whose_wheel_build_info_chart_and_image_agree(
     assert chart["version"] != chart_before, "appVersion changed, so the chart's version is raised"
     (image,) = yaml.safe_load((root / release.KUSTOMIZATION).read_text())["images"]
     assert image["newTag"] == version
+    moved = [tag for pattern in release.IMAGE_REFERENCE_FILES for path in root.glob(pattern)
+             for tag in release.image_references(path.read_text())]
+    assert moved and set(moved) == {version}, "the examples and overlays name the new release"
     changelog = (root / "CHANGELOG.md").read_text()
     assert release.latest_release(changelog) == version
     assert f"## [{version}] - 2026-01-31" in changelog

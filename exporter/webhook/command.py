@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 from exporter.config import parse_listen_address
 from exporter.flags import DEFAULT_PROBE_RESULTS, LOG_LEVEL, EnvHelpFormatter, Flag
-from exporter.webhook.admission import GPU_RESOURCE, WebhookConfig
+from exporter.webhook.admission import DEFAULT_PREFLIGHT_IMAGE, GPU_RESOURCE, WebhookConfig
 from exporter.webhook.body import MAX_REVIEW_BYTES
 
 log = logging.getLogger("exporter.webhook")
@@ -59,7 +59,7 @@ MUTATION_FLAGS = (
     ),
     Flag(
         "--webhook.preflight-image",
-        "ccl-health-exporter:0.1.0",
+        DEFAULT_PREFLIGHT_IMAGE,
         "image of the pre-flight init container",
         dest="preflight_image",
     ),
