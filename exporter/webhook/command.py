@@ -15,6 +15,7 @@ from collections.abc import Mapping
 
 from exporter.config import parse_listen_address
 from exporter.flags import DEFAULT_PROBE_RESULTS, LOG_LEVEL, EnvHelpFormatter, Flag
+from exporter.logs import LOG_FORMAT, configure_logging
 from exporter.webhook.admission import DEFAULT_PREFLIGHT_IMAGE, GPU_RESOURCE, WebhookConfig
 from exporter.webhook.body import MAX_REVIEW_BYTES
 
@@ -36,6 +37,7 @@ SERVER_FLAGS = (
         type=int,
     ),
     LOG_LEVEL,
+    LOG_FORMAT,
 )
 MUTATION_FLAGS = (
     Flag(
@@ -102,7 +104,7 @@ def webhook_config_from_args(args: argparse.Namespace) -> WebhookConfig:
 def run_webhook(args: argparse.Namespace) -> int:
     """Check the flags, then serve until SIGTERM."""
     config = webhook_config_from_args(args)
-    logging.basicConfig(level=str(args.log_level).upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(str(args.log_level), str(args.log_format))
     try:
         parse_listen_address(str(args.listen_address))
     except ValueError as exc:
