@@ -82,8 +82,10 @@ def test_the_version_comes_from_the_git_tag() -> None:
         "no second copy of the version in the source"
 
 
-def test_the_changelog_has_unreleased_then_releases_each_with_a_link() -> None:
-    text = _changelog()
+def check_changelog(text: str) -> None:
+    """Unreleased first, then releases newest first, each with a link; each section with a
+    **Breaking:** entry has an "### Upgrading" part naming what each breaking entry changed (the
+    first name in backticks after "**Breaking:**")."""
     headings = re.findall(r"^## \[([^\]]+)\]", text, flags=re.M)
     assert headings[0] == "Unreleased"
     releases = headings[1:]
@@ -94,21 +96,30 @@ def test_the_changelog_has_unreleased_then_releases_each_with_a_link() -> None:
         assert re.search(rf"^\[{re.escape(heading)}\]: https://", text, flags=re.M), f"no link for [{heading}]"
     versions = text[text.index("## Versions"):]
     assert "git tag" in versions and "make release" in versions, "the version scheme is written down"
+    sections = re.split(r"^## ", text[:text.index("## Versions")], flags=re.M)[1:]
+    for section in sections:
+        breaking = re.findall(r"\*\*Breaking:\*\*[^`]*?`([^`]+)`", section)
+        assert len(breaking) == section.count("**Breaking:**"), "every breaking entry names what changed"
+        if not breaking:
+            continue
+        assert "### Upgrading" in section, f"{section.splitlines()[0]}: breaking changes without upgrade notes"
+        start = section.index("### Upgrading")
+        end = section.find("\n### ", start + 1)
+        notes = section[start:end if end > 0 else len(section)]
+        for key in breaking:
+            assert f"`{key}`" in notes, f"{section.splitlines()[0]}: no upgrade note names `{key}`"
 
 
-def test_every_breaking_change_of_the_next_release_has_an_upgrade_note() -> None:
-    """Each **Breaking:** entry under Unreleased is named in its "Upgrading" section."""
-    text = _changelog()
-    unreleased = text[text.index("## [Unreleased]"):text.index("\n## [", text.index("## [Unreleased]") + 1)]
-    assert "### Upgrading" in unreleased
-    start = unreleased.index("### Upgrading")
-    end = unreleased.find("\n### ", start + 1)
-    notes = unreleased[start:end if end > 0 else len(unreleased)]
-    # What each breaking entry changed: the first name in backticks after "**Breaking:**".
-    breaking = re.findall(r"\*\*Breaking:\*\*[^`]*?`([^`]+)`", unreleased)
-    assert len(breaking) == unreleased.count("**Breaking:**"), "every breaking entry names what changed"
-    for key in breaking:
-        assert f"`{key}`" in notes, f"no upgrade note names `{key}`"
+def test_the_changelog_has_releases_with_links_and_upgrade_notes() -> None:
+    check_changelog(_changelog())
+    unreleased = _changelog().split("\n## [")[1]
+    assert "**Breaking:**" in unreleased and "### Upgrading from 0.1.0" in unreleased, "the notes of 0.2.0"
+
+
+def test_the_changelog_check_sees_a_breaking_change_without_a_note() -> None:
+    text = _changelog().replace("### Upgrading from 0.1.0", "### Upgrade notes elsewhere", 1)
+    with pytest.raises(AssertionError, match="breaking changes without upgrade notes"):
+        check_changelog(text)
 
 
 def test_the_release_files_name_the_latest_release() -> None:
@@ -147,7 +158,8 @@ def test_this_checkout_builds_the_version_its_tag_says() -> None:
     assert Version(built).is_devrelease, built
     tag = release.latest_tag_version(REPO)
     if tag is None:
-        pytest.skip(f"no release tag reachable from HEAD (builds say {built}); the first tag is v{latest} or later")
+        pytest.skip(f"no release tag reachable from HEAD, builds say {built} (a shallow clone, or before the first "
+                    f"tag: {latest} was never tagged here, docs/release.md)")
     assert tag == latest, "the latest tag and the changelog's newest release are one commit's"
     assert Version(built) > Version(tag)
 
@@ -223,6 +235,7 @@ def test_a_release_tags_a_commit_whose_wheel_build_info_chart_and_image_agree(
     assert moved and set(moved) == {version}, "the examples and overlays name the new release"
     changelog = (root / "CHANGELOG.md").read_text()
     assert release.latest_release(changelog) == version
+    check_changelog(changelog)  # what this file's tests ask of the changelog holds after the cut
     assert f"## [{version}] - 2026-01-31" in changelog
     assert re.search(rf"^\[Unreleased\]: https://\S+/compare/v{re.escape(version)}\.\.\.HEAD$", changelog, flags=re.M)
 
