@@ -8,9 +8,10 @@ name a version before any build reads them are set here, in the commit the tag p
   "Unreleased" opens above it, and the links at the bottom follow;
 - the Helm chart's ``appVersion`` (the default image tag) becomes ``X.Y.Z``, and its ``version`` is
   raised (patch) unless it was already raised since the previous release;
-- the kustomize base's image ``newTag`` becomes ``X.Y.Z``, and every other
-  ``ccl-health-exporter:<latest release>`` image reference under ``manifests/`` (the examples,
-  the webhook overlay's pre-flight image) ``ccl-health-exporter:X.Y.Z``.
+- the kustomize base's image ``newTag`` becomes ``X.Y.Z``, and every other reference to the
+  latest release's image under ``manifests/`` follows: ``ccl-health-exporter:<latest>`` in the
+  examples and the webhook overlay's pre-flight flag, ``newTag: <latest>`` (and ``-probe``) in the
+  overlays' kustomizations.
 
 Then one commit, "Release X.Y.Z", and an annotated tag ``vX.Y.Z`` on it. Nothing is pushed.
 Between releases these files keep naming the latest release, whose image exists, while builds of
@@ -125,14 +126,26 @@ def set_image_tag(kustomization: str, version: str) -> str:
     return _NEW_TAG.sub(lambda match: f"{match.group(1)}{version}", kustomization, count=1)
 
 
+_REFERENCE = re.compile(rf"(\b{IMAGE}:|^\s+newTag: )([0-9][0-9A-Za-z.+-]*)", flags=re.M)
+
+
 def image_references(text: str) -> list[str]:
-    """The tags of ``ccl-health-exporter:<tag>`` image references in ``text``, ``-probe`` cut off."""
-    return [tag.removesuffix("-probe") for tag in re.findall(rf"\b{IMAGE}:([0-9][0-9A-Za-z.+-]*)", text)]
+    """The tags of ``ccl-health-exporter:<tag>`` image references and of kustomize ``newTag:``
+    lines (this project's images are the only ones its manifests retag) in ``text``, ``-probe``
+    cut off."""
+    return [match.group(2).removesuffix("-probe") for match in _REFERENCE.finditer(text)]
 
 
 def set_image_references(text: str, old: str, new: str) -> str:
-    """``ccl-health-exporter:<old>`` (and ``<old>-probe``) become ``<new>`` (and ``<new>-probe``)."""
-    return re.sub(rf"\b{IMAGE}:{re.escape(old)}(?=-probe\b|[^0-9A-Za-z.+-]|$)", f"{IMAGE}:{new}", text)
+    """References to ``<old>`` (and ``<old>-probe``) become ``<new>`` (and ``<new>-probe``)."""
+
+    def moved(match: re.Match[str]) -> str:
+        tag = match.group(2)
+        if tag not in (old, f"{old}-probe"):
+            return match.group(0)
+        return match.group(1) + new + tag.removeprefix(old)
+
+    return _REFERENCE.sub(moved, text)
 
 
 def _git(root: Path, *args: str, check: bool = True) -> str:

@@ -49,7 +49,7 @@ class JsonFormatter(logging.Formatter):
             entry["exception"] = self.formatException(record.exc_info)
         if record.stack_info:
             entry["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(entry, ensure_ascii=True)
+        return json.dumps(entry, ensure_ascii=True, separators=(",", ":"))
 
 
 def _level_name(levelno: int) -> str:

@@ -36,6 +36,7 @@ def test_a_json_line_has_exporter_toolkits_keys() -> None:
     line = JsonFormatter().format(_record(logging.INFO, "listening on %s:%d", "0.0.0.0", 19400))
     entry = json.loads(line)
     assert list(entry) == KEYS
+    assert line.startswith('{"time":"'), "compact, as slog writes it"
     assert TIME.match(entry["time"])
     assert entry["level"] == "INFO" and entry["source"] == "rdma.py:42"
     assert entry["msg"] == "listening on 0.0.0.0:19400" and entry["logger"] == "exporter.collectors.rdma"
