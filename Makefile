@@ -15,10 +15,11 @@ LOCK_PLATFORM ?= x86_64-manylinux_2_28
 LOCK_PYTHON ?= 3.11
 LOCK = $(BIN)/uv pip compile --quiet --python-version $(LOCK_PYTHON) --python-platform $(LOCK_PLATFORM) \
 	--generate-hashes --no-emit-index-url --no-emit-find-links --custom-compile-command 'make lock'
-# The version from the git tag (setuptools-scm, as the wheel gets it) and the commit; read when used.
+# The version from the git tag (setuptools-scm, as the wheel gets it) and the commit, read when used;
+# the build time once per make run (one value for all the images of a release).
 VERSION = $(shell $(BIN)/python -m setuptools_scm)
 REVISION = $(shell git rev-parse HEAD)
-CREATED = $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
+CREATED := $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
 IMAGE_ARGS = --build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) --build-arg CREATED=$(CREATED)
 
 .PHONY: demo test test-fast lint bench venv clean chart-files lock dist image sbom release
