@@ -1,22 +1,25 @@
 # syntax=docker/dockerfile:1
-# ccl-health-exporter images.
-#   docker build -t ccl-health-exporter:0.1.0 .                        the exporter (no torch)
-#   docker build --target probe -t ccl-health-exporter:0.1.0-probe .   + torch, for `ccl-exporter probe`
-# Release builds pass what the OCI labels and ccl_exporter_build_info{revision} say:
-#   docker build --build-arg VERSION=0.1.0 --build-arg REVISION="$(git rev-parse HEAD)" \
-#     --build-arg CREATED="$(date -u +%Y-%m-%dT%H:%M:%SZ)" -t ccl-health-exporter:0.1.0 .
+# ccl-health-exporter images, built by `make image` (docs/release.md) from the wheel `make dist`
+# built from the git tag and the lock files in requirements/:
+#   make image      ccl-health-exporter:VERSION (the exporter, no torch) and VERSION-probe (+ torch)
+#   make sbom       dist/ccl-health-exporter-VERSION.cdx.json, the exporter image's SBOM
+# By hand, after `make dist`:
+#   docker build --build-arg VERSION="$(python -m setuptools_scm)" --build-arg REVISION="$(git rev-parse HEAD)" \
+#     --build-arg CREATED="$(date -u +%Y-%m-%dT%H:%M:%SZ)" -t ccl-health-exporter:VERSION .
+# VERSION has no default: it names the wheel to install and fills the version label, so an image
+# cannot say a version it does not hold. REVISION fills the revision label and
+# ccl_exporter_build_info{revision}.
 # The exporter never imports torch (only the probe's worker subprocess does), so the default
 # image installs the package and its serving dependencies only (no extras, no build tools);
-# the probe image adds the pinned torch build and its bundled NCCL.
+# the probe image adds the locked torch build and its bundled NCCL.
 
-FROM python:3.11-slim-bookworm AS build
-WORKDIR /src
-COPY pyproject.toml README.md LICENSE ./
-COPY exporter ./exporter
-RUN python -m pip wheel --no-cache-dir --wheel-dir /wheels .
-
-FROM python:3.11-slim-bookworm AS runtime
-ARG VERSION=0.1.0
+# The base image, pinned by digest: the multi-platform index of python:3.11-slim-bookworm
+# (Python 3.11.16, built 2026-08-25), as docker-library/repo-info records it in
+# repos/python/remote/3.11-slim-bookworm.md. To refresh (docs/release.md#the-base-image):
+# `docker buildx imagetools inspect python:3.11-slim-bookworm` (the "Digest:" line) or that file's
+# first `docker pull python@sha256:...` line, then rebuild and run the tests.
+FROM python:3.11-slim-bookworm@sha256:fe556eaffd0d96abd8685b83bb8a69addd0dc730fa193669a7df0d49ddcfac02 AS runtime
+ARG VERSION
 ARG REVISION=""
 ARG CREATED=""
 LABEL org.opencontainers.image.title="ccl-health-exporter" \
@@ -25,15 +28,24 @@ LABEL org.opencontainers.image.title="ccl-health-exporter" \
       org.opencontainers.image.revision="${REVISION}" \
       org.opencontainers.image.created="${CREATED}" \
       org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.base.name="docker.io/library/python:3.11-slim-bookworm" \
       org.opencontainers.image.source="https://github.com/ccl-health-exporter/ccl-health-exporter" \
       org.opencontainers.image.url="https://github.com/ccl-health-exporter/ccl-health-exporter" \
       org.opencontainers.image.documentation="https://github.com/ccl-health-exporter/ccl-health-exporter/blob/main/docs/deploy.md"
-# ccl_exporter_build_info{revision} (exporter/build.py reads it once at start; empty: "unknown").
+# ccl_exporter_build_info{revision} (exporter/build.py reads it once at start; empty: the commit
+# the wheel was built from, abbreviated).
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 CCL_EXPORTER_REVISION=${REVISION}
-# The wheels are bind-mounted from the build stage, not copied: a COPY layer would keep them in
-# the image even after they are deleted.
-RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    python -m pip install --no-cache-dir /wheels/*.whl
+# The dependencies from the lock file, each checked against its hashes, wheels only (nothing is
+# compiled in the image); then the wheel of this version, and nothing else (no index). The lock
+# file and the wheel are bind-mounted, not copied: a COPY layer would keep them in the image.
+RUN --mount=type=bind,source=requirements/exporter.txt,target=/tmp/requirements/exporter.txt \
+    --mount=type=bind,source=dist,target=/tmp/dist \
+    test -n "${VERSION}" || { echo "build with --build-arg VERSION=X.Y.Z (make image)" >&2; exit 1; } ; \
+    test -f "/tmp/dist/ccl_health_exporter-${VERSION}-py3-none-any.whl" \
+      || { echo "no dist/ccl_health_exporter-${VERSION}-py3-none-any.whl: run make dist" >&2; exit 1; } ; \
+    python -m pip install --no-cache-dir --no-deps --require-hashes --only-binary=:all: -r /tmp/requirements/exporter.txt \
+    && python -m pip install --no-cache-dir --no-deps --no-index "/tmp/dist/ccl_health_exporter-${VERSION}-py3-none-any.whl" \
+    && python -m pip check
 # A non-root default user: `analyze`, `--simulate` and the probe need no privilege. The
 # DaemonSet overrides it with UID 0 (runAsUser), with every capability dropped, because
 # kubelet writes pod logs as root:root 0640 and only their owner can read them.
@@ -46,12 +58,27 @@ CMD ["serve"]
 
 FROM runtime AS probe
 USER 0:0
-# The probe extra with torch pinned (2.13.0 is the version the tests run); the default wheel
-# on Linux x86_64 is the CUDA build, which brings its own NCCL.
-RUN python -m pip install --no-cache-dir "torch==2.13.0" "numpy>=1.24"
+# torch as the tests run it (2.13.0) and its dependencies, from their own lock file; on Linux
+# x86_64 the wheel is the CUDA build, which brings its own NCCL.
+RUN --mount=type=bind,source=requirements/probe.txt,target=/tmp/requirements/probe.txt \
+    python -m pip install --no-cache-dir --require-hashes --only-binary=:all: -r /tmp/requirements/probe.txt \
+    && python -m pip check
 USER 65532:65532
 ENTRYPOINT ["ccl-exporter"]
 CMD ["probe", "--help"]
+
+# The exporter image's SBOM: cyclonedx-py (cyclonedx-bom, from its own lock file) in a virtual
+# environment of its own lists the image's Python environment, what the exporter runs on.
+# `make sbom` writes it to dist/ (docker build --target sbom --output type=local,dest=dist .).
+FROM runtime AS sbom-scan
+USER 0:0
+RUN --mount=type=bind,source=requirements/sbom.txt,target=/tmp/requirements/sbom.txt \
+    python -m venv /opt/sbom \
+    && /opt/sbom/bin/python -m pip install --no-cache-dir --require-hashes --only-binary=:all: -r /tmp/requirements/sbom.txt \
+    && /opt/sbom/bin/cyclonedx-py environment --output-reproducible --of JSON -o /sbom.cdx.json /usr/local/bin/python
+
+FROM scratch AS sbom
+COPY --from=sbom-scan /sbom.cdx.json /sbom.cdx.json
 
 # The default target (`docker build .` without --target) is the exporter.
 FROM runtime AS exporter

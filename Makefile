@@ -9,14 +9,30 @@ TORCH_PIN ?= torch==2.13.0
 SCAN_VENV ?= .venv-scan
 CHECKOV_PIN ?= checkov==3.3.30
 
-.PHONY: demo test test-fast lint bench venv clean chart-files
+# Releases (docs/release.md): the image's name, and the platform the lock files are compiled for.
+IMAGE ?= ccl-health-exporter
+LOCK_PLATFORM ?= x86_64-manylinux_2_28
+LOCK_PYTHON ?= 3.11
+LOCK = $(BIN)/uv pip compile --quiet --python-version $(LOCK_PYTHON) --python-platform $(LOCK_PLATFORM) \
+	--generate-hashes --no-emit-index-url --no-emit-find-links --custom-compile-command 'make lock'
+# The version from the git tag (setuptools-scm, as the wheel gets it) and the commit, read when used;
+# the build time once per make run (one value for all the images of a release).
+VERSION = $(shell $(BIN)/python -m setuptools_scm)
+REVISION = $(shell git rev-parse HEAD)
+CREATED := $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
+IMAGE_ARGS = --build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) --build-arg CREATED=$(CREATED)
+
+.PHONY: demo test test-fast lint bench venv clean chart-files lock dist image sbom release
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml Makefile
+# Constrained to the image's locked versions (requirements/exporter.txt without its hashes, which
+# pip would then demand of every package): the tests run what the image runs.
+$(VENV)/.installed: pyproject.toml Makefile requirements/exporter.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,probe]' '$(TORCH_PIN)'
+	sed -n 's/^\([A-Za-z0-9][^ ]*==[^ ]*\).*/\1/p' requirements/exporter.txt > $(VENV)/constraints.txt
+	$(BIN)/python -m pip install -q -e '.[test,probe]' '$(TORCH_PIN)' -c $(VENV)/constraints.txt
 	touch $@
 
 demo: venv
@@ -48,5 +64,37 @@ bench: venv
 chart-files: venv
 	$(BIN)/python -m devtools.chart_files
 
+# The image's dependencies, with hashes (requirements/*.in and pyproject.toml in, requirements/*.txt
+# out); run after changing a dependency. Never names an index: pip's own configuration says where
+# packages come from. The venv above is constrained to the same versions.
+lock: venv
+	$(LOCK) pyproject.toml -o requirements/exporter.txt
+	$(LOCK) requirements/probe.in -c requirements/exporter.txt -o requirements/probe.txt
+	$(LOCK) requirements/sbom.in -o requirements/sbom.txt
+
+# The wheel, versioned from the git tag (dist/ccl_health_exporter-VERSION-py3-none-any.whl).
+dist: venv
+	rm -f dist/ccl_health_exporter-*.whl
+	$(BIN)/python -m pip wheel -q --no-deps --wheel-dir dist .
+
+# The exporter and probe images from that wheel and the lock files (needs docker with BuildKit).
+image: dist
+	docker build $(IMAGE_ARGS) --target exporter -t $(IMAGE):$(VERSION) .
+	docker build $(IMAGE_ARGS) --target probe -t $(IMAGE):$(VERSION)-probe .
+
+# The exporter image's SBOM, CycloneDX JSON from its own Python environment:
+# dist/ccl-health-exporter-VERSION.cdx.json.
+sbom: dist
+	docker build $(IMAGE_ARGS) --target sbom --output type=local,dest=dist .
+	mv dist/sbom.cdx.json dist/ccl-health-exporter-$(VERSION).cdx.json
+
+# A release: `make release RELEASE=0.2.0` moves the changelog's Unreleased entries under 0.2.0,
+# sets the chart's appVersion and the kustomize image tag, commits and tags v0.2.0; then the wheel,
+# the images and the SBOM of the tagged commit. Pushing the tag and the images is left to you.
+release: venv
+	@test -n "$(RELEASE)" || { echo "make release RELEASE=X.Y.Z" >&2; exit 2; }
+	$(BIN)/python -m devtools.release $(RELEASE)
+	$(MAKE) image sbom
+
 clean:
-	rm -rf $(VENV) $(SCAN_VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(SCAN_VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

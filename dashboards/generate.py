@@ -267,6 +267,11 @@ def _rate(by: str, metric: str, *matchers: str) -> str:
     return f"sum by (cluster, {by}) (rate({_sel(metric, *matchers)}[$__rate_interval]))"
 
 
+# The per-link NVLink panels: the exporter exports per-link series only when asked.
+PER_LINK_ONLY = ("Per link: only where the exporter runs with --collector.nvml.nvlink-granularity=link "
+                 "(the default, gpu, exports the per-GPU series above).")
+
+
 def _nvlinks_down(*matchers: str) -> str:
     """NVLinks down per GPU, from the per-GPU series the exporter keeps in either NVLink mode."""
     return f"({_sel('ccl_nvlink_gpu_links', *matchers)} - {_sel('ccl_nvlink_gpu_links_active', *matchers)})"
@@ -597,20 +602,24 @@ def node_fabric() -> Dashboard:
         .with_panel(_timeseries("NVLink throughput per GPU", "Bps",
                                 (_rate("gpu", "ccl_nvlink_gpu_transmit_bytes_total", node), "GPU {{gpu}} tx"),
                                 (_rate("gpu", "ccl_nvlink_gpu_receive_bytes_total", node), "GPU {{gpu}} rx")))
+        .with_panel(_timeseries("NVLink errors per GPU", "cps",
+                                (_rate("gpu, error", "ccl_nvlink_gpu_errors_total", node) + " > 0",
+                                 "GPU {{gpu}} {{error}}"),
+                                alerts=("CclNvlinkErrorsIncreasing",),
+                                description="Per GPU, in either NVLink mode of the exporter (per link or per GPU)."))
         .with_panel(_table("NVLink state", f"min by (cluster, gpu, link) ({_sel('ccl_nvlink_state', node)})",
                            value="State", states=NVLINK_STATE, alerts=("CclNvlinkDown",),
-                           description="Per link; empty where the exporter runs with "
-                                       "--collector.nvml.nvlink-granularity=gpu."))
-        .with_panel(_timeseries("NVLink errors", "cps",
+                           description=PER_LINK_ONLY))
+        .with_panel(_timeseries("NVLink errors per link", "cps",
                                 (_rate("gpu, link, error", "ccl_nvlink_errors_total", node) + " > 0",
                                  "GPU {{gpu}} link {{link}} {{error}}"),
-                                alerts=("CclNvlinkErrorsIncreasing",)))
+                                alerts=("CclNvlinkErrorsIncreasing",), description=PER_LINK_ONLY))
         .with_panel(_timeseries("NVLink transmit per link", "Bps",
                                 (_rate("gpu, link", "ccl_nvlink_transmit_bytes_total", node),
-                                 "GPU {{gpu}} link {{link}}")))
+                                 "GPU {{gpu}} link {{link}}"), description=PER_LINK_ONLY))
         .with_panel(_timeseries("NVLink receive per link", "Bps",
                                 (_rate("gpu, link", "ccl_nvlink_receive_bytes_total", node),
-                                 "GPU {{gpu}} link {{link}}")))
+                                 "GPU {{gpu}} link {{link}}"), description=PER_LINK_ONLY))
         .with_row(Row("Exporter"))
         .with_panel(_table("Collectors",
                            f"max by (cluster, collector) ({_sel('ccl_exporter_collector_success', node)})",

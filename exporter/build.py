@@ -9,7 +9,11 @@ running a program. In order:
    from a release tarball or by a packager);
 3. the git checkout the package is imported from (``.git`` read as files: ``HEAD``, loose and
    packed refs, linked checkouts), as when running from a clone;
-4. ``"unknown"``.
+4. the commit the package was built from, as setuptools-scm wrote it into ``exporter/_version.py``
+   (abbreviated: a wheel installed outside a checkout, ``pip install`` of a release);
+5. ``"unknown"``.
+
+The version is the package's (``exporter.__version__``, from the git tag at build time).
 
 A value is accepted only when it looks like a revision (letters, digits, ``.``, ``_``, ``-``,
 ``+``; at most 64 characters), so a stray file never turns into a label value.
@@ -24,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from exporter import __version__
+from exporter import BUILT_COMMIT_ID, __version__
 
 REVISION_ENV = "CCL_EXPORTER_REVISION"
 REVISION_FILE = Path(__file__).resolve().parent / "REVISION"
@@ -32,6 +36,7 @@ UNKNOWN = "unknown"
 
 _REVISION = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._+-]{0,63}$")
 _OBJECT_ID = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
+_ABBREVIATED_OBJECT_ID = re.compile(r"^[0-9a-f]{7,64}$")
 # Files read here are a few bytes (HEAD, a ref, a "gitdir:" pointer); packed-refs is read line
 # by line up to this many lines, so a huge or hostile checkout cannot stall the start.
 _SMALL_FILE_BYTES = 4096
@@ -47,14 +52,20 @@ class BuildInfo:
     python_version: str
 
 
-def read_build_info(environ: Mapping[str, str] | None = None, package_dir: Path | None = None) -> BuildInfo:
-    """This process's build. ``package_dir`` is where the ``exporter`` package lives (tests)."""
+def read_build_info(
+    environ: Mapping[str, str] | None = None,
+    package_dir: Path | None = None,
+    built_commit_id: str | None = BUILT_COMMIT_ID,
+) -> BuildInfo:
+    """This process's build. ``package_dir`` is where the ``exporter`` package lives, and
+    ``built_commit_id`` what the build wrote into ``exporter/_version.py`` (tests)."""
     environ = os.environ if environ is None else environ
     package_dir = REVISION_FILE.parent if package_dir is None else package_dir
     revision = (
         _valid(environ.get(REVISION_ENV, ""))
         or _valid(_read_small(package_dir / REVISION_FILE.name))
         or _git_revision(package_dir.parent)
+        or _built_commit(built_commit_id)
         or UNKNOWN
     )
     return BuildInfo(version=__version__, revision=revision, python_version=platform.python_version())
@@ -63,6 +74,14 @@ def read_build_info(environ: Mapping[str, str] | None = None, package_dir: Path 
 def _valid(text: str | None) -> str | None:
     text = (text or "").strip()
     return text if _REVISION.match(text) else None
+
+
+def _built_commit(commit_id: str | None) -> str | None:
+    """setuptools-scm's abbreviated commit, ``g`` and hex digits, as the hex digits."""
+    text = (commit_id or "").strip()
+    if text.startswith("g") and _ABBREVIATED_OBJECT_ID.match(text[1:]):
+        return text[1:]
+    return None
 
 
 def _read_small(path: Path) -> str | None:

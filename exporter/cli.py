@@ -23,6 +23,7 @@ from exporter.collectors.base import Collector, CollectorSpec
 from exporter.config import DEFAULT_NCCL_INSPECTOR, DEFAULT_PORT, ServeConfig, parse_listen_address
 from exporter.exposition import DEFAULT_MAX_PAGE_BYTES, MIN_PAGE_BYTES
 from exporter.flags import LOG_LEVEL, PROBE_RESULTS, SYSFS, EnvHelpFormatter, Flag, Switch, on_off_flag
+from exporter.logs import LOG_FORMAT, configure_logging
 from exporter.probe import command as probe_command
 from exporter.probe import preflight
 from exporter.resources import NodeResources, real_node_resources
@@ -155,6 +156,7 @@ MISC_FLAGS = (
         type=float,
     ),
     LOG_LEVEL,
+    LOG_FORMAT,
 )
 
 
@@ -317,7 +319,7 @@ def run_serve(args: argparse.Namespace) -> int:
     config = config_from_args(args, specs)
     limits, max_page_bytes = _web_settings(args)
     web_config = _web_config(args)
-    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(config.log_level, str(args.log_format))
     nvml_collected = "nvml" in config.enabled_collectors  # --no-collector.nvml keeps NVML out of every series
     with contextlib.ExitStack() as stack:
         hooks: list[StartupHook] = []

@@ -51,14 +51,30 @@ def test_version_and_python_version() -> None:
 
 
 def test_unknown_outside_a_checkout_and_without_a_revision(tmp_path: Path) -> None:
-    assert read_build_info({}, _package(tmp_path)).revision == UNKNOWN
+    assert read_build_info({}, _package(tmp_path), built_commit_id=None).revision == UNKNOWN
+
+
+def test_an_installed_wheel_reports_the_commit_it_was_built_from(tmp_path: Path) -> None:
+    """Outside a checkout, the abbreviated commit setuptools-scm wrote into exporter/_version.py;
+    a checkout or the image's variable still wins (an editable install's file is as old as its
+    install)."""
+    package = _package(tmp_path)
+    assert read_build_info({}, package, built_commit_id="g78180b2ee").revision == "78180b2ee"
+    _git(tmp_path, "ref: refs/heads/main", {"refs/heads/main": COMMIT})
+    assert read_build_info({}, package, built_commit_id="g78180b2ee").revision == COMMIT
+    assert read_build_info({REVISION_ENV: OTHER}, package, built_commit_id="g78180b2ee").revision == OTHER
+
+
+@pytest.mark.parametrize("bad", ["", "78180b2ee", "gXYZ", "g123", "g" + "a" * 65, "g78180b2ee;rm"])
+def test_a_built_commit_that_is_no_commit_is_ignored(tmp_path: Path, bad: str) -> None:
+    assert read_build_info({}, _package(tmp_path), built_commit_id=bad).revision == UNKNOWN
 
 
 @pytest.mark.parametrize("bad", ["", "   ", "not a revision", "x" * 65, "$(reboot)", "a\nb", "-leading-dash"])
 def test_a_value_that_is_no_revision_is_ignored(tmp_path: Path, bad: str) -> None:
     package = _package(tmp_path)
     (package / "REVISION").write_text(bad)
-    assert read_build_info({REVISION_ENV: bad}, package).revision == UNKNOWN
+    assert read_build_info({REVISION_ENV: bad}, package, built_commit_id=None).revision == UNKNOWN
 
 
 def test_detached_head(tmp_path: Path) -> None:
@@ -90,7 +106,7 @@ def test_a_linked_checkout_reads_its_head_and_the_shared_refs(tmp_path: Path) ->
 def test_a_strange_head_gives_unknown(tmp_path: Path, head: str) -> None:
     package = _package(tmp_path)
     _git(tmp_path, head)
-    assert read_build_info({}, package).revision == UNKNOWN
+    assert read_build_info({}, package, built_commit_id=None).revision == UNKNOWN
 
 
 def test_this_checkout_gives_what_git_says() -> None:

@@ -46,6 +46,9 @@ from tests.test_lifecycle_manifests import CERT_MANAGER, LIFECYCLE, WEBHOOK
 from tests.test_lifecycle_manifests import CORE_KINDS as LIFECYCLE_CORE_KINDS
 from tests.test_manifests import _documents, _render, scan
 
+# The chart's appVersion, the default image tag (the latest release: tests/test_release.py).
+APP_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+
 HOOKS_ON: dict[str, Any] = {"lifecycle": {"enabled": True}}
 WEBHOOK_ON: dict[str, Any] = {"webhook": {"enabled": True}}
 BOTH_ON: dict[str, Any] = {**HOOKS_ON, **WEBHOOK_ON}
@@ -240,7 +243,7 @@ def test_webhook_args_parse_with_the_webhook_parser() -> None:
 
     objects = chart_objects(WEBHOOK_ON)
     parsed, config = _webhook_config(objects)
-    assert config == WebhookConfig(preflight_image="ccl-health-exporter:0.1.0",
+    assert config == WebhookConfig(preflight_image=f"ccl-health-exporter:{APP_VERSION}",
                                    probe_results_host_path="/var/lib/ccl-exporter/probe-results")
     assert parsed.listen_address == "0.0.0.0:8443"
     pod = one(objects, "Deployment")["spec"]["template"]["spec"]
@@ -269,7 +272,7 @@ def test_non_default_webhook_args_say_what_the_values_say() -> None:
 @pytest.mark.parametrize(("webhook_image", "expected"), [
     ({}, "registry.internal/ccl-health-exporter@sha256:" + "ab" * 32),
     ({"tag": "0.1.1"}, "registry.internal/ccl-health-exporter:0.1.1"),
-    ({"repository": "mirror.internal/ccl"}, "mirror.internal/ccl:0.1.0"),
+    ({"repository": "mirror.internal/ccl"}, f"mirror.internal/ccl:{APP_VERSION}"),
     ({"repository": "mirror.internal/ccl", "digest": "sha256:" + "cd" * 32}, "mirror.internal/ccl@sha256:" + "cd" * 32),
 ], ids=["exporter's", "own-tag", "own-repository", "own-digest"])
 def test_the_webhook_image_is_the_exporters_unless_its_own_is_given(webhook_image: dict[str, str],

@@ -122,8 +122,8 @@ def _families(collector: NvmlCollector) -> dict[str, list[tuple[dict[str, str], 
 
 def test_per_gpu_series_in_both_modes_and_per_link_series_only_in_link_mode() -> None:
     reading = NvmlReading([gpu(0, link(0, 100, replay=1), link(1, 50, replay=2, active=False))])
-    per_link = _families(NvmlCollector(Backend(reading)))
-    per_gpu = _families(NvmlCollector(Backend(reading), NvmlSettings(per_link=False)))
+    per_link = _families(NvmlCollector(Backend(reading), NvmlSettings(per_link=True)))
+    per_gpu = _families(NvmlCollector(Backend(reading)))  # the default
     gpu_names = {"ccl_gpu_info", "ccl_nvlink_gpu_links", "ccl_nvlink_gpu_links_active", "ccl_nvlink_gpu_transmit_bytes",
                  "ccl_nvlink_gpu_receive_bytes", "ccl_nvlink_gpu_errors", "ccl_nvlink_node_links",
                  "ccl_nvlink_node_links_active", "ccl_nvlink_node_transmit_bytes", "ccl_nvlink_node_receive_bytes",
@@ -145,8 +145,10 @@ def test_the_flag_chooses_the_mode_and_rejects_anything_else() -> None:
     parser = argparse.ArgumentParser()
     for flag in SPEC.flags:
         flag.add_to(parser, {})
-    assert settings_from_args(parser.parse_args([])) == NvmlSettings(per_link=True)
+    assert settings_from_args(parser.parse_args([])) == NvmlSettings(per_link=False), "per GPU by default"
     assert settings_from_args(parser.parse_args(["--collector.nvml.nvlink-granularity=gpu"])) == NvmlSettings(False)
+    assert settings_from_args(parser.parse_args(["--collector.nvml.nvlink-granularity=link"])) == NvmlSettings(True)
+    assert NvmlSettings() == NvmlSettings(per_link=False)
     with pytest.raises(SystemExit):
         parser.parse_args(["--collector.nvml.nvlink-granularity=port"])
 
@@ -158,8 +160,8 @@ def test_series_per_node_in_each_mode_on_the_simulated_node(tmp_path: Path) -> N
     try:
         assert node.nvml is not None
         node.advance(1.0)
-        per_link = sum(len(v) for v in _families(NvmlCollector(node.nvml)).values())
-        per_gpu = sum(len(v) for v in _families(NvmlCollector(node.nvml, NvmlSettings(per_link=False))).values())
+        per_link = sum(len(v) for v in _families(NvmlCollector(node.nvml, NvmlSettings(per_link=True))).values())
+        per_gpu = sum(len(v) for v in _families(NvmlCollector(node.nvml)).values())
     finally:
         node.close()
     # per GPU: info, links, active, tx, rx and four error kinds = 9 x 8; the node's the same 8 once

@@ -154,7 +154,8 @@ def promtool_check(body: str) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-NVML_ONLY = ("--collector.disable-defaults", "--collector.nvml")
+# Per link as well (the default is per GPU only): these tests read each link's series.
+NVML_ONLY = ("--collector.disable-defaults", "--collector.nvml", "--collector.nvml.nvlink-granularity=link")
 
 
 def test_metrics_exact_values_one_batched_call_per_gpu_per_scrape(

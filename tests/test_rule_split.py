@@ -133,6 +133,25 @@ def test_group_names_are_unique_across_both_files() -> None:
 
 
 @pytest.mark.parametrize("path", RULE_FILES, ids=lambda p: p.name)
+def test_a_rule_split_between_groups_carries_its_groups_empty_label(path) -> None:  # type: ignore[no-untyped-def]
+    """promtool --lint-fatal takes rules of one name and the same static labels for duplicates:
+    each rule whose name is in several groups of a file has `ccl_group_<its group>: ""`, a label
+    that no series or alert gets (Prometheus drops empty values), and no other rule has one."""
+    owners: dict[str, set[str]] = {}
+    for group in yaml.safe_load(path.read_text())["groups"]:
+        for rule in group["rules"]:
+            owners.setdefault(_name(rule), set()).add(group["name"])
+    for group in yaml.safe_load(path.read_text())["groups"]:
+        own_label = "ccl_group_" + group["name"].removeprefix("ccl-health-").replace("-", "_")
+        for rule in group["rules"]:
+            marks = {k: v for k, v in (rule.get("labels") or {}).items() if k.startswith("ccl_group_")}
+            if len(owners[_name(rule)]) > 1:
+                assert marks == {own_label: ""}, f"{group['name']}: {_name(rule)}"
+            else:
+                assert marks == {}, f"{group['name']}: {_name(rule)} is in one group only"
+
+
+@pytest.mark.parametrize("path", RULE_FILES, ids=lambda p: p.name)
 def test_vmalert_accepts_the_same_rule_text(path) -> None:  # type: ignore[no-untyped-def]
     """No Prometheus-only syntax: vmalert parses every expression and annotation template."""
     vmalert = require_tool("vmalert")

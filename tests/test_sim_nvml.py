@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collectors.nvml import NvmlCollector
+from exporter.collectors.nvml import NvmlCollector, NvmlSettings
 from exporter.collectors.podresources import PodResourcesCollector
 from exporter.sim.node import SimulatedNode, default_node
 from exporter.sim.nvml import TRAINING_POD, sim_gpu_uuid
@@ -52,7 +52,7 @@ def test_nvlink_traffic_follows_the_job_and_stops_when_gpus_are_released(node: S
     assert transmitted(node) == after
     assert busy_gpus(node.nvml) == {}
 
-    families = {f.name: f for f in NvmlCollector(node.nvml).collect()}
+    families = {f.name: f for f in NvmlCollector(node.nvml, NvmlSettings(per_link=True)).collect()}
     assert len(families["ccl_gpu_info"].samples) == 8
     assert len(families["ccl_nvlink_state"].samples) == 144
     assert {s.labels["error"] for s in families["ccl_nvlink_errors"].samples} == {"crc_flit", "crc_data", "replay", "recovery"}
@@ -84,7 +84,8 @@ def test_pod_resources_served_over_grpc_follow_assign_and_release(node: Simulate
 
 def test_simulate_serves_nvlink_and_pod_metrics(exporter_process: type[ExporterProcess]) -> None:
     # only our collectors: promtool's lint is about this part's metrics
-    proc = exporter_process("--simulate", "--collector.disable-defaults", "--collector.nvml", "--collector.podresources")
+    proc = exporter_process("--simulate", "--collector.disable-defaults", "--collector.nvml", "--collector.podresources",
+                            "--collector.nvml.nvlink-granularity=link")
     body = proc.metrics()
     promtool_check(body)
     m = samples(body)

@@ -15,6 +15,8 @@ from typing import Any
 import jsonpatch
 import pytest
 
+import exporter
+
 from exporter.webhook.admission import (
     ERROR,
     INJECTED_ANNOTATION,
@@ -156,7 +158,7 @@ def test_readiness_gate_and_preflight_when_annotated() -> None:
     assert out["spec"]["readinessGates"] == [{"conditionType": FABRIC_READY_CONDITION}]
     (init,) = out["spec"]["initContainers"]
     assert init["name"] == PREFLIGHT_CONTAINER
-    assert init["image"] == "ccl-health-exporter:0.1.0" and init["args"] == ["preflight"]
+    assert init["image"] == f"ccl-health-exporter:{exporter.__version__}" and init["args"] == ["preflight"]
     # What the pre-flight needs, as manifests/examples/pytorchjob-preflight.yaml shows it.
     env = env_of(init)
     assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}

@@ -17,7 +17,7 @@ from devtools.gpu_check.report import FAILED, OK, SKIPPED, Report, run_command
 def collect_ours(report: Report) -> dict[str, Any] | None:
     from prometheus_client import generate_latest
 
-    from exporter.collectors.nvml import NvmlCollector
+    from exporter.collectors.nvml import NvmlCollector, NvmlSettings
     from exporter.registry import UmbrellaCollector, build_registry
     from exporter.sources.nvml import NvmlUnavailable, PynvmlBackend
 
@@ -29,7 +29,8 @@ def collect_ours(report: Report) -> dict[str, Any] | None:
         except NvmlUnavailable as exc:
             report.add("ccl NVML collector", SKIPPED, f"NVML unavailable: {exc}")
             return None
-        umbrella = UmbrellaCollector([NvmlCollector(backend)])
+        # Per link as well as per GPU: the comparison with nvidia-smi is per link.
+        umbrella = UmbrellaCollector([NvmlCollector(backend, NvmlSettings(per_link=True))])
         text = generate_latest(build_registry(umbrella, process_metrics=False)).decode()
         umbrella.close()
         report.write("ccl-nvml-metrics.txt", text)

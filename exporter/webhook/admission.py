@@ -41,6 +41,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporter import __version__
 from exporter.flags import DEFAULT_PROBE_RESULTS
 from exporter.sources.kube import FABRIC_READY_CONDITION, attribute_job
 from exporter.webhook.body import MAX_UID_CHARS, MalformedReview
@@ -112,6 +113,11 @@ class PatchTooLarge(Exception):
     """The patch grew over ``MAX_PATCH_BYTES``."""
 
 
+# The pre-flight's image unless --webhook.preflight-image says otherwise: this build's own version,
+# the tag `make image` gives the image it builds (docs/release.md).
+DEFAULT_PREFLIGHT_IMAGE = f"ccl-health-exporter:{__version__}"
+
+
 @dataclass(frozen=True)
 class WebhookConfig:
     """What the webhook adds, from the ``ccl-exporter webhook`` flags."""
@@ -120,7 +126,7 @@ class WebhookConfig:
     nccl_debug_subsys: str = "INIT,NET"
     # A host folder for NCCL_DEBUG_FILE (a per-pod folder below it); "" keeps NCCL's output on stdout.
     nccl_debug_file_host_path: str = ""
-    preflight_image: str = "ccl-health-exporter:0.1.0"
+    preflight_image: str = DEFAULT_PREFLIGHT_IMAGE
     preflight_args: tuple[str, ...] = ("preflight",)
     # The host folder the pre-flight result goes to (the exporter reads it); "" = no result file.
     probe_results_host_path: str = DEFAULT_PROBE_RESULTS

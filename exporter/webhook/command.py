@@ -15,7 +15,8 @@ from collections.abc import Mapping
 
 from exporter.config import parse_listen_address
 from exporter.flags import DEFAULT_PROBE_RESULTS, LOG_LEVEL, EnvHelpFormatter, Flag
-from exporter.webhook.admission import GPU_RESOURCE, WebhookConfig
+from exporter.logs import LOG_FORMAT, configure_logging
+from exporter.webhook.admission import DEFAULT_PREFLIGHT_IMAGE, GPU_RESOURCE, WebhookConfig
 from exporter.webhook.body import MAX_REVIEW_BYTES
 
 log = logging.getLogger("exporter.webhook")
@@ -36,6 +37,7 @@ SERVER_FLAGS = (
         type=int,
     ),
     LOG_LEVEL,
+    LOG_FORMAT,
 )
 MUTATION_FLAGS = (
     Flag(
@@ -59,7 +61,7 @@ MUTATION_FLAGS = (
     ),
     Flag(
         "--webhook.preflight-image",
-        "ccl-health-exporter:0.1.0",
+        DEFAULT_PREFLIGHT_IMAGE,
         "image of the pre-flight init container",
         dest="preflight_image",
     ),
@@ -102,7 +104,7 @@ def webhook_config_from_args(args: argparse.Namespace) -> WebhookConfig:
 def run_webhook(args: argparse.Namespace) -> int:
     """Check the flags, then serve until SIGTERM."""
     config = webhook_config_from_args(args)
-    logging.basicConfig(level=str(args.log_level).upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(str(args.log_level), str(args.log_format))
     try:
         parse_listen_address(str(args.listen_address))
     except ValueError as exc:
