@@ -21,6 +21,7 @@ from exporter.collectors.nccl import build_collector as build_nccl
 from exporter.config import HostPaths
 from exporter.lifecycle.controller import LifecycleSettings
 from exporter.resources import NodeResources
+from exporter.preflight_report import PREFLIGHT_CONTAINER
 from exporter.sim.clock import cri_timestamp
 from exporter.sim.paths import simulated_paths
 from exporter.sim.podlogs import SimJob, nccl_init_lines
@@ -39,8 +40,11 @@ class NoNvml:
         pass
 
 
-def api_pod(job: SimJob, gated: bool = True) -> dict[str, Any]:
-    """The pod as the API server lists it: on this node, kubelet's conditions, the gate when ``gated``."""
+def api_pod(job: SimJob, gated: bool = True, started_at: float | None = None,
+            preflight_message: str | None = None) -> dict[str, Any]:
+    """The pod as the API server lists it: on this node, kubelet's conditions, the gate when ``gated``;
+    ``status.startTime`` (RFC 3339, whole seconds, as the API writes it) when ``started_at`` is given,
+    and a ``ccl-preflight`` init container that ended with ``preflight_message``."""
     pod: dict[str, Any] = {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": job.pod, "namespace": job.namespace, "uid": job.uid, "labels": job.labels,
@@ -52,7 +56,22 @@ def api_pod(job: SimJob, gated: bool = True) -> dict[str, Any]:
     }
     if gated:
         pod["spec"]["readinessGates"] = [{"conditionType": FABRIC_READY_CONDITION}]
+    if started_at is not None:
+        pod["status"]["startTime"] = rfc3339(started_at)
+    if preflight_message is not None:
+        pod["spec"]["initContainers"] = [{"name": PREFLIGHT_CONTAINER, "image": "ccl-health-exporter:0.1.0"}]
+        pod["status"]["initContainerStatuses"] = [{
+            "name": PREFLIGHT_CONTAINER, "image": "ccl-health-exporter:0.1.0", "imageID": "", "ready": True,
+            "restartCount": 0, "started": False,
+            "state": {"terminated": {"exitCode": 0 if preflight_message.split(" ")[1:2] == ["passed"] else 1,
+                                     "reason": "Completed", "message": preflight_message,
+                                     "startedAt": rfc3339(time.time() - 60), "finishedAt": rfc3339(time.time())}},
+        }]
     return pod
+
+
+def rfc3339(seconds: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
 
 def write_nccl_log(paths: HostPaths, job: SimJob) -> float:

@@ -199,3 +199,90 @@ def test_the_fabric_readiness_gate_and_its_condition_are_read_from_the_pod() -> 
     from_object = pod_metadata_from_object(client.V1Pod.from_dict(gated))
     assert from_object is not None and from_object.fabric_ready_gate
     assert from_object.fabric_ready == record.fabric_ready
+
+
+def _preflight_status(state: dict, last_state: dict | None = None, name: str = "ccl-preflight") -> dict:
+    entry = {"name": name, "image": "ccl-health-exporter:0.1.0", "imageID": "", "ready": False, "restartCount": 1,
+             "state": state}
+    if last_state is not None:
+        entry["lastState"] = last_state
+    return entry
+
+
+PASSED_REPORT = "ccl-preflight/v1 passed finished_at=1764457231.700 checks=1 failed=0\nok rdma_devices\n"
+FAILED_REPORT = "ccl-preflight/v1 failed finished_at=1764457100.000 checks=1 failed=1\nFAIL port_state: down\n"
+
+
+def test_start_time_and_the_preflights_termination_message_through_the_real_client(
+        recorded_api: RecordedApiServer) -> None:
+    """What the watch hands the cache are the client's objects (datetimes, snake_case): the pod's
+    start and its ccl-preflight init container's message read the same as from JSON."""
+    gated = pod("training", "gpt-worker-0", "u9", {"job-name": "gpt"}, "106")
+    gated["status"]["startTime"] = "2026-11-30T10:00:00Z"
+    gated["status"]["initContainerStatuses"] = [
+        _preflight_status({"terminated": {"exitCode": 0, "message": "other\n"}}, name="setup"),
+        _preflight_status({"terminated": {"exitCode": 0, "message": PASSED_REPORT,
+                                          "finishedAt": "2026-11-30T10:00:31Z"}})]
+    recorded_api.state.watch_events.append({"type": "ADDED", "object": gated})
+    cache = KubePodCache("gpu-node-7", api_factory=recorded_api.api_factory(), watch_seconds=5)
+    cache.start()
+    try:
+        assert wait_for(lambda: cache.lookup("training", "gpt-worker-0") is not None)
+        record = cache.lookup("training", "gpt-worker-0")
+        assert record is not None and record.start_time == 1796032800.0
+        assert record.preflight is not None and record.preflight.status == "valid"
+        result = record.preflight.result
+        assert result is not None and result.success and (result.namespace, result.pod, result.pod_uid,
+                                                           result.job_name) == ("training", "gpt-worker-0", "u9", "gpt")
+        assert cache.lookup("research", "bert-0").preflight is None  # type: ignore[union-attr]
+    finally:
+        cache.close()
+
+
+@pytest.mark.parametrize(("entry", "expected"), [
+    (_preflight_status({"terminated": {"exitCode": 1, "message": FAILED_REPORT}}), "port_state"),
+    # waiting to restart after a failed run: the run before speaks
+    (_preflight_status({"waiting": {"reason": "CrashLoopBackOff"}},
+                       {"terminated": {"exitCode": 1, "message": FAILED_REPORT}}), "port_state"),
+    # running again: still the run before, until this one ends
+    (_preflight_status({"running": {"startedAt": "2026-11-30T10:01:00Z"}},
+                       {"terminated": {"exitCode": 1, "message": FAILED_REPORT}}), "port_state"),
+    # the current run ended: it wins over the one before
+    (_preflight_status({"terminated": {"exitCode": 0, "message": PASSED_REPORT}},
+                       {"terminated": {"exitCode": 1, "message": FAILED_REPORT}}), "rdma_devices"),
+    (_preflight_status({"running": {}}), None),
+    (_preflight_status({"terminated": {"exitCode": 137, "reason": "OOMKilled"}}), None),  # ended without one
+    (_preflight_status({"terminated": {"exitCode": 0, "message": ["not", "text"]}}), None),
+    (_preflight_status({"terminated": {"exitCode": 1, "message": FAILED_REPORT}}, name="ccl-preflight-2"), None),
+], ids=["failed", "crash-loop", "running-again", "passed-after-failing", "running", "no-message", "not-text",
+        "other-container"])
+def test_which_termination_message_is_the_pods_preflight(entry: dict, expected: str | None) -> None:
+    from exporter.sources.kube import pod_metadata_from_object
+
+    listed = pod("ml", "w-0", "u1", {}, "1")
+    listed["status"]["initContainerStatuses"] = [entry]
+    record = pod_metadata_from_object(listed)
+    assert record is not None
+    found = record.preflight
+    if expected is None:
+        assert found is None
+    else:
+        assert found is not None and found.result is not None and found.result.checks[0].check == expected
+
+
+@pytest.mark.parametrize("start", ["2026-11-30T10:00:00Z", "2026-11-30T10:00:00+00:00", "2026-11-30T11:00:00+01:00"])
+def test_start_time_in_the_spellings_an_api_server_writes(start: str) -> None:
+    from exporter.sources.kube import pod_metadata_from_object
+
+    listed = pod("ml", "w-0", "u1", {}, "1")
+    listed["status"]["startTime"] = start
+    assert pod_metadata_from_object(listed).start_time == 1796032800.0  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("start", ["", "yesterday", "2026-13-40T99:00:00Z", 12, None, ["2026"]])
+def test_a_start_time_that_is_not_one_is_none(start: object) -> None:
+    from exporter.sources.kube import pod_metadata_from_object
+
+    listed = pod("ml", "w-0", "u1", {}, "1")
+    listed["status"]["startTime"] = start
+    assert pod_metadata_from_object(listed).start_time is None  # type: ignore[union-attr]

@@ -74,6 +74,37 @@ def test_preflight_decides_until_nccl_shows_something() -> None:
     assert ran is not None and ran.reason == "RdmaTransport", "what the running job shows wins over the check before it"
 
 
+def test_the_readiness_timeout_opens_the_gate_of_a_pod_nothing_spoke_for() -> None:
+    """Fail open after the timeout: True/NoVerdictInTime; never before it, never when 0 (fail
+    closed), never before the pod started, never over a condition already there."""
+    quiet = pod_condition(None, None, False, waited_seconds=240, readiness_timeout_seconds=240)
+    assert quiet is not None and (quiet.status, quiet.reason) == ("True", "NoVerdictInTime")
+    assert "no NCCL log line of this pod was seen" in quiet.message and "within 4m of the pod's start" in quiet.message
+    assert "NCCL_DEBUG=INFO and NCCL_DEBUG_SUBSYS=INIT,NET" in quiet.message
+    assert "--collector.lifecycle.readiness-timeout" in quiet.message and len(quiet.message) <= MAX_MESSAGE_CHARS
+    unknown = pod_condition(fabric("unknown"), None, False, waited_seconds=900, readiness_timeout_seconds=600)
+    assert unknown is not None and "did not show its transport" in unknown.message
+    assert "within 10m of" in unknown.message
+    assert pod_condition(None, None, False, waited_seconds=239.9, readiness_timeout_seconds=240) is None
+    assert pod_condition(None, None, False, waited_seconds=10**6, readiness_timeout_seconds=0) is None
+    assert pod_condition(None, None, False, waited_seconds=None, readiness_timeout_seconds=240) is None
+    earlier = Condition("False", "TcpFallback", "an earlier exporter saw it")
+    assert pod_condition(None, None, False, 10**6, 240, current=earlier) is None, "no news does not undo news"
+    assert pod_condition(None, None, False, 95, 90.5) is not None and "within 90.5s" in \
+        pod_condition(None, None, False, 95, 90.5).message  # type: ignore[union-attr]
+
+
+def test_what_is_known_wins_over_the_timeout() -> None:
+    late = {"waited_seconds": 10**6, "readiness_timeout_seconds": 240.0}
+    fallback = pod_condition(fabric("tcp_fallback", reason=SOCKET_LINE), None, False, **late)  # type: ignore[arg-type]
+    assert fallback is not None and fallback.reason == "TcpFallback", "a fallback seen later closes the gate"
+    failed = pod_condition(None, FAILED, False, **late)  # type: ignore[arg-type]
+    assert failed is not None and failed.reason == "PreflightFailed"
+    ran = pod_condition(fabric("rdma", reason=IB_LINE), None, False, current=Condition("True", "NoVerdictInTime", ""),
+                        **late)  # type: ignore[arg-type]
+    assert ran is not None and ran.reason == "RdmaTransport"
+
+
 def test_messages_are_bounded() -> None:
     condition = pod_condition(fabric("tcp_fallback", reason="x" * 5000), None, False)
     assert condition is not None and len(condition.message) == MAX_MESSAGE_CHARS

@@ -36,16 +36,19 @@ UNFINISHED = "A" * (63 * 1024)  # a 63 KiB last line that never gets its newline
 class NodePods:
     """A pod list like ``exporter.sources.kube.KubePodCache``'s."""
 
-    def __init__(self, pods: dict[tuple[str, str], str], authoritative: bool = True) -> None:
-        self.pods = pods
+    def __init__(self, uids: dict[tuple[str, str], str], authoritative: bool = True) -> None:
+        self.uids = uids
         self.authoritative = authoritative
 
     def lookup(self, namespace: str, pod: str) -> PodMetadata | None:
-        uid = self.pods.get((namespace, pod))
+        uid = self.uids.get((namespace, pod))
         return None if uid is None else PodMetadata(namespace, pod, uid, "job", "Job")
 
     def is_authoritative(self) -> bool:
         return self.authoritative
+
+    def pods(self) -> list[PodMetadata]:
+        return [PodMetadata(namespace, pod, uid, "job", "Job") for (namespace, pod), uid in sorted(self.uids.items())]
 
 
 def lines_by_pod(batches: list[TailBatch]) -> dict[tuple[str, str, str], list[str]]:
@@ -373,12 +376,12 @@ def test_a_pod_that_leaves_the_node_stops_speaking(tmp_path: Path) -> None:
     append(log, cri(nccl(1)))
     tailer = PodLogTailer(tmp_path, None, pod_known=pod_known_on_node(node))
     assert all_lines([tailer.poll()]) == [nccl(1)]
-    del node.pods[("training", "llama-worker-0")]
+    del node.uids[("training", "llama-worker-0")]
     append(log, cri(nccl(2)))
     batch = tailer.poll()
     assert batch.lines == {} and [k.pod for k in batch.removed] == ["llama-worker-0"]
     assert tailer.stats.events["pod_not_on_node"] == 1
-    node.pods[("training", "llama-worker-0")] = OTHER_UID  # a new pod of the same name
+    node.uids[("training", "llama-worker-0")] = OTHER_UID  # a new pod of the same name
     assert all_lines(drain(tailer, 2)) == []
 
 
@@ -389,7 +392,7 @@ def test_pod_known_on_node_answers_none_without_a_complete_list() -> None:
     node.authoritative = True
     assert known("a", "p", "") is True and known("a", "p", UID) is True
     assert known("a", "p", OTHER_UID) is False and known("a", "ghost", "") is False
-    node.pods[("a", "p")] = ""  # a record without a UID cannot refuse one
+    node.uids[("a", "p")] = ""  # a record without a UID cannot refuse one
     assert known("a", "p", OTHER_UID) is True
 
 

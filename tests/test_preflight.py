@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from exporter.cli import build_parser
+from exporter.preflight_report import parse_report
 from exporter.probe.preflight import PortSpec, parse_rate_gbps, probe_checks, run_preflight
 from exporter.results import ProbeResult, Transport, parse_result
 from exporter.sources.probe_results import read_probe_results
@@ -24,8 +25,12 @@ HEALTHY_ENV = {"POD_NAMESPACE": "team-a", "POD_NAME": "llama-worker-0", "POD_UID
 
 def preflight(root: Path, *flags: str, env: dict[str, str] | None = None) -> tuple[int, list[str], Path]:
     results = root / "results"
+    termination_log = root / "termination-log"  # the kubelet makes it, empty, in every container
+    if not termination_log.exists():
+        termination_log.touch(mode=0o666)
     argv = ["preflight", "--path.sysfs", str(root / "sys"), "--path.dev", str(root / "dev"),
-            "--path.procfs", str(root / "proc"), "--path.probe-results", str(results), *flags]
+            "--path.procfs", str(root / "proc"), "--path.probe-results", str(results),
+            "--path.termination-message", str(termination_log), *flags]
     args = build_parser({}).parse_args(argv)
     out = io.StringIO()
     code = run_preflight(args, environ={**HEALTHY_ENV, **(env or {})}, out=out)
@@ -230,3 +235,48 @@ def test_the_allow_flag_is_parsed_and_read_from_the_environment() -> None:
     assert build_parser({}).parse_args(["preflight", "--allow-unknown-transport"]).allow_unknown_transport is True
     env = {"CCL_EXPORTER_ALLOW_UNKNOWN_TRANSPORT": "true"}
     assert build_parser(env).parse_args(["preflight"]).allow_unknown_transport is True
+
+
+def test_the_result_is_also_the_containers_termination_message(node: Path) -> None:
+    """What the exporter reads from the pod's status: the same verdict and checks as the file,
+    failed checks with their messages first."""
+    (node / "sys/class/infiniband/mlx5_1/ports/1/state").write_text("1: DOWN\n")
+    code, _, results = preflight(node, *STRICT)
+    assert code == 1
+    message = (node / "termination-log").read_text()
+    assert message.splitlines()[1].startswith("FAIL port_state: mlx5_1 port 1 is DOWN/")
+    report = parse_report(message)
+    from_file = parse_result(next(results.iterdir()).read_text())
+    assert not report.passed and not report.cut
+    assert {c.check: c.ok for c in report.checks} == {c.check: c.ok for c in from_file.checks}
+    assert [c.message for c in report.checks if not c.ok] == [c.message for c in from_file.checks if not c.ok]
+    assert from_file.finished_at - 0.001 <= report.finished_at <= from_file.finished_at
+
+
+def test_no_write_leaves_the_termination_message_alone_to_carry_the_result(node: Path) -> None:
+    code, _, results = preflight(node, "--no-write")
+    assert code == 0 and not results.exists()
+    report = parse_report((node / "termination-log").read_text())
+    assert report.passed and len(report.checks) == 5 and report.error is None
+
+
+def test_outside_a_pod_no_termination_message_file_is_made(node: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, _ = preflight(node, "--path.termination-message", str(node / "absent" / "termination-log"))
+    assert code == 0 and not (node / "absent").exists()
+    assert capsys.readouterr().err == ""
+    code, _, _ = preflight(node, "--path.termination-message", "")
+    assert code == 0 and capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("port_down", [False, True], ids=["checks-pass", "a-check-fails"])
+def test_an_unwritable_termination_message_is_one_line_and_the_exit_code_stays(
+        node: Path, capsys: pytest.CaptureFixture[str], port_down: bool) -> None:
+    if port_down:
+        (node / "sys/class/infiniband/mlx5_1/ports/1/state").write_text("1: DOWN\n")
+    (node / "a-folder").mkdir()
+    code, _, _ = preflight(node, "--path.termination-message", str(node / "a-folder"))
+    assert code == (1 if port_down else 0)
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("ccl-exporter preflight: termination message not written, so the exporter shows no "
+                           "ccl_preflight_result and no PreflightPassed/PreflightFailed from it: "
+                           f"{node / 'a-folder'}: ")

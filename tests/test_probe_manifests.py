@@ -1,7 +1,8 @@
 """The example manifests: every ccl-exporter command in them parses with the real CLI, pod
-templates validate against the Kubernetes schema (kubernetes-validate, strict), and results
-go to the hostPath the exporter reads. PyTorchJob and JobSet are CRDs without schemas here:
-their pod templates are validated as Pods, the CRD wrapper is checked for the fields used."""
+templates validate against the Kubernetes schema (kubernetes-validate, strict), pre-flights report
+through their termination message with no hostPath, and probe results go to the hostPath the
+exporter reads. PyTorchJob and JobSet are CRDs without schemas here: their pod templates are
+validated as Pods, the CRD wrapper is checked for the fields used."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from exporter.cli import build_parser
 from exporter.flags import DEFAULT_PROBE_RESULTS as DEFAULT_RESULTS
 from exporter.probe.runner import Identity
 
+DEFAULT_TERMINATION_LOG = "/dev/termination-log"  # the API server's default terminationMessagePath
 EXAMPLES = Path(__file__).resolve().parent.parent / "manifests" / "examples"
 K8S_VERSION = "1.30.0"
 
@@ -65,10 +67,16 @@ def test_manifest_is_valid(name: str, doc: dict[str, Any]) -> None:
 def test_commands_parse_and_write_where_the_exporter_reads(name: str, doc: dict[str, Any]) -> None:
     parser = build_parser({})
     for template in pod_templates(doc):
-        volumes = {v["name"]: v for v in template["spec"]["volumes"]}
+        volumes = {v["name"]: v for v in template["spec"].get("volumes", [])}
         for container in exporter_containers(template):
             args = parser.parse_args(container["args"])  # exits (fails the test) on an unknown flag
             assert args.command in ("probe", "preflight")
+            if args.command == "preflight":
+                # The termination message, where the kubelet reads it; no file, no hostPath at all.
+                assert args.termination_message == container.get("terminationMessagePath", DEFAULT_TERMINATION_LOG)
+                assert container.get("terminationMessagePolicy", "File") == "File"
+                assert not args.write_results and not [v for v in volumes.values() if "hostPath" in v]
+                continue
             mount = next(m for m in container["volumeMounts"] if m["mountPath"] == args.probe_results)
             assert volumes[mount["name"]]["hostPath"]["path"] == DEFAULT_RESULTS
             assert not mount.get("readOnly", False)
@@ -101,3 +109,18 @@ def test_commands_that_run_torch_use_the_probe_image() -> None:
                 assert container["image"] == want, f"{doc['kind']} {container['name']}: {' '.join(container['args'])}"
                 seen.add(_needs_torch(args))
     assert seen == {True, False}, "the examples cover both images"
+
+
+@pytest.mark.parametrize(("name", "doc"), [d for d in documents() if d[1]["kind"] in ("PyTorchJob", "JobSet")],
+                         ids=lambda v: v if isinstance(v, str) else v["kind"])
+def test_the_preflights_cost_no_pod_security_level(name: str, doc: dict[str, Any]) -> None:
+    """The pods fail or pass Pod Security baseline and restricted exactly as they would without
+    their pre-flight init container (no hostPath; its capabilities are the trainer's or none)."""
+    from tests.pod_security import BASELINE, RESTRICTED, violations
+
+    for template in pod_templates(doc):
+        pod = {"metadata": template.get("metadata", {}), "spec": template["spec"]}
+        without = {"metadata": pod["metadata"], "spec": {**pod["spec"], "initContainers": [
+            c for c in pod["spec"]["initContainers"] if c["name"] != "ccl-preflight"]}}
+        for level in (BASELINE, RESTRICTED):
+            assert set(violations(pod, level)) == set(violations(without, level)), level

@@ -341,3 +341,60 @@ def test_serve_binds_log_folders_and_result_files_to_the_node_pod_list(tmp_path:
     files = {s.labels["status"]: s.value for family in build_probe(ProbeCollectorSettings(86_400.0, None), unbound)
              .collect() for s in family.samples if s.name == "ccl_probe_result_files"}
     assert (files["valid"], files["pod_uid_missing"]) == (2.0, 1.0)
+
+
+class ListedPods:
+    """The node's complete pod list (what ``KubePodCache`` answers), from pod objects as the API lists them."""
+
+    def __init__(self, *pods: dict) -> None:
+        from exporter.sources.kube import pod_metadata_from_object
+
+        self.records = [pod_metadata_from_object(p) for p in pods]
+
+    def pods(self) -> list:
+        return self.records
+
+    def lookup(self, namespace: str, pod: str):  # type: ignore[no-untyped-def]
+        return next((r for r in self.records if (r.namespace, r.name) == (namespace, pod)), None)
+
+    def is_authoritative(self) -> bool:
+        return True
+
+
+def listed_pod(name: str, message: str | None, uid: str = UID) -> dict:
+    status: dict = {"phase": "Running"}
+    if message is not None:
+        status["initContainerStatuses"] = [{"name": "ccl-preflight", "image": "i", "imageID": "", "ready": True,
+                                            "restartCount": 0, "state": {"terminated": {"exitCode": 0,
+                                                                                        "message": message}}}]
+    return {"metadata": {"namespace": "team-a", "name": name, "uid": uid,
+                         "labels": {"batch.kubernetes.io/job-name": "gpt"}},
+            "spec": {"containers": [{"name": "c"}]}, "status": status}
+
+
+def test_preflights_from_termination_messages_with_no_file_at_all(tmp_path: Path) -> None:
+    """A pod's ccl-preflight termination message is its pre-flight: ccl_preflight_result for that
+    pod (its job from the pod list), counted by status; with a result file of the same pod too,
+    the newer one alone (no duplicate series)."""
+    from exporter.preflight_report import render_report
+
+    def report(finished: float, ok: bool) -> str:
+        return render_report(ProbeResult(source="preflight", started_at=finished - 5, finished_at=finished,
+                                         checks=(Check("port_state", ok, "mlx5_1 port 1 is DOWN/Disabled"),
+                                                 Check("nccl_env", True, "ok"))))
+
+    write_result(tmp_path, sample(source="preflight", pod="both-0", finished_at=NOW - 10, collectives=(),
+                                  checks=(Check("port_state", True, "8 port(s) ACTIVE/LinkUp"),)))
+    pods = ListedPods(listed_pod("message-0", report(NOW - 30, ok=False)),
+                      listed_pod("both-0", report(NOW - 300, ok=False)),
+                      listed_pod("garbled-0", "Sleep expired\n"),
+                      listed_pod("cut-0", report(NOW - 30, ok=False)[:90]),
+                      listed_pod("none-0", None))
+    collector = ProbeCollector(tmp_path, 86_400, clock=lambda: NOW, pod_known=on_node("both-0"), pods=pods)
+    samples = metric_samples(collector)
+    results = sorted((labels["pod"], labels["job_name"], labels["check"], v)
+                     for labels, v in samples["ccl_preflight_result"])
+    assert results == [("both-0", "llama", "port_state", 1.0),
+                       ("message-0", "gpt", "nccl_env", 1.0), ("message-0", "gpt", "port_state", 0.0)]
+    messages = {labels["status"]: v for labels, v in samples["ccl_preflight_termination_messages"]}
+    assert messages == {"valid": 2.0, "cut": 1.0, "malformed": 1.0}

@@ -158,7 +158,10 @@ def test_readiness_gate_and_preflight_when_annotated() -> None:
     assert out["spec"]["readinessGates"] == [{"conditionType": FABRIC_READY_CONDITION}]
     (init,) = out["spec"]["initContainers"]
     assert init["name"] == PREFLIGHT_CONTAINER
-    assert init["image"] == f"ccl-health-exporter:{exporter.__version__}" and init["args"] == ["preflight"]
+    assert init["image"] == f"ccl-health-exporter:{exporter.__version__}" and init["args"] == ["preflight", "--no-write"]
+    # Its result goes to the exporter as its termination message: no volume, no hostPath.
+    assert (init["terminationMessagePath"], init["terminationMessagePolicy"]) == ("/dev/termination-log", "File")
+    assert "volumeMounts" not in init and "volumes" not in out["spec"]
     # What the pre-flight needs, as manifests/examples/pytorchjob-preflight.yaml shows it.
     env = env_of(init)
     assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
@@ -170,10 +173,8 @@ def test_readiness_gate_and_preflight_when_annotated() -> None:
     assert env["CCL_POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
     assert env["NCCL_IB_HCA"] == "mlx5", "the trainer's NCCL settings: preflight fails when they force sockets"
     assert init["resources"] == pod["spec"]["containers"][0]["resources"], "the devices the job will use"
-    assert init["volumeMounts"] == [{"name": "ccl-probe-results", "mountPath": "/var/lib/ccl-exporter/probe-results"}]
-    assert out["spec"]["volumes"] == [{"name": "ccl-probe-results", "hostPath": {
-        "path": "/var/lib/ccl-exporter/probe-results", "type": "DirectoryOrCreate"}}]
-    assert init["securityContext"]["allowPrivilegeEscalation"] is False
+    assert init["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                                       "seccompProfile": {"type": "RuntimeDefault"}}
     annotations = out["metadata"]["annotations"]
     assert annotations[INJECTED_ANNOTATION] == "nccl_env,readiness_gate,preflight"
     assert annotations["ccl-health.io/preflight"] == "True", "the pod's own annotations stay"
@@ -184,7 +185,7 @@ def test_existing_arrays_are_appended_to_and_the_preflight_goes_first() -> None:
     pod = gpu_pod(annotations={"ccl-health.io/readiness-gate": "true", "ccl-health.io/preflight": "true"},
                   readinessGates=[{"conditionType": "example.com/ready"}], initContainers=[existing_init],
                   volumes=[{"name": "dshm", "emptyDir": {"medium": "Memory"}}])
-    out, _, _ = patched(pod)
+    out, _, _ = patched(pod, WebhookConfig(probe_results_host_path="/var/lib/ccl-exporter/probe-results"))
     assert [g["conditionType"] for g in out["spec"]["readinessGates"]] == ["example.com/ready", FABRIC_READY_CONDITION]
     assert [c["name"] for c in out["spec"]["initContainers"]] == [PREFLIGHT_CONTAINER, "fetch-data"]
     assert [v["name"] for v in out["spec"]["volumes"]] == ["dshm", "ccl-probe-results"]
@@ -238,13 +239,32 @@ def test_without_a_results_folder_the_preflight_writes_no_file() -> None:
     assert "volumeMounts" not in init and "volumes" not in out["spec"]
 
 
-def test_the_preflight_args_parse_as_the_preflight_command() -> None:
+def test_with_a_results_folder_the_preflight_also_writes_a_file_there() -> None:
+    """``--webhook.preflight-results-host-path`` set: the hostPath as before, beside the termination message."""
+    config = WebhookConfig(probe_results_host_path="/var/lib/ccl-exporter/probe-results")
+    out, _, _ = patched(gpu_pod(annotations={"ccl-health.io/preflight": "true"}), config)
+    (init,) = out["spec"]["initContainers"]
+    assert init["args"] == ["preflight"]
+    assert init["volumeMounts"] == [{"name": "ccl-probe-results", "mountPath": "/var/lib/ccl-exporter/probe-results"}]
+    assert out["spec"]["volumes"] == [{"name": "ccl-probe-results", "hostPath": {
+        "path": "/var/lib/ccl-exporter/probe-results", "type": "DirectoryOrCreate"}}]
+    assert init["terminationMessagePath"] == "/dev/termination-log"
+
+
+@pytest.mark.parametrize("host_path", ["", "/var/lib/ccl-exporter/probe-results"], ids=["default", "results-folder"])
+def test_the_preflight_args_parse_as_the_preflight_command(host_path: str) -> None:
     from exporter.cli import build_parser
 
-    out, _, _ = patched(gpu_pod(annotations={"ccl-health.io/preflight": "true"}))
+    out, _, _ = patched(gpu_pod(annotations={"ccl-health.io/preflight": "true"}),
+                        WebhookConfig(probe_results_host_path=host_path))
     (init,) = out["spec"]["initContainers"]
     args = build_parser(environ={}).parse_args(init["args"])
-    assert args.probe_results == init["volumeMounts"][0]["mountPath"], "the result file lands in the mounted folder"
+    assert args.termination_message == init["terminationMessagePath"], "the report lands where the kubelet reads"
+    if host_path:
+        assert args.write_results and args.probe_results == init["volumeMounts"][0]["mountPath"], \
+            "the result file lands in the mounted folder"
+    else:
+        assert not args.write_results and "volumeMounts" not in init
 
 
 @pytest.mark.parametrize("resources", [

@@ -34,6 +34,9 @@ from tests.pod_rules import effective_env
 from tests.test_webhook_admission import admission, env_of, gpu_pod, patched
 
 DEBUG_FILE = WebhookConfig(nccl_debug_file_host_path="/var/log/nccl")
+# Both host folders: the pre-flight's result-file hostPath is there only when configured.
+HOST_FOLDERS = WebhookConfig(nccl_debug_file_host_path="/var/log/nccl",
+                             probe_results_host_path="/var/lib/ccl-exporter/probe-results")
 OUR_DEBUG_VOLUME = {"name": NCCL_DEBUG_VOLUME, "hostPath": {"path": "/var/log/nccl", "type": "DirectoryOrCreate"}}
 OUR_DEBUG_MOUNT = {"name": NCCL_DEBUG_VOLUME, "mountPath": NCCL_DEBUG_MOUNT, "subPathExpr": DEBUG_FOLDER_EXPR}
 IDENTITY = {"CCL_POD_NAMESPACE": "metadata.namespace", "CCL_POD_NAME": "metadata.name", "CCL_POD_UID": "metadata.uid"}
@@ -82,22 +85,28 @@ def test_a_volume_of_our_name_that_is_not_ours_withholds_what_needs_it() -> None
     own_results = {"name": "ccl-probe-results", "emptyDir": {}}
     own_debug = {"name": NCCL_DEBUG_VOLUME, "hostPath": {"path": "/somewhere/else", "type": "Directory"}}
     pod = gpu_pod(annotations=PREFLIGHT, volumes=[own_results, own_debug])
-    out, response, decision = patched(pod, DEBUG_FILE)
+    out, response, decision = patched(pod, HOST_FOLDERS)
     assert decision == MUTATED
     assert out["spec"]["volumes"] == [own_results, own_debug], "no second volume of either name"
     trainer = out["spec"]["containers"][0]
     assert env_of(trainer) == {"NCCL_IB_HCA": "mlx5", "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}, \
         "NCCL's lines stay on stdout, where the exporter reads them too"
     assert "volumeMounts" not in trainer and "initContainers" not in out["spec"]
-    assert set(withheld(pod, DEBUG_FILE)) == {("nccl_debug_file", VOLUME_NAME_TAKEN), ("preflight", VOLUME_NAME_TAKEN)}
+    assert set(withheld(pod, HOST_FOLDERS)) == {("nccl_debug_file", VOLUME_NAME_TAKEN),
+                                                ("preflight", VOLUME_NAME_TAKEN)}
     assert len(response["warnings"]) == 2
+    # Without the result-file hostPath (the default) the pre-flight needs no volume: nothing collides.
+    out, _, _ = patched(pod, DEBUG_FILE)
+    assert out["spec"]["initContainers"][0]["name"] == PREFLIGHT_CONTAINER and withheld(pod, DEBUG_FILE) == (
+        ("nccl_debug_file", VOLUME_NAME_TAKEN),)
+    assert "volumeMounts" not in out["spec"]["initContainers"][0]
 
 
 def test_a_volume_that_is_exactly_ours_is_used_not_added_again() -> None:
     results = {"name": "ccl-probe-results", "hostPath": {"path": "/var/lib/ccl-exporter/probe-results",
                                                          "type": "DirectoryOrCreate"}}
     pod = gpu_pod(annotations=PREFLIGHT, volumes=[results, copy.deepcopy(OUR_DEBUG_VOLUME)])
-    out, response, _ = patched(pod, DEBUG_FILE)
+    out, response, _ = patched(pod, HOST_FOLDERS)
     assert out["spec"]["volumes"] == pod["spec"]["volumes"]
     assert out["spec"]["initContainers"][0]["name"] == PREFLIGHT_CONTAINER
     assert out["spec"]["containers"][0]["volumeMounts"] == [OUR_DEBUG_MOUNT]
@@ -187,7 +196,7 @@ def test_a_pod_that_mounts_our_volume_without_declaring_it_is_not_lent_the_host_
     """Invalid as sent; the hostPath the webhook adds would make it valid, with the host folder
     mounted where and how the pod chose (another pod's folder, the pre-flight results)."""
     for volume, config, change in ((NCCL_DEBUG_VOLUME, DEBUG_FILE, "nccl_debug_file"),
-                                   ("ccl-probe-results", WebhookConfig(), "preflight")):
+                                   ("ccl-probe-results", HOST_FOLDERS, "preflight")):
         pod = gpu_pod(annotations=PREFLIGHT)
         pod["spec"]["containers"][1]["volumeMounts"] = [{"name": volume, "mountPath": "/x", "subPath": "ml_victim_u"}]
         result = review(admission(pod), config)

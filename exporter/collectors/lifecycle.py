@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -86,6 +87,15 @@ LIFECYCLE_FLAGS = (
         dest="lifecycle_hooks",
     ),
     Flag(
+        "--collector.lifecycle.readiness-timeout",
+        "4m",
+        "a pod with the readiness gate whose NCCL transport and pre-flight are still unknown this long after "
+        "its start gets ccl-health.io/fabric-ready=True, reason NoVerdictInTime (the gate fails open; a fallback "
+        "seen later still turns it False); a duration like 90s, 4m or 1h, or seconds; 0 = wait forever (fail "
+        "closed). Keep it below Kueue's waitForPodsReady.timeout",
+        dest="lifecycle_readiness_timeout",
+    ),
+    Flag(
         "--collector.lifecycle.node-interval",
         2.0,
         "seconds between evaluations of the node condition",
@@ -109,6 +119,27 @@ LIFECYCLE_FLAGS = (
 )
 
 
+_DURATION = re.compile(r"(?:([0-9]{1,9})h)?(?:([0-9]{1,9})m(?!s))?(?:([0-9]{1,9})s)?(?:([0-9]{1,9})ms)?")
+_SECONDS = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,9})?")
+MAX_DURATION_SECONDS = 366 * 86400.0
+
+
+def parse_duration_seconds(text: str) -> float:
+    """``90s``, ``4m``, ``1h30m``, ``500ms`` (Prometheus' units up to hours) or plain seconds → seconds."""
+    cleaned = text.strip()
+    if _SECONDS.fullmatch(cleaned):
+        seconds = float(cleaned)
+    else:
+        match = _DURATION.fullmatch(cleaned)
+        if match is None or not any(match.groups()):
+            raise ValueError(f"{text!r} is not a duration like 90s, 4m or 1h30m, or a number of seconds")
+        hours, minutes, whole, millis = (int(g or 0) for g in match.groups())
+        seconds = hours * 3600.0 + minutes * 60.0 + whole + millis / 1000
+    if seconds > MAX_DURATION_SECONDS:
+        raise ValueError(f"{text!r} is longer than 366 days")
+    return seconds
+
+
 def settings_from_args(args: argparse.Namespace) -> LifecycleCollectorSettings:
     hooks = [h.strip() for h in str(args.lifecycle_hooks).split(",") if h.strip()]
     unknown = sorted(set(hooks) - set(HOOKS))
@@ -120,6 +151,10 @@ def settings_from_args(args: argparse.Namespace) -> LifecycleCollectorSettings:
         raise SystemExit("ccl-exporter: --collector.lifecycle.node-interval must be positive")
     if float(args.lifecycle_min_port_rate) < 0 or float(args.lifecycle_probe_floor) < 0:
         raise SystemExit("ccl-exporter: --collector.lifecycle.min-port-rate and probe-floor must not be negative")
+    try:
+        readiness_timeout = parse_duration_seconds(str(args.lifecycle_readiness_timeout))
+    except ValueError as exc:
+        raise SystemExit(f"ccl-exporter: --collector.lifecycle.readiness-timeout: {exc}") from exc
     return LifecycleCollectorSettings(
         LifecycleSettings(
             readiness="readiness" in hooks,
@@ -128,6 +163,7 @@ def settings_from_args(args: argparse.Namespace) -> LifecycleCollectorSettings:
             node_interval_seconds=float(args.lifecycle_node_interval),
             min_port_rate_gbps=float(args.lifecycle_min_port_rate),
             probe_floor_gbs=float(args.lifecycle_probe_floor),
+            readiness_timeout_seconds=readiness_timeout,
         )
     )
 

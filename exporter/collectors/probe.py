@@ -9,6 +9,11 @@ this node) and ``job`` (probe Jobs). A result names the pod that wrote it, with 
 pod only when the node's pod list holds that pod with that UID; any other is counted by reason
 (``ccl_probe_result_files{status="not_on_node" | "pod_uid_missing" | ...}``) and exposed for
 nobody; see ``exporter.sources.probe_results``.
+
+Pre-flights also arrive without any file: as the termination message of a pod's ``ccl-preflight``
+init container, in the node's pod list (``exporter.preflight_report``), counted by what they held
+in ``ccl_preflight_termination_messages{status}``. Per pod the newest pre-flight counts, from
+either place.
 """
 
 from __future__ import annotations
@@ -24,10 +29,13 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from exporter.collectors.base import CollectorSpec
 from exporter.config import ServeConfig
 from exporter.flags import Flag
+from exporter.preflight_report import STATUSES as PREFLIGHT_MESSAGE_STATUSES
+from exporter.preflight_report import newest_preflights
 from exporter.probe.occupancy import NvmlOccupancy, PodResourcesOccupancy
 from exporter.probe.schedule import GpuOccupancy, ProbeScheduler, ProbeSettings
 from exporter.resources import NodeResources
 from exporter.results import ProbeResult
+from exporter.sources.kube import PodMetadata, PodMetadataSource
 from exporter.sources.podlogs import PodKnown, pod_known_on_node
 from exporter.sources.probe_results import ParseCache, read_probe_results
 
@@ -46,9 +54,11 @@ class ProbeCollector:
         scheduler: ProbeScheduler | None = None,
         clock: Callable[[], float] = time.time,
         pod_known: PodKnown | None = None,
+        pods: PodMetadataSource | None = None,
     ) -> None:
         self._folder = results_folder
         self._pod_known = pod_known
+        self._pods = pods
         self._max_age = max_age_seconds
         self._scheduler = scheduler
         self._clock = clock
@@ -62,7 +72,9 @@ class ProbeCollector:
         reading = read_probe_results(
             self._folder, self._clock(), self._max_age, cache=self._cache, pod_known=self._pod_known
         )
-        yield from self.result_families(reading.results)
+        from_status, message_counts = preflights_from_pods(self._pods.pods() if self._pods is not None else [])
+        # Of a pod's two alike (the same run as a file and as its message), the file: it holds the messages in full.
+        yield from self.result_families(newest_preflights([*from_status, *reading.results]))
         files = GaugeMetricFamily(
             "ccl_probe_result_files",
             "Result files in --path.probe-results at this scrape, by status: valid, stale (older "
@@ -84,6 +96,17 @@ class ProbeCollector:
         for status, count in counts.items():
             files.add_metric([status], float(count))
         yield files
+        messages = GaugeMetricFamily(
+            "ccl_preflight_termination_messages",
+            "Pods on this node whose ccl-preflight init container ended with a termination message, by what "
+            "it held: valid, cut (a ccl-preflight/v1 report with lines missing: shortened by the pre-flight or "
+            "cut by the kubelet, whose share per container is 12 KiB / the pod's containers), malformed (not "
+            "a ccl-preflight/v1 report: used for nothing).",
+            labels=["status"],
+        )
+        for status in PREFLIGHT_MESSAGE_STATUSES:
+            messages.add_metric([status], float(message_counts[status]))
+        yield messages
         if self._scheduler is not None:
             yield from self.scheduler_families(self._scheduler)
 
@@ -176,6 +199,20 @@ class ProbeCollector:
         return [skipped, runs, running]
 
 
+def preflights_from_pods(pods: Iterable[PodMetadata]) -> tuple[list[ProbeResult], dict[str, int]]:
+    """The pre-flight results in the pods' ``ccl-preflight`` termination messages, and how many
+    messages were of each status (``exporter.preflight_report.STATUSES``)."""
+    results = []
+    counts = dict.fromkeys(PREFLIGHT_MESSAGE_STATUSES, 0)
+    for pod in pods:
+        if pod.preflight is None:
+            continue
+        counts[pod.preflight.status] += 1
+        if pod.preflight.result is not None:
+            results.append(pod.preflight.result)
+    return results, counts
+
+
 PROBE_FLAGS = (
     Flag(
         "--probe.interval",
@@ -253,7 +290,12 @@ def build(settings: ProbeCollectorSettings, resources: NodeResources) -> ProbeCo
     bound = settings.bind_results_to_node_pods and bool(resources.node_name)
     pod_known = pod_known_on_node(resources.pod_metadata) if bound else None
     return ProbeCollector(
-        resources.paths.probe_results, settings.max_age_seconds, scheduler, clock=resources.clock, pod_known=pod_known
+        resources.paths.probe_results,
+        settings.max_age_seconds,
+        scheduler,
+        clock=resources.clock,
+        pod_known=pod_known,
+        pods=resources.pod_metadata,
     )
 
 

@@ -3,10 +3,14 @@ node condition, written through ``LifecycleApi``.
 
 ``step`` runs in a worker thread (``exporter.collectors.lifecycle`` calls it in a loop): it waits
 up to ``wait`` seconds for a new view from the ``VerdictFeed``, reads the pre-flight and probe
-result files (at most once a second), then writes only what changed: the
+result files (at most once a second) and takes the pre-flights the pods' own status holds (the
+``ccl-preflight`` termination messages), then writes only what changed: the
 ``ccl-health.io/fabric-ready`` condition of each pod on the node that carries the readiness
 gate, a Warning Event for each fallback (once per pod, reason and deciding line), and every
-``node_interval_seconds`` the node's ``CclFabricDegraded`` condition. ``lastTransitionTime``
+``node_interval_seconds`` the node's ``CclFabricDegraded`` condition. A gated pod that nothing
+spoke for ``readiness_timeout_seconds`` after its start (``status.startTime``, so a restart of
+the exporter does not reset it) gets ``True`` / ``NoVerdictInTime``, once the NCCL collector has
+been through the logs (its first view). ``lastTransitionTime``
 moves only when the status does. A failed write is retried with exponential backoff per object
 (0.5 s up to 30 s) and never holds the NCCL collector: the feed drops its oldest views while
 the API is down (counted), and the newest view always says everything.
@@ -49,6 +53,11 @@ WRITE_KINDS = (POD_CONDITION, POD_EVENT, NODE_CONDITION_WRITE)
 WRITE_RESULTS = ("ok", "exists", "error")
 DELAY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 MAX_EVENTS_REMEMBERED = 4096
+# Below Kueue's default waitForPodsReady.timeout (5 minutes in its config v1beta1, 30 in v1beta2)
+DEFAULT_READINESS_TIMEOUT_SECONDS = 240.0
+# The readiness timeout waits for the NCCL collector's first pass over the node's logs (its first
+# view), or this long after the controller started when no view comes (the collector is off).
+FIRST_VIEW_GRACE_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -61,6 +70,8 @@ class LifecycleSettings:
     probe_floor_gbs: float = 0.0
     results_interval_seconds: float = 1.0
     results_max_age_seconds: float = 86400.0
+    # A gated pod with nothing known this long after its start gets True/NoVerdictInTime; 0: never
+    readiness_timeout_seconds: float = DEFAULT_READINESS_TIMEOUT_SECONDS
 
 
 @dataclass
@@ -166,6 +177,8 @@ class LifecycleController:
         self._node_read = False
         self._node_due = 0.0
         self._backoff = Backoff()
+        self._started = clock()
+        self._views_seen = False
         self._failing: set[str] = set()  # write kinds whose last attempt failed (logged once per streak)
         self.writes: dict[tuple[str, str], int] = {(k, r): 0 for k in WRITE_KINDS for r in WRITE_RESULTS}
         self.delays = DelayHistogram()
@@ -179,6 +192,7 @@ class LifecycleController:
         if views:
             self._fabric = {(p.namespace, p.pod): p for p in views[-1].pods}
             self._view_at = views[-1].published_at
+            self._views_seen = True
         now = self._clock()
         if self._results_read_at is None or now - self._results_read_at >= self.settings.results_interval_seconds:
             self._read_results(now)
@@ -254,17 +268,31 @@ class LifecycleController:
 
     # -- pods --------------------------------------------------------------------------
 
+    def _readiness_timeout(self, now: float) -> float:
+        """The readiness timeout in force: none before the NCCL collector's first pass over the logs
+        (its verdicts would come a moment later), or ``FIRST_VIEW_GRACE_SECONDS`` after the start."""
+        if self._views_seen or now - self._started >= FIRST_VIEW_GRACE_SECONDS:
+            return self.settings.readiness_timeout_seconds
+        return 0.0
+
     def _pod_conditions(self, listed: dict[tuple[str, str], PodMetadata], now: float) -> None:
-        preflights: dict[tuple[str, str], PreflightOutcome] = latest_preflights(self._results)
+        # Pre-flights from the pods' own termination messages (their status, identity by the API
+        # server), then from result files: of two alike, the file (it holds the messages in full).
+        from_status = [m.preflight.result for m in listed.values() if m.preflight and m.preflight.result]
+        preflights: dict[tuple[str, str], PreflightOutcome] = latest_preflights([*from_status, *self._results])
+        timeout = self._readiness_timeout(now)
+        wall = self._wall()
         live = set()
         for (namespace, name), meta in listed.items():
             if not meta.fabric_ready_gate:
                 continue
             key = (namespace, name, meta.uid)
             live.add(key)
-            desired = pod_condition(self._fabric.get((namespace, name)), preflights.get((namespace, name)),
-                                    _expects_tcp(meta))  # fmt: skip
             current = self._written.get(key) or _observed(meta.fabric_ready)
+            waited = None if meta.start_time is None else wall - meta.start_time
+            desired = pod_condition(self._fabric.get((namespace, name)), preflights.get((namespace, name)),
+                                    _expects_tcp(meta), waited, timeout,
+                                    None if current is None else current.condition)  # fmt: skip
             if desired is None or (current is not None and current.condition == desired):
                 continue
             transition = self._transition(current, desired)

@@ -5,8 +5,9 @@
   network, and the pod does not declare TCP with ``ccl-health.io/expected-network``),
   ``GdrDisabled`` (inter-node RDMA without GPUDirect RDMA) or ``PreflightFailed``; ``True`` once
   NCCL runs on RDMA (``RdmaTransport``), on one node (``SingleNode``), on the TCP it declares
-  (``ExpectedNetwork``), or its pre-flight passed (``PreflightPassed``); None (absent) until known.
-  Its message quotes the deciding log line.
+  (``ExpectedNetwork``), or its pre-flight passed (``PreflightPassed``); None (absent) until known,
+  or ``True`` with ``NoVerdictInTime`` once the readiness timeout has passed since the pod's start
+  with nothing known (fail open). Its message quotes the deciding log line.
 * ``pod_event``: the Warning Event for a pod whose NCCL fell back (``NcclTcpFallback``) or runs
   without GPUDirect RDMA (``NcclGdrDisabled``).
 * ``NodeFabricJudge``: the node condition ``CclFabricDegraded`` (``True`` = a problem, the
@@ -37,6 +38,7 @@ RDMA_TRANSPORT = "RdmaTransport"
 SINGLE_NODE = "SingleNode"
 EXPECTED_NETWORK = "ExpectedNetwork"
 PREFLIGHT_PASSED = "PreflightPassed"
+NO_VERDICT_IN_TIME = "NoVerdictInTime"
 # Event reasons
 EVENT_TCP_FALLBACK = "NcclTcpFallback"
 EVENT_GDR_DISABLED = "NcclGdrDisabled"
@@ -79,10 +81,10 @@ def bounded(message: str) -> str:
 
 
 def preflight_outcome(result: ProbeResult) -> PreflightOutcome:
-    """A pre-flight result file → passed, or the failed checks as ``check: message``."""
+    """A pre-flight result (a file or a termination message) → passed, or the failed checks as ``check: message``."""
     if result.success:
         return PreflightOutcome(True, f"pre-flight passed ({len(result.checks)} checks)")
-    failed = [f"{c.check}: {c.message}" for c in result.checks if not c.ok]
+    failed = [f"{c.check}: {c.message}" if c.message else c.check for c in result.checks if not c.ok]
     if result.error:
         failed.insert(0, result.error)
     return PreflightOutcome(False, bounded("pre-flight failed: " + ("; ".join(failed) or "no checks passed")))
@@ -108,11 +110,46 @@ def _node_rdma(fabric: PodFabric) -> str:
     return ""
 
 
-def pod_condition(fabric: PodFabric | None, preflight: PreflightOutcome | None, expects_tcp: bool) -> Condition | None:
-    """The ``ccl-health.io/fabric-ready`` condition a gated pod should have; None while unknown.
+def no_verdict_condition(fabric: PodFabric | None, timeout_seconds: float) -> Condition:
+    """``True`` / ``NoVerdictInTime``: the gate opens (fails open) for a pod that nothing spoke for in time."""
+    if fabric is None:
+        seen = "no NCCL log line of this pod was seen"
+    else:
+        seen = "NCCL's log of this pod did not show its transport"
+    return Condition(
+        "True",
+        NO_VERDICT_IN_TIME,
+        f"{seen} and no pre-flight result came within {_duration_text(timeout_seconds)} of the pod's start, "
+        "so the gate opens (--collector.lifecycle.readiness-timeout; 0 waits forever). A fallback seen later "
+        "still turns it False. For a verdict, run NCCL with NCCL_DEBUG=INFO and NCCL_DEBUG_SUBSYS=INIT,NET "
+        "(the webhook adds them), or add the pre-flight.",
+    )
+
+
+def _duration_text(seconds: float) -> str:
+    whole = int(seconds)
+    if whole != seconds or whole < 60:
+        return f"{seconds:g}s"
+    minutes, rest = divmod(whole, 60)
+    return f"{minutes}m" + (f"{rest}s" if rest else "")
+
+
+def pod_condition(
+    fabric: PodFabric | None,
+    preflight: PreflightOutcome | None,
+    expects_tcp: bool,
+    waited_seconds: float | None = None,
+    readiness_timeout_seconds: float = 0.0,
+    current: Condition | None = None,
+) -> Condition | None:
+    """The ``ccl-health.io/fabric-ready`` condition a gated pod should have; None: leave it as it is.
 
     What NCCL shows of the running job wins over the pre-flight (it ran before the job); a
-    fallback wins over everything."""
+    fallback wins over everything. With a ``readiness_timeout_seconds`` (0: none), a pod without
+    the condition (``current`` None) that has waited that long since its start
+    (``waited_seconds``; None: not started) with neither gets ``True`` / ``NoVerdictInTime``: the
+    gate fails open rather than keep the pod NotReady forever. A condition already there is never
+    replaced for want of news (an exporter that restarts has not read the logs again yet)."""
     if fabric is not None and fabric.verdict == "tcp_fallback":
         if expects_tcp:
             return Condition("True", EXPECTED_NETWORK, bounded("NCCL runs on TCP, as the pod's "
@@ -132,6 +169,9 @@ def pod_condition(fabric: PodFabric | None, preflight: PreflightOutcome | None, 
         if preflight.passed:
             return Condition("True", PREFLIGHT_PASSED, preflight.message)
         return Condition("False", PREFLIGHT_FAILED, preflight.message)
+    timed_out = waited_seconds is not None and waited_seconds >= readiness_timeout_seconds
+    if current is None and readiness_timeout_seconds > 0 and timed_out:
+        return no_verdict_condition(fabric, readiness_timeout_seconds)
     return None
 
 

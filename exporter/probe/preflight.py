@@ -2,12 +2,18 @@
 
 Run as an init container of every training pod. Each check prints one line (``FAIL`` lines
 name what is wrong and what was expected); the exit code is 1 when any check failed, so the
-pod stays in ``Init:Error`` instead of training for days on TCP. A result file
-(source ``preflight``, with the pod's namespace, name and UID from the downward API:
-``CCL_POD_NAMESPACE``, ``CCL_POD_NAME``, ``CCL_POD_UID``, which the admission webhook sets, or
-``POD_NAMESPACE``, ``POD_NAME``, ``POD_UID``; and ``JOB_NAME``) is written for the node's
-exporter, which serves it as ``ccl_preflight_result{check}`` for that pod only (the UID must be
-the pod's on the node).
+pod stays in ``Init:Error`` instead of training for days on TCP. The node's exporter serves the
+result as ``ccl_preflight_result{check}`` for that pod and sets the pod's readiness condition
+from it. It reaches the exporter two ways:
+
+* the container's termination message (``--path.termination-message``, the kubelet's
+  ``/dev/termination-log``; ``exporter.preflight_report``): no volume at all, and the pod it
+  speaks for is the one whose status holds it;
+* a result file in ``--path.probe-results`` (unless ``--no-write``; source ``preflight``, with
+  the pod's namespace, name and UID from the downward API: ``CCL_POD_NAMESPACE``,
+  ``CCL_POD_NAME``, ``CCL_POD_UID``, which the admission webhook sets, or ``POD_NAMESPACE``,
+  ``POD_NAME``, ``POD_UID``; and ``JOB_NAME``), a hostPath the exporter reads (the UID must be the
+  pod's on the node).
 
 Checks (``--skip NAME`` drops one):
 
@@ -37,6 +43,7 @@ from pathlib import Path
 from typing import TextIO
 
 from exporter.flags import PROBE_RESULTS, SYSFS, Flag, Switch
+from exporter.preflight_report import DEFAULT_TERMINATION_MESSAGE_PATH, render_report
 from exporter.probe.command import add_probe_arguments, describe_transport, request_from_args
 from exporter.probe.runner import Identity, run_probe
 from exporter.results import Check, ProbeResult, Transport, unwritten_reason, write_result
@@ -72,6 +79,13 @@ FABRIC_FLAGS = (
         dest="expect_link_layer",
         choices=("", "InfiniBand", "Ethernet"),
     ),
+)
+TERMINATION_MESSAGE = Flag(
+    "--path.termination-message",
+    DEFAULT_TERMINATION_MESSAGE_PATH,
+    "file the result goes to as the container's termination message, for the exporter on the node "
+    "(the container's terminationMessagePath; written only when it exists); empty: none",
+    dest="termination_message",
 )
 ALLOW_UNKNOWN_TRANSPORT = Switch(
     "--allow-unknown-transport",
@@ -403,6 +417,16 @@ def run_preflight(args: argparse.Namespace, environ: Mapping[str, str] | None = 
         job_name=identity.job_name,
     )
     result = dataclasses.replace(base, checks=tuple(checks), finished_at=time.time())
+    if args.termination_message:
+        try:
+            write_termination_message(Path(args.termination_message), render_report(result))
+        except OSError as exc:
+            print(
+                "ccl-exporter preflight: termination message not written, so the exporter shows no "
+                f"ccl_preflight_result and no PreflightPassed/PreflightFailed from it: {args.termination_message}: "
+                f"{exc.strerror or exc}",
+                file=sys.stderr,
+            )
     if args.write_results:
         try:
             write_result(Path(args.probe_results), result)
@@ -416,6 +440,19 @@ def run_preflight(args: argparse.Namespace, environ: Mapping[str, str] | None = 
                 file=sys.stderr,
             )
     return 1 if failed else 0
+
+
+def write_termination_message(path: Path, text: str) -> bool:
+    """Write the report into the container's termination-message file when it exists (the kubelet
+    creates it, mode 0666, in every container of a pod); False when there is none (not in a pod).
+    Never creates a file, never follows a symlink."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return False
+    with os.fdopen(fd, "w", encoding="ascii") as handle:
+        handle.write(text)
+    return True
 
 
 def add_parser(
@@ -460,5 +497,6 @@ def add_parser(
     probe.add_argument("--min-busbw", type=float, default=None, help="minimum average busbw, GB/s (1e9 bytes/s)")
     add_probe_arguments(parser, environ)
     parser.add_argument("--no-write", dest="write_results", action="store_false", help="do not write a result file")
+    TERMINATION_MESSAGE.add_to(parser, environ)
     parser.set_defaults(handler=lambda args: run_preflight(args))
     return parser

@@ -20,8 +20,10 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
+from datetime import datetime, timezone
 from typing import Any, Protocol, runtime_checkable
 
+from exporter.preflight_report import MAX_MESSAGE_BYTES, PREFLIGHT_CONTAINER, PodPreflight, pod_preflight
 from exporter.sources.multus import AttachedDevice, attached_devices
 
 log = logging.getLogger(__name__)
@@ -135,6 +137,10 @@ class PodMetadata:
     # spec.readinessGates names ccl-health.io/fabric-ready, and that condition in status (None: absent)
     fabric_ready_gate: bool = False
     fabric_ready: PodCondition | None = None
+    # status.startTime (Unix seconds, the kubelet's clock on this node; None until the kubelet took the pod)
+    start_time: float | None = None
+    # The termination message of its ccl-preflight init container (None: none has ended with one)
+    preflight: PodPreflight | None = None
 
 
 def with_namespace_expectation(record: PodMetadata, namespace_labels: Mapping[str, str]) -> PodMetadata:
@@ -202,9 +208,52 @@ def pod_metadata_from_object(pod: Any) -> PodMetadata | None:
     # A static pod's API object is its mirror pod, with a UID of its own; kubelet knows the pod (and
     # names its log folder) by the config hash, which the mirror pod carries in this annotation.
     uid = annotations.get(MIRROR_POD_ANNOTATION) or _string(field("uid"))
+    status = _field(pod, "status", "status")
+    start_time = None if status is None else _unix_time(_field(status, "startTime", "start_time"))
+    message = preflight_message(status)
+    preflight = None if message is None else pod_preflight(namespace, name, uid, job_name, message)
     return PodMetadata(
-        namespace, name, uid, job_name, job_kind, expected, host_network, attached_devices(annotations), gate, condition
+        namespace,
+        name,
+        uid,
+        job_name,
+        job_kind,
+        expected,
+        host_network,
+        attached_devices(annotations),
+        gate,
+        condition,
+        start_time,
+        preflight,
     )
+
+
+def preflight_message(status: Any) -> str | None:
+    """The termination message of the pod's ``ccl-preflight`` init container: of its current run
+    when that has ended, else of the run before (a failed pre-flight waiting to restart); None when
+    none has ended with one. Cut to the kubelet's ``MAX_MESSAGE_BYTES``."""
+    for entry in _items(status, "initContainerStatuses", "init_container_statuses"):
+        if _field(entry, "name", "name") != PREFLIGHT_CONTAINER:
+            continue
+        for key, attribute in (("state", "state"), ("lastState", "last_state")):
+            terminated = _field(_field(entry, key, attribute) or {}, "terminated", "terminated")
+            if terminated is not None:
+                message = _string(_field(terminated, "message", "message"))
+                return message[:MAX_MESSAGE_BYTES] or None
+        return None
+    return None
+
+
+def _unix_time(value: Any) -> float | None:
+    """An API time (a datetime from the client, RFC 3339 text from JSON) as Unix seconds; None when absent or bad."""
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+    if not isinstance(value, datetime):
+        return None
+    return (value if value.tzinfo else value.replace(tzinfo=timezone.utc)).timestamp()
 
 
 def _string(value: Any) -> str:

@@ -12,7 +12,9 @@ carries one JSONPatch (RFC 6902, base64) that adds:
 * the readiness gate ``ccl-health.io/fabric-ready`` when the pod is annotated
   ``ccl-health.io/readiness-gate: "true"``;
 * the pre-flight init container (``ccl-exporter preflight``, first among the init containers)
-  when annotated ``ccl-health.io/preflight: "true"``;
+  when annotated ``ccl-health.io/preflight: "true"``: its result reaches the exporter as its
+  termination message, with no volume (Pod Security ``baseline`` forbids hostPath; a result-file
+  hostPath only with ``probe_results_host_path``);
 * the annotation ``ccl-health.io/injected`` naming what was added.
 
 Every patch leaves a valid pod: what it adds never takes a name or a path the pod already uses.
@@ -43,6 +45,8 @@ from typing import Any
 
 from exporter import __version__
 from exporter.flags import DEFAULT_PROBE_RESULTS
+from exporter.preflight_report import DEFAULT_TERMINATION_MESSAGE_PATH
+from exporter.preflight_report import PREFLIGHT_CONTAINER as PREFLIGHT_CONTAINER
 from exporter.sources.kube import FABRIC_READY_CONDITION, attribute_job
 from exporter.webhook.body import MAX_UID_CHARS, MalformedReview
 from exporter.webhook.podspec import (
@@ -70,7 +74,6 @@ INJECT_NAMESPACE_LABEL = "ccl-health.io/inject"
 READINESS_GATE_ANNOTATION = "ccl-health.io/readiness-gate"
 PREFLIGHT_ANNOTATION = "ccl-health.io/preflight"
 INJECTED_ANNOTATION = "ccl-health.io/injected"
-PREFLIGHT_CONTAINER = "ccl-preflight"
 PROBE_RESULTS_VOLUME = "ccl-probe-results"
 NCCL_DEBUG_VOLUME = "ccl-nccl-debug"
 NCCL_DEBUG_MOUNT = "/var/run/ccl-health/nccl"
@@ -128,8 +131,9 @@ class WebhookConfig:
     nccl_debug_file_host_path: str = ""
     preflight_image: str = DEFAULT_PREFLIGHT_IMAGE
     preflight_args: tuple[str, ...] = ("preflight",)
-    # The host folder the pre-flight result goes to (the exporter reads it); "" = no result file.
-    probe_results_host_path: str = DEFAULT_PROBE_RESULTS
+    # A host folder for the pre-flight's result file too (the exporter's --path.probe-results); "": none,
+    # the result reaches the exporter as the container's termination message alone (no hostPath).
+    probe_results_host_path: str = ""
 
 
 @dataclass(frozen=True)
@@ -418,12 +422,29 @@ def _add_readiness_gate(patch: _Patch) -> None:
     patch.note(READINESS_GATE)
 
 
-def preflight_container(metadata: Mapping[str, Any], like: Mapping[str, Any], config: WebhookConfig) -> dict[str, Any]:
+def asks_non_root(spec: Mapping[str, Any]) -> bool:
+    """Every app and init container of the pod sets ``runAsNonRoot: true`` itself (what Pod Security
+    ``restricted`` asks of each container when the pod does not), and the pod does not run as root.
+    Then the pre-flight sets it too; otherwise it inherits the pod's, and never gets a setting that
+    the kubelet would refuse to start under the pod's ``runAsUser: 0``."""
+    pod_context = mapping(spec, "securityContext")
+    if pod_context.get("runAsNonRoot") is True or pod_context.get("runAsUser") == 0:
+        return False
+    found = [c for key in ("containers", "initContainers") for c in dicts(spec.get(key))]
+    return bool(found) and all(mapping(c, "securityContext").get("runAsNonRoot") is True for c in found)
+
+
+def preflight_container(
+    metadata: Mapping[str, Any], like: Mapping[str, Any], config: WebhookConfig, spec: Mapping[str, Any]
+) -> dict[str, Any]:
     """The pre-flight init container: the configured image and arguments, the pod's identity (for
-    the result file the exporter reads), the NCCL settings and the resources of ``like`` (the
-    kubelet hands an init container's devices on to the app containers, so it sees exactly the
-    devices the job will use; no larger than one app container, it adds nothing to the pod's
-    request)."""
+    a result file), the NCCL settings and the resources of ``like`` (the kubelet hands an init
+    container's devices on to the app containers, so it sees exactly the devices the job will use;
+    no larger than one app container, it adds nothing to the pod's request). Its result reaches
+    the exporter as its termination message; a result file on a hostPath only with
+    ``probe_results_host_path``. It runs with no capability and no privilege escalation, under
+    the RuntimeDefault seccomp profile, and non-root where every container of the pod asks for it
+    (``asks_non_root``): what Pod Security ``restricted`` asks of it wherever the pod passes."""
     labels = mapping(metadata, "labels")
     annotations = mapping(metadata, "annotations")
     owners = dicts(metadata.get("ownerReferences"))
@@ -442,17 +463,23 @@ def preflight_container(metadata: Mapping[str, Any], like: Mapping[str, Any], co
     ]
     env += [e for e in dicts(like.get("env")) if str(e.get("name", "")).startswith("NCCL_")]
     args = list(config.preflight_args)
+    security: dict[str, Any] = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    if asks_non_root(spec):
+        security["runAsNonRoot"] = True
     container: dict[str, Any] = {
         "name": PREFLIGHT_CONTAINER,
         "image": config.preflight_image,
         "imagePullPolicy": "IfNotPresent",
         "args": args,
         "env": env,
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": security,
+        # The result reaches the node's exporter as this file's content (exporter/preflight_report.py).
+        "terminationMessagePath": DEFAULT_TERMINATION_MESSAGE_PATH,
+        "terminationMessagePolicy": "File",
     }
     if isinstance(like.get("resources"), dict):
         container["resources"] = like["resources"]
@@ -488,7 +515,7 @@ def _add_preflight(patch: _Patch, metadata: Mapping[str, Any], gpu_names: Sequen
             )
             return
         patch.add_volume(results)
-    container = preflight_container(metadata, largest_gpu_container(spec, gpu_names), config)
+    container = preflight_container(metadata, largest_gpu_container(spec, gpu_names), config, spec)
     if is_list(spec, "initContainers"):
         # First among the init containers: nothing else starts on a fabric that failed its check.
         patch.add({"op": "add", "path": "/spec/initContainers/0", "value": container})

@@ -74,9 +74,10 @@ MUTATION_FLAGS = (
     ),
     Flag(
         "--webhook.preflight-results-host-path",
-        DEFAULT_PROBE_RESULTS,
-        "host folder the pre-flight writes its result to (the exporter's --path.probe-results); "
-        "empty: no hostPath volume and no result file (for namespaces whose Pod Security forbids hostPath)",
+        "",
+        "host folder the pre-flight also writes a result file to (the exporter's --path.probe-results, e.g. "
+        f"{DEFAULT_PROBE_RESULTS}), through a hostPath volume that Pod Security baseline and restricted "
+        "forbid; empty: no volume, the result reaches the exporter as the container's termination message",
         dest="preflight_results_host_path",
     ),
 )
