@@ -78,7 +78,7 @@ NON_DEFAULT: dict[str, Any] = {
         "ncclDebugFile": True,
         "preflight": {"image": {"repository": "registry.internal/ccl-health-exporter", "tag": "0.1.0-probe"},
                       "args": ["preflight", "--expect-link-layer=InfiniBand", "--expect-rate=400"],
-                      "writeResults": False},
+                      "writeResults": True},
         "timeoutSeconds": 5,
         "namespaceSelector": {"matchExpressions": [{"key": "ccl-health.io/inject", "operator": "In",
                                                     "values": ["enabled", "gpu"]}]},
@@ -243,8 +243,8 @@ def test_webhook_args_parse_with_the_webhook_parser() -> None:
 
     objects = chart_objects(WEBHOOK_ON)
     parsed, config = _webhook_config(objects)
-    assert config == WebhookConfig(preflight_image=f"ccl-health-exporter:{APP_VERSION}",
-                                   probe_results_host_path="/var/lib/ccl-exporter/probe-results")
+    # No hostPath by default: the pre-flight's result is its termination message (Pod Security baseline).
+    assert config == WebhookConfig(preflight_image=f"ccl-health-exporter:{APP_VERSION}")
     assert parsed.listen_address == "0.0.0.0:8443"
     pod = one(objects, "Deployment")["spec"]["template"]["spec"]
     mounts = {m["name"]: m["mountPath"] for m in webhook_container(objects)["volumeMounts"]}
@@ -259,7 +259,8 @@ def test_non_default_webhook_args_say_what_the_values_say() -> None:
     assert config.gpu_resources == ("amd.com/gpu", "nvidia.com/mig-1g.10gb")
     assert config.preflight_args == ("preflight", "--expect-link-layer=InfiniBand", "--expect-rate=400")
     assert config.preflight_image == "registry.internal/ccl-health-exporter:0.1.0-probe"
-    assert config.probe_results_host_path == "", "writeResults false: no hostPath, the pre-flight runs --no-write"
+    assert config.probe_results_host_path == "/data/ccl/probe-results", (
+        "writeResults true: the result file into the exporter's probe-results hostPath too")
     assert config.nccl_debug_file_host_path == "/data/ccl/nccl", "the exporter's own NCCL debug-file folder"
     assert parsed.log_level == "debug"
     hook = webhook_container(objects)
@@ -285,7 +286,8 @@ def test_the_webhook_image_is_the_exporters_unless_its_own_is_given(webhook_imag
 
 
 def test_the_preflight_writes_where_the_exporter_reads() -> None:
-    objects = chart_objects(_merged(WEBHOOK_ON, {"hostPaths": {"probeResults": "/data/ccl/probe-results"}}))
+    objects = chart_objects(_merged(WEBHOOK_ON, {"hostPaths": {"probeResults": "/data/ccl/probe-results"},
+                                                 "webhook": {"preflight": {"writeResults": True}}}))
     _, config = _webhook_config(objects)
     exporter_volumes = {v["name"]: v for v in one(objects, "DaemonSet")["spec"]["template"]["spec"]["volumes"]}
     assert config.probe_results_host_path == exporter_volumes["probe-results"]["hostPath"]["path"] \
@@ -312,6 +314,11 @@ def test_exporter_args_turn_the_lifecycle_collector_on() -> None:
     assert {"--collector.lifecycle.node-interval=5", "--collector.lifecycle.min-port-rate=400",
             "--collector.lifecycle.probe-floor=150.5"} <= set(args)
     assert "lifecycle" not in config_of({}).enabled_collectors
+    # The readiness timeout: the exporter's default unless given (a duration Kueue's timeout must exceed).
+    default = config_of(HOOKS_ON).collector_settings["lifecycle"].controller.readiness_timeout_seconds
+    assert not any(a.startswith("--collector.lifecycle.readiness-timeout") for a in container(chart_objects(HOOKS_ON))["args"])
+    given = config_of(_merged(HOOKS_ON, {"lifecycle": {"readinessTimeout": "90s"}}))
+    assert given.collector_settings["lifecycle"].controller.readiness_timeout_seconds == 90 != default
 
 
 # ---- one switch for the collector ----

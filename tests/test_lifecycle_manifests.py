@@ -173,14 +173,15 @@ def test_the_webhook_is_scraped_over_https_with_its_certificate_ca(webhook_objec
     assert endpoint["tlsConfig"]["serverName"] in certificate["spec"]["dnsNames"]
 
 
-def test_the_preflight_writes_where_the_exporter_reads(webhook_objects: list[dict[str, Any]]) -> None:
+def test_the_injected_preflight_needs_no_host_folder(webhook_objects: list[dict[str, Any]]) -> None:
+    """The overlay's pre-flight reports through its termination message: no hostPath, which Pod
+    Security baseline and restricted namespaces refuse."""
     from exporter.cli import build_parser
     from exporter.webhook.command import webhook_config_from_args
 
     (container,) = _one(webhook_objects, "Deployment", "ccl-webhook")["spec"]["template"]["spec"]["containers"]
     config = webhook_config_from_args(build_parser({}).parse_args(container["args"]))
-    volumes = {v["name"]: v for v in _one(webhook_objects, "DaemonSet")["spec"]["template"]["spec"]["volumes"]}
-    assert config.probe_results_host_path == volumes["probe-results"]["hostPath"]["path"]
+    assert config.probe_results_host_path == ""
 
 
 def test_lifecycle_rbac_is_exactly_the_writes_the_code_makes(lifecycle_objects: list[dict[str, Any]]) -> None:
