@@ -63,6 +63,7 @@ class Process:
         "loopback",
         "loose_ranks",
         "at_line_start",
+        "init_devices",
     )
 
     def __init__(self, key: tuple[str, int] | None) -> None:
@@ -100,6 +101,9 @@ class Process:
         # records glued behind another writer's ("...rank 1 nrc0b5:324666:...") may carry that
         # record's tail in front of its hostname.
         self.at_line_start = False
+        # The devices ([cudaDev]) its "Using network" lines come from: NCCL prints that line once per
+        # rank it initialises (2.6+), so a process driving several GPUs shows one per GPU.
+        self.init_devices: set[int] = set()
 
     def label(self) -> str:
         return f"{self.key[0]}:{self.key[1]}" if self.key else "(no prefix)"

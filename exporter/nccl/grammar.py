@@ -136,7 +136,7 @@ _IB_DEVICE_RE = re.compile(
 )
 # NET/IB's connection set-up and request lines (net_ib.cc): a queue pair, or a request to a peer.
 _IB_TRAFFIC_RE = re.compile(
-    r"NET/IB ?: (?:(?:NCCL (?:Merged)?Dev \d+ )?(?:Ib)?Dev \d+ Port \d+ qpn \d|req \d+/\d+ tag )"
+    r"NET/IB ?: (?:(?:NCCL (?:Merged)?Dev \d+ )?(?:Ib)?Dev \d+ Port \d+ qpn \d|req \d+/\d+ tag |collective mismatch)"
 )
 _SOCKET_USING_RE = re.compile(r"NET/Socket ?: Using(?P<ifs>.*)$")
 _SOCKET_IF_RE = re.compile(r"\[\d+\](?P<if>[^\s:\[\]]+):(?P<addr>[^\s<]+)")

@@ -78,6 +78,7 @@ def place(
         nranks = nranks or state.loose_nranks
     table_nodes: list[tuple[int, NodeKey]] = []
     nranks = _add_test_table(state, key, comm, nranks, rank_process, table_nodes)
+    _add_initialising_process(state, key, nranks, rank_process)
     processes = _distinct(list(rank_process.values()) + [c.process for c in conns])
     graph = EvidenceGraph()
     graph.weigh(*_evidence(state, comm, conns, rank_process, table_nodes, nodes_of))
@@ -132,6 +133,22 @@ def _add_test_table(
         if process is not None:
             rank_process.setdefault(rank, process)
     return nranks
+
+
+def _add_initialising_process(
+    state: StreamState, key: str, nranks: int | None, rank_process: dict[int, Process]
+) -> None:
+    """One process that printed "Using network" from as many GPUs as the communicator has ranks
+    initialised every rank of it, when the log names no other communicator (NCCL prints that line
+    once per rank it initialises: a single-process job driving every GPU, ncclCommInitAll or a
+    group of ncclCommInitRank)."""
+    if not nranks or not (key == UNATTRIBUTED or [k for k in state.communicators if k != UNATTRIBUTED] == [key]):
+        return
+    drivers = [p for p in state.processes.values() if len(p.init_devices) == nranks]
+    if len(drivers) != 1 or any(p is not drivers[0] for p in rank_process.values()):
+        return
+    for rank in range(min(nranks, state.limits.max_ranks)):
+        rank_process.setdefault(rank, drivers[0])
 
 
 # ---------------------------------------------------------------------------------------------

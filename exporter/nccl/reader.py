@@ -18,7 +18,7 @@ from exporter.nccl.verdict import NcclWarning, Verdict
 # A line the reader can use holds one of these: "NCCL " (every record the logger writes), or for a
 # bare message body (its prefix stripped by whoever shipped the log) one of the others; any other
 # line is dropped at once by ``feed``. ``ccl-exporter analyze`` skips, unread, lines holding none.
-LINE_NEEDLES = ("NCCL ", " via ", "Using", "comm ", " Pid ", "Ring ", "GLOBAL_RANK", "NCCL_SHM_DISABLE")
+LINE_NEEDLES = ("NCCL ", " via ", "Using", "comm ", " Pid ", "Ring ", "qpn ", "GLOBAL_RANK", "NCCL_SHM_DISABLE")
 _MEMO_ENTRIES = 4096  # parsed messages remembered per stream (cleared when full)
 _MEMO_MESSAGE_CHARS = 512  # longer messages are parsed every time
 # What each remembered fact costs, in bytes (CPython 3.11, measured with tracemalloc; the parser
@@ -91,7 +91,8 @@ class StreamReader(StreamState):
                 and "Using" not in line
                 and "comm " not in line
                 and " Pid " not in line
-                and "Ring " not in line  # NCCL 2.2 and older print rings without the word NCCL
+                and "Ring " not in line  # NCCL 2.2 and older print rings and queue pairs without the word NCCL
+                and "qpn " not in line
             ):
                 if "GLOBAL_RANK" in line:
                     self._launcher_rank(line)
@@ -106,9 +107,11 @@ class StreamReader(StreamState):
         ):
             # The common line: one INFO record, no escape codes (what split_records would find).
             message = g.clean_message(line[marker + 10 :])
-            if not g.info_matters(message):
-                return
             head = line[:marker]
+            if not g.info_matters(message):
+                if head not in self._prefixes:  # a writer's first line: its process runs NCCL here
+                    self._note_process(line, head)
+                return
             prefix = self._prefixes.get(head)
             if prefix is None:
                 prefix = g.split_records(line, self._prefixes)[0].prefix
@@ -131,6 +134,14 @@ class StreamReader(StreamState):
             self._record(record, glued=index > 0)
 
     # -- launchers --------------------------------------------------------------------------
+
+    def _note_process(self, line: str, head: str) -> None:
+        """The process a line of no other use names: a host that prints any NCCL line runs a process
+        of the job (its prefix is parsed once per writer, then found in the prefix cache)."""
+        prefix = g.split_records(line, self._prefixes)[0].prefix
+        if prefix is not None and (prefix.host, prefix.pid) not in self.processes:
+            self._process(prefix)
+            self._cached = None
 
     def _note_launcher(self, head: str, prefix: g.Prefix | None) -> None:
         """What the text before an NCCL record says: its launch (Open MPI job id), and whether the
@@ -197,8 +208,9 @@ class StreamReader(StreamState):
             return
         event = self._parse(record.message)
         if event is None:
-            if record.level == "WARN" and record.prefix is not None:
-                self._process(record.prefix, glued)  # a process of this host runs NCCL, whatever it warns of
+            if record.prefix is not None and (record.prefix.host, record.prefix.pid) not in self.processes:
+                self._process(record.prefix, glued)  # a process of this host runs NCCL, whatever it prints
+                self._cached = None
             return
         if record.prefix is None and isinstance(event, (g.EnvEvent, g.GdrEvent, g.BootstrapEvent)):
             return  # a bare body of these says nothing about whose it is
@@ -238,6 +250,8 @@ class StreamReader(StreamState):
         if cited is None:
             cited = self._cite(record)
         process.network, process.network_line = event.name, cited
+        if record.prefix is not None and len(process.init_devices) < self.limits.max_threads:
+            process.init_devices.add(record.prefix.cuda_dev)  # printed once per rank it initialises
         thread.pending_network = event.name
         comm = self.communicators.get(thread.context) if thread.context else None
         if comm is not None and comm.network is None and process.saw_start:
