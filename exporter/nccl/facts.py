@@ -8,6 +8,7 @@ Plain records: :mod:`reader` fills them in (within :class:`state.Limits`), :mod:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from exporter.nccl.events import ConnectionEvent, IbDevice
@@ -64,10 +65,13 @@ class Process:
         "loose_ranks",
         "at_line_start",
         "init_devices",
+        "rdma_by_gdr",
     )
 
-    def __init__(self, key: tuple[str, int] | None) -> None:
+    def __init__(self, key: tuple[str, int] | None, rdma_by_gdr: set[str] | None = None) -> None:
         self.key = key
+        # The stream's network names shown RDMA-class by a /GDRDMA connection line (shared, see class_of).
+        self.rdma_by_gdr: set[str] = rdma_by_gdr if rdma_by_gdr is not None else set()
         self.host = key[0] if key else None
         # Bootstrap address (else the first NET/Socket interface's): tells apart nodes sharing a hostname.
         self.address: str | None = None
@@ -125,11 +129,11 @@ class Process:
         """
         provider = self.ofi_provider
         if self.network:
-            return Selection(self.network, self.network_line, network_class(self.network, provider))
+            return Selection(self.network, self.network_line, class_of(self.network, provider, self.rdma_by_gdr))
         if self.plugin_in_use is not None or self.ofi_in_use:
             name = self.plugin_in_use
             line = self.plugin_in_use_line
-            return Selection(name, line, network_class(name, provider))
+            return Selection(name, line, class_of(name, provider, self.rdma_by_gdr))
         if self._ib_unusable() and self.socket_seen:
             return Selection("Socket", self.socket_seen, network_class("Socket"))
         if self.ib_devices:
@@ -144,7 +148,7 @@ class Process:
             return Selection("IB", self.ib_line, RDMA)
         loaded = self.plugin_loaded
         if loaded and loaded not in self.plugins_failed and not self.socket_seen and not self._ib_unusable():
-            return Selection(loaded, self.plugin_loaded_line, network_class(loaded, provider))
+            return Selection(loaded, self.plugin_loaded_line, class_of(loaded, provider, self.rdma_by_gdr))
         if self.ib_datapath_line:
             return Selection("IB", self.ib_datapath_line, RDMA)
         if self.socket_datapath_line:
@@ -246,9 +250,26 @@ class Retired:
     reasons: list[str] = field(default_factory=list)
 
 
+def class_of(name: str | None, provider: str | None, rdma_by_gdr: AbstractSet[str]) -> str | None:
+    """``network_class``, and RDMA for a name the table does not know that the stream's connection
+    lines showed with ``/GDRDMA``. NCCL's net transport prints ``/GDRDMA`` only for a connection that
+    uses GPUDirect RDMA, which needs the network to register CUDA memory (``NCCL_PTR_CUDA`` in its
+    properties); NCCL's Socket transport and TCP plugins never offer that. HPC-X's IB plugin, for
+    one, may register as ``NCCL RDMA Plugin v8``."""
+    known = network_class(name, provider)
+    if known is None and name and name in rdma_by_gdr:
+        return RDMA
+    return known
+
+
 def connection_class(connection: Connection) -> str | None:
-    """The class of the network a connection line names (aws-ofi-nccl's by its process's provider)."""
-    return network_class(connection.event.network, connection.process.ofi_provider)
+    """The class of the network a connection line names (aws-ofi-nccl's by its process's provider;
+    an unknown name by its ``/GDRDMA``, see ``class_of``)."""
+    event = connection.event
+    known = class_of(event.network, connection.process.ofi_provider, connection.process.rdma_by_gdr)
+    if known is None and event.gdr and event.network:
+        return RDMA
+    return known
 
 
 # ---------------------------------------------------------------------------------------------

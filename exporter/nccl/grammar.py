@@ -181,6 +181,10 @@ _PLUGIN_NAME_RE = re.compile(
 _OFI_PROVIDER_RE = re.compile(
     r"Selected [Pp]rovider is (?P<provider>[^\s,()]{1,64})(?:, fabric is (?P<fabric>[^\s()]{1,64}))?"
 )
+# aws-ofi-nccl's first lines, before it picks a libfabric provider: "Initializing aws-ofi-nccl 1.9"
+# (and "Using aws-ofi-nccl 1.1" before it), then its platform code's "Running on p4d.24xlarge
+# platform, ..." (nccl_ofi_net.c's init calls platform_init() before get_ofi_provider()).
+_OFI_STARTING = ("NET/OFI Initializing aws-ofi-nccl", "NET/OFI Using aws-ofi-nccl", "NET/OFI Running on ")
 _OFI_FAILED = (
     "No eligible providers",
     "Only EFA provider is supported",
@@ -261,7 +265,7 @@ def _net_line(message: str) -> Event | None:
         m = _INTERFACE_RE.match(message)
         return InterfaceEvent(m.group("if"), m.group("addr")) if m else None
     if message.startswith("NET/OFI "):
-        if message.startswith("NET/OFI Initializing aws-ofi-nccl"):  # the plugin starts: loaded, not yet in use
+        if message.startswith(_OFI_STARTING):  # the plugin starts: loaded, not yet in use
             return PluginEvent(OFI_FAMILY, None, PLUGIN_LOADED)
         m = _OFI_PROVIDER_RE.search(message, 8, 8 + 200)
         if m is not None:

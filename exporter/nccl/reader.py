@@ -32,6 +32,9 @@ _BYTES_PER_PROCESS_ENTRY = 200  # a comm pointer, logging thread or NCCL_* setti
 _BYTES_PER_MEMO_ENTRY = 200  # plus the characters of the remembered message
 _BYTES_PER_PREFIX_ENTRY = 250
 
+# Distinct unknown network names a stream may teach as RDMA-class by /GDRDMA (a hostile log repeats one).
+_MAX_RDMA_BY_GDR = 16
+
 
 class StreamReader(StreamState):
     """Feeds one stream's lines into its state. ``_cached`` holds the verdict last concluded on the
@@ -476,6 +479,9 @@ class StreamReader(StreamState):
             self._count("connections")
             return
         self.connections[key] = Connection(event, process, context, record, self.limits.max_cited_chars)
+        name = event.network
+        if event.gdr and name and network_class(name) is None and len(self.rdma_by_gdr) < _MAX_RDMA_BY_GDR:
+            self.rdma_by_gdr.add(name)
         if context is not None:
             self.communicators[context].connections.add(key)
         elif len(thread.pending) < self.limits.max_connections:

@@ -62,6 +62,9 @@ class StreamState:
         self.processes: dict[tuple[str, int] | None, Process] = {}
         self.communicators: dict[str, Communicator] = {}
         self.connections: dict[ConnectionKey, Connection] = {}
+        # Network names the table does not know that a connection line showed with /GDRDMA: RDMA-class
+        # for every process of the stream (see facts.connection_class). Shared with each Process.
+        self.rdma_by_gdr: set[str] = set()
         self.versions: Counter[str] = Counter()
         self.test_ranks: dict[int, tuple[str, int]] = {}  # nccl-tests device table: rank -> (host, pid)
         self.test_runs_mixed = False
@@ -111,7 +114,7 @@ class StreamState:
                 oldest = next(iter(self.processes))
                 del self.processes[oldest]
                 self._count("processes")
-            process = self.processes[key] = Process(key)
+            process = self.processes[key] = Process(key, self.rdma_by_gdr)
             self._nodes = None
         if not glued and not process.at_line_start:
             process.at_line_start = True

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from exporter.nccl.events import ConnectionEvent
-from exporter.nccl.facts import UNATTRIBUTED, Communicator, Connection, NodeKey, Process, connection_class
+from exporter.nccl.facts import UNATTRIBUTED, Communicator, Connection, NodeKey, Process, class_of, connection_class
 from exporter.nccl.networks import NO_SELECTION, RDMA, TCP, Selection, network_class, transport_of_network
 from exporter.nccl.placement import Span, place, takes_loose_ranks
 from exporter.nccl.state import StreamState
@@ -149,16 +150,21 @@ def _summarize(
 ) -> CommFacts:
     """One communicator: where its ranks run (placement), then what its connection lines show."""
     comm = state.communicators.get(key)
-    return _conclude(key, comm, conns, place(state, key, comm, conns, nodes_of), version)
+    return _conclude(key, comm, conns, place(state, key, comm, conns, nodes_of), version, state.rdma_by_gdr)
 
 
 def _conclude(
-    key: str, comm: Communicator | None, conns: list[Connection], span: Span, version: str | None
+    key: str,
+    comm: Communicator | None,
+    conns: list[Connection],
+    span: Span,
+    version: str | None,
+    rdma_by_gdr: AbstractSet[str],
 ) -> CommFacts:
     """Count the connection lines, name the network, then judge the inter-node traffic."""
     tally = _tally(comm, conns, span)
     multi = True if tally.tcp_inter is not None else span.multi
-    network = _comm_network(comm, conns, span.processes)
+    network = _comm_network(comm, conns, span.processes, rdma_by_gdr)
     inter_node_tcp, reason = _judge(key, comm, span, multi, tally.tcp_inter, network)
     no_gdr = _without_gdr(tally.no_gdr_inter, network.cls)
     summary = CommunicatorSummary(
@@ -232,7 +238,9 @@ def provider_of(processes: Iterable[Process]) -> str | None:
     return providers[0] if providers else None
 
 
-def _comm_network(comm: Communicator | None, conns: list[Connection], processes: list[Process]) -> Selection:
+def _comm_network(
+    comm: Communicator | None, conns: list[Connection], processes: list[Process], rdma_by_gdr: AbstractSet[str]
+) -> Selection:
     """The communicator's network (name, the line that shows it, class): its connection lines first,
     then its init's ``Using network``, then what each process's own lines show it selected."""
     net_lines = [c for c in conns if c.event.kind == "net" and c.event.network]
@@ -246,7 +254,7 @@ def _comm_network(comm: Communicator | None, conns: list[Connection], processes:
         return Selection(chosen.event.network, chosen.cited, connection_class(chosen))
     selected = [sel for sel in (p.selected_network() for p in processes) if sel.name or sel.cls]
     if comm is not None and comm.network:
-        comm_class = network_class(comm.network, provider_of(processes))
+        comm_class = class_of(comm.network, provider_of(processes), rdma_by_gdr)
         selected.insert(0, Selection(comm.network, comm.network_line, comm_class))
     if not selected:
         return NO_SELECTION

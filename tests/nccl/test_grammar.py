@@ -137,6 +137,10 @@ EVENT_CASES = [
     ("NET/OFI Selected provider is sockets, fabric is 172.31.0.0/20 (found 2 nics)",
      g.OfiProviderEvent("sockets", "172.31.0.0/20")),
     ("NET/OFI No eligible providers were found", g.PluginEvent(g.OFI_FAMILY, None, g.PLUGIN_FAILED)),
+    # aws-ofi-nccl's lines before it picks a provider: loaded, not yet shown in use.
+    ("NET/OFI Initializing aws-ofi-nccl 1.9.1-aws", g.PluginEvent(g.OFI_FAMILY, None, g.PLUGIN_LOADED)),
+    ("NET/OFI Using aws-ofi-nccl 1.1.0", g.PluginEvent(g.OFI_FAMILY, None, g.PLUGIN_LOADED)),
+    ("NET/OFI Running on p5.48xlarge platform, topology file /opt/x.xml", g.PluginEvent(g.OFI_FAMILY, None, g.PLUGIN_LOADED)),
     ("NET : Using interface lo:127.0.0.1<0>", g.InterfaceEvent("lo", "127.0.0.1")),
     ("Allocated 4194656 bytes of shared memory in /dev/shm/nccl-x", None),
     ("Init timings: rank 0 nranks 16 total 1.08 (kernels 0.51)", None),
@@ -189,6 +193,10 @@ WARNING_CASES = [
     ("nccl_net_ofi_rdma_init:7978", "NET/OFI OFI fi_getinfo() call failed: No data available", "net_plugin_failure"),
     ("transport/net_ib.cc:1295", "NET/IB : Got completion from peer 10.0.0.2<1> with error 12", "ib_completion_error"),
     ("transport/net_ib.cc:90", "NET/IB : Got async event : port error", "ib_async_event"),
+    # HPC-X's IB plugin prints net_ib.cc's warnings from its own file: still the verbs transport at work.
+    ("ib_plugin.c:1615", "NET/IB : Got completion from peer 10.0.0.2<1> with status=12 opcode=0", "ib_completion_error"),
+    ("ib_plugin.c:90", "NET/IB : Got async event : GID table change", "ib_async_event"),
+    ("ib_plugin.c:410", "NET/IB : Unable to open device mlx5_0", "net_plugin_failure"),
     ("misc/ibvwrap.cc:200", "Call to ibv_modify_qp failed with error Connection timed out", "ib_verbs_error"),
     ("misc/socket.cc:49", "socketProgress: Connection closed by remote peer n0<1>", "socket_connection_closed"),
     ("proxy.cc:1485", "[Service thread] Error encountered progressing operation=Connect", "proxy_error"),

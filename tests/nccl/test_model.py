@@ -239,3 +239,27 @@ def test_nccl_hostid_names_the_node_whatever_the_hostname() -> None:
     assert verdict.verdict == "tcp_fallback" and verdict.nodes == 2
     same = "\n".join(line.replace("emulated-b", "emulated-a") for line in lines)
     assert analyze_text(same).result().verdict == "single_node"
+
+
+def test_an_unlisted_network_shown_with_gdrdma_is_rdma_for_the_whole_log() -> None:
+    """A network name in neither table is RDMA-class once one of its connection lines says /GDRDMA
+    (GPUDirect RDMA needs a network that registers CUDA memory), also for the ranks that only print
+    its name; without /GDRDMA the class stays open; the names learnt are capped and per log."""
+    log = "\n".join([
+        "n1:1:1 [0] NCCL INFO Using network Vendor Net v2",
+        "n1:1:1 [0] NCCL INFO comm 0x1 rank 0 nRanks 2 nNodes 2 localRanks 1 localRank 0 MNNVL 0",
+        "n1:1:1 [0] NCCL INFO comm 0x1 rank 0 nranks 2 cudaDev 0 busId 1b000 commId 0x42 - Init COMPLETE",
+        "n2:2:2 [0] NCCL INFO comm 0x2 rank 1 nranks 2 cudaDev 0 busId 1b000 commId 0x43 - Init COMPLETE",
+        "n2:2:2 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [send] via NET/Vendor Net v2/0/GDRDMA",
+    ])
+    verdict = analyze_text(log).result()
+    assert verdict.verdict == "rdma" and verdict.inter_node_tcp is False and verdict.network == "Vendor Net v2"
+    without_gdr = analyze_text(log.replace("/0/GDRDMA", "/0")).result()
+    assert without_gdr.verdict == "unknown" and without_gdr.inter_node_tcp is None
+    # A hostile log naming many networks with /GDRDMA teaches a bounded number of names.
+    flood = [f"n2:2:2 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [send] via NET/Fake{i}/0/GDRDMA" for i in range(500)]
+    analyzer = analyze_text("\n".join(flood))
+    assert 0 < len(analyzer.rdma_by_gdr) <= 16
+    # What one log taught is not another's: the log without /GDRDMA above stayed unknown after this
+    # one, and a fresh analyzer knows no name.
+    assert not analyze_text("n1:1:1 [0] NCCL INFO Using network Vendor Net v2").rdma_by_gdr
