@@ -25,6 +25,7 @@ import pytest
 from exporter.sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
 from devtools.stack import Intervals, Prometheus, SimulatedExporter, find_rule_files
 from tests.conftest import REPO
+from tests.e2e.harness import EXPORTER_ARGS
 
 DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
 # Grafana's $__rate_interval is max(4 x scrape interval, $__interval + scrape interval); with 1 s
@@ -146,7 +147,10 @@ def test_every_panel_query_returns_data(start_cluster, tmp_path: Path) -> None: 
     assert DASHBOARDS, "no dashboards/*.json"
     rules = find_rule_files(REPO)
     assert rules
+    # Per-link NVLink series only with --collector.nvml.nvlink-granularity=link, which the node
+    # dashboard's per-link panels show; the per-GPU series the other panels read are kept in both modes.
     cluster = start_cluster(nodes=3, intervals=Intervals(), rule_files=rules, before_scrape=None,
+                            exporter_args=(*EXPORTER_ARGS, "--collector.nvml.nvlink-granularity=link"),
                             backfill=hourly_probe_history("gpu-node-01", 30, time.time()))
     # Port down and errors need a "before" sample to be a change: let the fleet run, then act.
     time.sleep(3)
