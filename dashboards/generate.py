@@ -346,6 +346,12 @@ def job_topology_panels() -> list[Table]:
     ]
 
 
+UNKNOWN_SHARE_HELP = ("Where detection is blind: the share of each namespace's GPU pods whose NCCL verdict is unknown "
+                      "(their logs do not show the network: NCCL_DEBUG is not INFO, or NCCL has not initialised "
+                      "yet). A TCP fallback of those pods is never paged from the log, only suspected from their "
+                      "traffic. Pods that never use NCCL across nodes are unknown by nature.")
+
+
 def fleet() -> Dashboard:
     node = 'node=~"$node"'
     return (
@@ -384,6 +390,12 @@ def fleet() -> Dashboard:
                            description="Jobs known from NCCL logs that span more than one node, and how many."))
         .with_panel(_table("GPU pods per node", _sel("node:ccl_gpu_pods:count", node), value="GPU pods",
                            columns_link=(TO_NODE,)))
+        .with_panel(_timeseries("GPU pods without an NCCL verdict, share by namespace", "percentunit",
+                                (_sel("namespace:ccl_nccl_verdict_unknown:ratio"), "{{namespace}}"),
+                                alerts=("CclNcclVerdictsUnknown",), description=UNKNOWN_SHARE_HELP))
+        .with_panel(_table("GPU pods without an NCCL verdict (unknown), by namespace",
+                           f"sort_desc({_sel('namespace:ccl_nccl_verdict_unknown:ratio')})", value="Unknown",
+                           unit="percentunit", alerts=("CclNcclVerdictsUnknown",), description=UNKNOWN_SHARE_HELP))
         .with_row(Row("Nodes with fabric problems"))
         .with_panel(_table("RDMA ports not ACTIVE",
                            f"({_port_state('cluster, node, device, port', node)}) and on (cluster, node, device, port) "

@@ -31,6 +31,7 @@ from exporter.backoff import supervise
 from exporter.collector_history import CollectorHistory
 from exporter.collectors.base import BackgroundCollector, Collector, close_collector
 from exporter.exposition import DEFAULT_MAX_PAGE_BYTES, PageRenderer
+from exporter.http.certificates import CertificateExpiryGauge
 from exporter.http.connections import ConnectionLimits
 from exporter.http.server import Handler, WebServer, listening, until_terminated
 from exporter.http.webconfig import WebConfigSource
@@ -39,6 +40,11 @@ from exporter.registry import UmbrellaCollector, build_registry
 log = logging.getLogger(__name__)
 
 GZIP_LEVEL = 6  # client_golang's default; level 9 costs twice the CPU for ~3 % less
+CERTIFICATE_EXPIRY_METRIC = "ccl_exporter_tls_certificate_expiry_timestamp_seconds"
+CERTIFICATE_EXPIRY_HELP = (
+    "When the TLS certificate served on /metrics (--web.config.file) expires: the earliest notAfter of "
+    "its chain, in seconds since the epoch; read again when the files change. Absent without TLS."
+)
 
 # Hooks run at startup; each gets the app and returns an async generator: the code before its
 # ``yield`` runs before the server listens, the code after it once the server has stopped.
@@ -251,12 +257,23 @@ async def serving(
     limits: ConnectionLimits = ConnectionLimits(),
     web_config: WebConfigSource | None = None,
 ) -> AsyncIterator[WebServer]:
-    """``app`` running and listening on ``host:port`` (port 0: any) until the block ends."""
-    async with (
-        app.running(),
-        listening(WebServer(app.routes, limits=limits, web_config=web_config), host, port) as server,
-    ):
-        yield server
+    """``app`` running and listening on ``host:port`` (port 0: any) until the block ends; with TLS
+    from ``web_config``, its certificate's expiry on ``/metrics`` too."""
+    expiry = None
+    if web_config is not None and web_config.tls:
+        expiry = CertificateExpiryGauge(
+            CERTIFICATE_EXPIRY_METRIC, CERTIFICATE_EXPIRY_HELP, web_config.certificate_expiry
+        )
+        app.registry.register(expiry)
+    try:
+        async with (
+            app.running(),
+            listening(WebServer(app.routes, limits=limits, web_config=web_config), host, port) as server,
+        ):
+            yield server
+    finally:
+        if expiry is not None:
+            app.registry.unregister(expiry)
 
 
 def run_server(

@@ -27,6 +27,10 @@ EXTERNAL_METRICS = {
     "node_infiniband_state_id": "node_exporter: port states, for the RDMA port counts",
     "node_infiniband_port_data_transmitted_bytes_total": "node_exporter: port bytes, for node RDMA throughput",
     "node_infiniband_port_data_received_bytes_total": "node_exporter: port bytes, for node RDMA throughput",
+    # The API server's calls to our admission webhook (k8s.io/apiserver pkg/admission/metrics).
+    "apiserver_admission_webhook_fail_open_count": "the API server: calls that failed open, for CclWebhookFailingOpen",
+    "apiserver_admission_webhook_request_total": "the API server: every call, for CclWebhookFailingOpen",
+    "apiserver_admission_webhook_rejection_count": "the API server: pods refused, for CclWebhookRejectingPods",
 }
 
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')
@@ -49,7 +53,12 @@ def referenced_names(expr: str) -> set[str]:
 
 
 def documented_metric_names() -> set[str]:
-    return set(re.findall(r"`(ccl_[a-z0-9_]+)`", METRICS_DOC.read_text()))
+    """Every backticked ``ccl_*`` name of the metric reference, and the series of its histograms
+    (a row typed ``histogram``): ``_bucket``, ``_sum`` and ``_count``."""
+    text = METRICS_DOC.read_text()
+    histograms = re.findall(r"^\| `(ccl_[a-z0-9_]+)` \| histogram \|", text, re.MULTILINE)
+    series = {f"{name}{suffix}" for name in histograms for suffix in ("_bucket", "_sum", "_count")}
+    return set(re.findall(r"`(ccl_[a-z0-9_]+)`", text)) | series
 
 
 def groups() -> list[dict]:  # type: ignore[type-arg]

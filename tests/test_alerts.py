@@ -23,10 +23,12 @@ from tests.promql_names import (
     RULES_FILE,
     groups,
     documented_metric_names,
+    grouping_labels,
     recording_rule_names,
     referenced_names,
     rules,
     unknown_names,
+    vector_selectors,
 )
 
 TESTS_DIR = REPO / "alerts" / "tests"
@@ -35,6 +37,22 @@ RUNBOOKS = REPO / "docs" / "runbooks"
 SEVERITIES = {"critical", "warning", "info"}
 
 ALERTS = [rule for rule in rules() if "alert" in rule]
+# Alerts about no node, each with the labels its description names instead: the webhook's own
+# replicas (a Deployment's pods, wherever they run), the API server's calls to the webhook, and
+# a namespace's pods across nodes.
+NOT_ABOUT_A_NODE = {
+    "CclWebhookReviewsFailing": ("namespace", "pod"),
+    "CclWebhookReviewsSlow": ("namespace", "pod"),
+    "CclWebhookCertificateExpiring": ("namespace", "pod"),
+    "CclWebhookFailingOpen": ("name",),
+    "CclWebhookRejectingPods": ("name",),
+    "CclNcclVerdictsUnknown": ("namespace",),
+}
+# The webhook's name in its MutatingWebhookConfiguration, which the API server's series carry as `name`.
+WEBHOOK_CONFIGURATIONS = (
+    REPO / "manifests" / "overlays" / "webhook" / "mutatingwebhookconfiguration.yaml",
+    REPO / "manifests" / "helm" / "ccl-health-exporter" / "templates" / "webhook-configuration.yaml",
+)
 
 
 def test_promtool_check_rules_is_clean() -> None:
@@ -126,7 +144,8 @@ def test_alert_follows_the_conventions(alert: dict) -> None:  # type: ignore[typ
     assert set(annotations) >= {"summary", "description", "runbook_url"}
     assert annotations["summary"].endswith("."), "a summary is one static sentence"
     assert "{{" not in annotations["summary"]
-    assert "$labels.node" in annotations["description"], "the description names the node"
+    for label in NOT_ABOUT_A_NODE.get(name, ("node",)):
+        assert f"$labels.{label}" in annotations["description"], f"the description names the {label}"
     assert annotations["runbook_url"].endswith(f"/{name}.md")
     runbook = RUNBOOKS / f"{name}.md"
     assert runbook.is_file(), f"missing runbook {runbook.relative_to(REPO)}"
@@ -134,6 +153,31 @@ def test_alert_follows_the_conventions(alert: dict) -> None:  # type: ignore[typ
     for section in ("## Meaning", "## Confirm", "## Causes", "## Fix", "## Verify"):
         assert section in text, f"{runbook.name}: no '{section}' section"
     assert "for" in alert, f"{name}: no `for`"
+
+
+def test_only_alerts_about_no_node_leave_the_node_out() -> None:
+    """An alert whose output keeps `node` names it; the ones listed as about no node keep none."""
+    for alert in ALERTS:
+        kept = {label for keyword, labels in grouping_labels(alert["expr"]) if keyword == "by" for label in labels}
+        if alert["alert"] in NOT_ABOUT_A_NODE:
+            assert "node" not in kept and set(NOT_ABOUT_A_NODE[alert["alert"]]) <= kept | {"namespace"}, alert["alert"]
+        else:
+            assert "$labels.node" in alert["annotations"]["description"], alert["alert"]
+
+
+def test_the_webhook_rules_select_the_webhook_by_its_name_in_the_manifests() -> None:
+    """`name` on the API server's series is the webhook's name in the MutatingWebhookConfiguration:
+    the kustomize overlay's and the chart's, and every rule that reads those series selects it."""
+    names = set()
+    for path in WEBHOOK_CONFIGURATIONS:
+        text = path.read_text()
+        webhooks = text[text.index("\nwebhooks:\n"):]
+        names |= set(re.findall(r"^  - name: (\S+)$", webhooks, re.MULTILINE))
+    selected = [re.findall(r'name="([^"]*)"', selector)
+                for rule in rules() for metric, selector in vector_selectors(rule["expr"])
+                if metric.startswith("apiserver_admission_webhook_")]
+    assert len(selected) >= 3 and all(found == [*names] for found in selected), (names, selected)
+    assert names == {"pods.ccl-health.io"}
 
 
 def test_pod_level_alerts_name_namespace_pod_and_job() -> None:

@@ -112,6 +112,14 @@ CLUSTER_MATCHER = 'cluster=~"$cluster"'
 NOT_ON_A_PANEL = {
     "CclExporterAbsent": "reads Prometheus' up and kube-state-metrics, not the exporter: nothing to plot",
     "CclSuspectedTcpFallback": "reads cAdvisor's pod network bytes, which the dashboards do not query",
+    # The admission webhook and the certificates: the dashboards show the fabric, and the simulated
+    # fleet they are tested on (tests/e2e/test_dashboards.py) runs no webhook, no API server and no TLS.
+    "CclWebhookFailingOpen": "reads the API server's series, which no dashboard queries",
+    "CclWebhookRejectingPods": "reads the API server's series, which no dashboard queries",
+    "CclWebhookReviewsFailing": "reads the webhook's own series (another target than the fleet's exporters)",
+    "CclWebhookReviewsSlow": "reads the webhook's own series (another target than the fleet's exporters)",
+    "CclWebhookCertificateExpiring": "reads the webhook's own series (another target than the fleet's exporters)",
+    "CclExporterCertificateExpiring": "exists with TLS on only; one number per node, in the runbook's query",
 }
 # The exporter's 1/0 gauges (value = 1.0 if <condition> else 0.0).
 BOOLEAN = {0, 1}

@@ -26,6 +26,7 @@ import pytest
 
 from tests.conftest import free_port
 from tests.metrics_text import value
+from tests.pki import openssl
 from tests.test_web_config import _client_context, pki  # noqa: F401 - pki is a fixture
 from tests.test_webhook_admission import admission, gpu_pod
 
@@ -153,6 +154,38 @@ def test_a_renewed_certificate_is_served_without_a_restart(webhook: Webhook) -> 
         assert time.monotonic() < deadline, "the renewed certificate was never served"
         time.sleep(0.2)
     assert webhook.proc.poll() is None
+
+
+def test_metrics_say_when_the_served_certificate_expires_and_follow_a_renewal(webhook: Webhook) -> None:
+    def served_not_after() -> float:
+        context = _client_context(webhook.pki)
+        with ssl.create_connection(("127.0.0.1", webhook.port), timeout=10) as raw, \
+                context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            return float(ssl.cert_time_to_seconds(tls.getpeercert()["notAfter"]))  # type: ignore[index]
+
+    def exposed() -> float | None:
+        return value(webhook.get("/metrics")[1].decode(), "ccl_webhook_tls_certificate_expiry_timestamp_seconds")
+
+    assert exposed() == served_not_after()
+    # A renewal with a longer validity (30 days, the test CA's server certificates have 2).
+    folder = webhook.folder
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "renewed.key", "-out", "renewed.csr",
+            "-subj", "/CN=exporter renewed", cwd=folder)
+    (folder / "renewed.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    openssl("x509", "-req", "-in", "renewed.csr", "-CA", str(webhook.pki / "ca.crt"), "-CAkey",
+            str(webhook.pki / "ca.key"), "-CAcreateserial", "-CAserial", "renewed.srl", "-days", "30",
+            "-out", "renewed.crt", "-extfile", "renewed.ext", cwd=folder)
+    before = exposed()
+    time.sleep(1.1)  # file stamps are compared at most once a second
+    os.replace(folder / "renewed.key", folder / "tls.key")
+    os.replace(folder / "renewed.crt", folder / "tls.crt")
+    deadline = time.monotonic() + 10
+    while exposed() == before:
+        assert time.monotonic() < deadline, "the gauge never followed the renewal"
+        time.sleep(0.2)
+    renewed = exposed()
+    assert renewed is not None and before is not None and renewed - before > 27 * 86400
+    assert renewed == served_not_after()
 
 
 def test_without_certificate_files_it_says_why(tmp_path: Path) -> None:

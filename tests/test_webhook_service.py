@@ -7,7 +7,7 @@ import json
 import pytest
 
 from exporter.webhook.admission import WebhookConfig
-from exporter.webhook.metrics import WebhookService
+from exporter.webhook.metrics import WebhookMetrics, WebhookService
 from tests.metrics_text import value
 from tests.test_webhook_admission import admission as review_request
 from tests.test_webhook_admission import gpu_pod
@@ -111,12 +111,25 @@ def test_two_services_do_not_share_counts() -> None:
     assert sample(second, "ccl_webhook_admission_reviews_total", decision="malformed") == 0
 
 
+def test_the_certificate_expiry_is_exposed_as_the_source_says_it_now() -> None:
+    expiry: list[float | None] = [1.8e9]
+    service = WebhookService(WebhookConfig(), WebhookMetrics(certificate_expiry=lambda: expiry[0]))
+    assert sample(service, "ccl_webhook_tls_certificate_expiry_timestamp_seconds") == 1.8e9
+    expiry[0] = 1.9e9  # renewed
+    assert sample(service, "ccl_webhook_tls_certificate_expiry_timestamp_seconds") == 1.9e9
+    expiry[0] = None  # unreadable: no sample rather than a made-up one
+    text = service.render_metrics().body.decode()
+    assert "ccl_webhook_tls_certificate_expiry_timestamp_seconds" not in text
+    assert "ccl_webhook_tls_certificate_expiry_timestamp_seconds" not in WebhookService(
+        WebhookConfig()).render_metrics().body.decode()
+
+
 def test_the_exposition_passes_promtool() -> None:
     import subprocess
 
     from tests.conftest import require_tool
 
-    service = WebhookService(WebhookConfig())
+    service = WebhookService(WebhookConfig(), WebhookMetrics(certificate_expiry=lambda: 1.8e9))
     service.mutate(json.dumps(review_request(gpu_pod())).encode())
     result = subprocess.run([require_tool("promtool"), "check", "metrics"], input=service.render_metrics().body,
                             capture_output=True, timeout=60)

@@ -54,7 +54,8 @@ changes on disk (checked at most once a second, on new connections and requests)
 and kubelet rotate mounted Secrets in place. A change that does not load is logged and the
 last good configuration stays in force, and so does one that would switch TLS on or off or leave
 no basic auth user (an emptied file): those take a restart. The rate limiter, as
-exporter-toolkit's, is built once at start.
+exporter-toolkit's, is built once at start. ``certificate_expiry`` says when the certificate in
+force expires (``exporter.http.certificates``), for the servers' expiry gauges.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ from typing import Any
 
 from exporter.http import goyaml
 from exporter.http.access import BasicAuth, RateLimit, RateLimiter
+from exporter.http.certificates import CertificateError, earliest_not_after
 from exporter.http.openssl_hooks import NativeContext, native_context
 
 log = logging.getLogger(__name__)
@@ -431,6 +433,20 @@ def peer_has_allowed_san(peercert: Mapping[str, Any] | None, allowed: tuple[str,
 class LoadedWebConfig:
     config: WebConfig
     ssl_context: ssl.SSLContext | None
+    # The earliest notAfter (seconds since the epoch) of the certificates served with TLS on;
+    # None without TLS, or where it could not be read (logged).
+    certificate_expiry: float | None = None
+
+
+def served_certificate_expiry(tls: TlsSettings, name: str) -> float | None:
+    """The earliest notAfter of the certificate chain ``tls`` serves (its file, else its inline PEM);
+    None, with a warning, when it cannot be read."""
+    try:
+        pem = tls.cert_file.read_bytes() if tls.cert_file else tls.cert_pem.encode()
+        return earliest_not_after(pem)
+    except (OSError, CertificateError) as exc:
+        log.warning("web configuration %s: cannot read when the certificate expires: %s", name, exc)
+        return None
 
 
 def _stamp(path: Path) -> tuple[int, int, int, int] | None:
@@ -490,7 +506,10 @@ class WebConfigSource:
 
     def _build(self) -> LoadedWebConfig:
         config = self._load()
-        return LoadedWebConfig(config, build_ssl_context(config.tls) if config.tls else None)
+        if config.tls is None:
+            return LoadedWebConfig(config, None)
+        context = build_ssl_context(config.tls)
+        return LoadedWebConfig(config, context, served_certificate_expiry(config.tls, self.name))
 
     def _stamp_all(self, config: WebConfig) -> tuple[object, ...]:
         return tuple(_stamp(path) for path in self._watched(config))
@@ -543,6 +562,11 @@ class WebConfigSource:
     @property
     def tls(self) -> bool:
         return self._current.ssl_context is not None
+
+    def certificate_expiry(self) -> float | None:
+        """When the certificate served now expires (its chain's earliest notAfter, seconds since the
+        epoch), read again after a renewal; None without TLS or when it could not be read."""
+        return self.current().certificate_expiry
 
     def rate_allows(self) -> bool:
         with self._lock:

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from exporter import __version__
+from exporter.http.certificates import CertificateExpiryGauge
 from exporter.webhook.admission import (
     CHANGES,
     DECISIONS,
@@ -60,9 +61,10 @@ class Answer:
 
 
 class WebhookMetrics:
-    """The webhook's registry: ``ccl_webhook_*``."""
+    """The webhook's registry: ``ccl_webhook_*``; with ``certificate_expiry`` (the serving
+    certificate's, ``WebConfigSource.certificate_expiry``) also when that certificate expires."""
 
-    def __init__(self) -> None:
+    def __init__(self, certificate_expiry: Callable[[], float | None] | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.reviews = Counter(
             "ccl_webhook_admission_reviews",
@@ -91,6 +93,15 @@ class WebhookMetrics:
         )
         build = Gauge("ccl_webhook_build_info", "The webhook's version; always 1.", ["version"], registry=self.registry)
         build.labels(__version__).set(1)
+        if certificate_expiry is not None:
+            self.registry.register(
+                CertificateExpiryGauge(
+                    "ccl_webhook_tls_certificate_expiry_timestamp_seconds",
+                    "When the webhook's serving certificate (--tls.cert-file) expires: the earliest notAfter of "
+                    "its chain, in seconds since the epoch; read again when the file changes.",
+                    certificate_expiry,
+                )
+            )
         for decision in DECISIONS:
             self.reviews.labels(decision)
         for change in CHANGES:

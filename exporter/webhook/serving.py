@@ -1,7 +1,8 @@
 """The webhook's HTTPS server: ``POST /mutate``, ``GET /metrics``, ``GET /healthz`` on ``exporter.http``.
 
 The certificate and key come from ``WebConfigSource.from_tls_files``, which reads them again when
-they change on disk (a renewed certificate applies to new connections without a restart). The
+they change on disk (a renewed certificate applies to new connections without a restart, and
+``/metrics`` tells when the one in force expires). The
 server (aiohttp, behind ``exporter.http``'s connection guard) answers an unknown path 404, another
 method 405, a body over ``--web.max-body-bytes`` 413 (from its ``Content-Length``, unread), a body
 that does not arrive within the header timeout 408 and a malformed request 400; a review is
@@ -24,7 +25,7 @@ from exporter.http.connections import ConnectionLimits
 from exporter.http.server import WebServer, listening, read_body, until_terminated
 from exporter.http.webconfig import WebConfigError, WebConfigSource
 from exporter.webhook.admission import WebhookConfig
-from exporter.webhook.metrics import Answer, WebhookService
+from exporter.webhook.metrics import Answer, WebhookMetrics, WebhookService
 
 log = logging.getLogger("exporter.webhook")
 
@@ -77,7 +78,7 @@ def serve_forever(config: WebhookConfig, args: argparse.Namespace) -> int:
         log.error("cannot use the TLS certificate and key: %s", exc)
         return 1
     host, port = parse_listen_address(str(args.listen_address))
-    service = WebhookService(config)
+    service = WebhookService(config, WebhookMetrics(certificate_expiry=web_config.certificate_expiry))
 
     async def serve() -> None:
         async with serving_webhook(service, host, port, web_config, int(args.max_body_bytes)):
