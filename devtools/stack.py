@@ -157,7 +157,12 @@ def pod_monitor_metric_relabelings(checkout: Path | None = None) -> list[dict[st
     """The PodMonitor's ``metricRelabelings`` as ``metric_relabel_configs``: what the scrapes
     here apply, so that the rules read the labels our PodMonitor gives (``ccl_rule_partition``
     on the NCCL Inspector's counters)."""
-    steps = pod_monitor_endpoint(checkout).get("metricRelabelings", [])
+    return relabel_configs(pod_monitor_endpoint(checkout).get("metricRelabelings", []))
+
+
+def relabel_configs(steps: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Prometheus Operator relabeling steps (``sourceLabels``, ``targetLabel``, ...) as prometheus.yml
+    spells them (``source_labels``, ``target_label``, ...)."""
     return [{_RELABEL_KEYS[key]: value for key, value in step.items()} for step in steps]
 
 

@@ -26,18 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from devtools.stack import relabel_configs
+
 Store = Mapping[str, Mapping[str, bytes]]  # Secret or ConfigMap name -> key -> value
 
-# The endpoint's relabeling fields, as prometheus.yml spells them.
-_RELABEL_KEYS = {
-    "sourceLabels": "source_labels",
-    "targetLabel": "target_label",
-    "separator": "separator",
-    "regex": "regex",
-    "modulus": "modulus",
-    "replacement": "replacement",
-    "action": "action",
-}
 _TLS_FIELDS = {
     "serverName": "server_name",
     "insecureSkipVerify": "insecure_skip_verify",
@@ -77,10 +69,6 @@ def _discovered_labels(pod: Pod) -> dict[str, str]:
         labels[f"__meta_kubernetes_pod_label_{_label_name(name)}"] = value
         labels[f"__meta_kubernetes_pod_labelpresent_{_label_name(name)}"] = "true"
     return {**labels, **pod.extra}
-
-
-def _relabelings(steps: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    return [{_RELABEL_KEYS[key]: value for key, value in step.items()} for step in steps]
 
 
 def _written(ref: Mapping[str, str], store: Store, kind: str, folder: Path) -> str:
@@ -179,10 +167,10 @@ def scrape_config(
             else []
         ),
         {"target_label": "endpoint", "replacement": endpoint["port"]},
-        *_relabelings(endpoint.get("relabelings", [])),
+        *relabel_configs(endpoint.get("relabelings", [])),
     ]
     if endpoint.get("metricRelabelings"):
-        job["metric_relabel_configs"] = _relabelings(endpoint["metricRelabelings"])
+        job["metric_relabel_configs"] = relabel_configs(endpoint["metricRelabelings"])
     return job
 
 
