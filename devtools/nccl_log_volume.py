@@ -1,7 +1,8 @@
 """What NCCL's INFO lines weigh: bytes per rank and communicator init, measured in NCCL logs.
 
 ``python -m devtools.nccl_log_volume [PATH ...]`` (files or folders of ``*.log``; default: the
-logs of ``tests/fixtures/gpu-check`` and ``tests/fixtures/nccl``) prints a Markdown table, one row
+real public logs of ``tests/fixtures/nccl/public``, not the logs written here from NCCL's format
+strings, which would measure ourselves) prints a Markdown table, one row
 per log whose processes show a whole communicator init, then one row per NCCL version.
 
 Each record is counted as NCCL writes it at ``NCCL_DEBUG=INFO``: ``host:pid:tid [dev] NCCL INFO
@@ -27,7 +28,7 @@ from exporter.nccl.grammar import parse_message
 from exporter.nccl.records import split_records
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_PATHS = (REPO / "tests" / "fixtures" / "gpu-check", REPO / "tests" / "fixtures" / "nccl")
+DEFAULT_PATHS = (REPO / "tests" / "fixtures" / "nccl" / "public",)
 # What the kubelet adds to every line of a pod log: "<RFC 3339 time with nanoseconds> stdout F ".
 CRI_BYTES_PER_LINE = len("2025-01-01T00:00:00.000000000Z stdout F ")
 

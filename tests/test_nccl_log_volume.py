@@ -12,13 +12,15 @@ import pytest
 from devtools.nccl_log_volume import CRI_BYTES_PER_LINE, by_version, main, measure_files, measure_lines
 from tests.conftest import REPO
 
-GPU_CHECK = REPO / "tests" / "fixtures" / "gpu-check"
-RANK0 = GPU_CHECK / "nccl-2.28.9" / "two-hosts" / "socket-lo" / "rank0.nccl.log"
+# A whole run as scripts/gpu-check records one (written here from NCCL's format strings): input for
+# the counting rules only. The figures the docs quote come from real public logs.
+RANK0 = REPO / "tests" / "fixtures" / "gpu-check" / "nccl-2.28.9" / "two-hosts" / "socket-lo" / "rank0.nccl.log"
+PUBLIC = REPO / "tests" / "fixtures" / "nccl" / "public"
 
 
 def test_a_whole_run_is_counted_as_nccl_wrote_it() -> None:
-    """The gpu-check logs are NCCL's own output, one process and one communicator each: the
-    bytes of a rank-init are the file's, line for line."""
+    """A gpu-check rank log holds one process and one communicator, without wrappers: the bytes of
+    a rank-init are the file's, line for line."""
     text = RANK0.read_text()
     found = measure_lines("rank0", text.splitlines(keepends=True))
     assert found is not None
@@ -55,15 +57,18 @@ def test_a_log_without_a_whole_init_tells_nothing(tmp_path: Path) -> None:
     assert main([str(tmp_path)]) == 1
 
 
-def test_the_fixtures_give_the_figures_the_docs_quote(capsys: pytest.CaptureFixture[str]) -> None:
-    """docs/logs.md quotes the gpu-check runs: 2,478-2,594 bytes and 28-30 lines per rank-init,
-    4 connection lines on 2 channels, about 86-89 bytes a line."""
-    measured = measure_files([GPU_CHECK])
-    assert len(measured) == 8
-    assert min(m.bytes for m in measured) == 2478 and max(m.bytes for m in measured) == 2594
-    assert {m.lines for m in measured} == {28, 30} and {m.connection_lines for m in measured} == {4}
-    versions = {row.version: row for row in by_version(measured)}
-    assert set(versions) == {"2.28.9", "2.29.7"} and versions["2.28.9"].rank_inits == 6
-    assert main([str(GPU_CHECK)]) == 0
+def test_the_public_logs_give_the_figures_the_docs_quote(capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/logs.md quotes real runs only: the whole Slurm runs (NCCL 2.20.5, 2,079-2,246 bytes and
+    22.5-24.5 lines per rank-init) and the 4-node EKS runs (2.27.3, 4,919-5,753 bytes, 51-60 lines),
+    4 connection lines on 2 channels each."""
+    measured = measure_files([PUBLIC])
+    slurm = [m for m in measured if Path(m.name).name.startswith("hubutui-slurm-")]
+    eks = [m for m in measured if "training-on-eks-" in m.name and "nnodes-4" in m.name]
+    assert len(slurm) == 7 and len(eks) == 2
+    assert (min(m.bytes for m in slurm), max(m.bytes for m in slurm)) == (2079, 2246)
+    assert (min(m.lines for m in slurm), max(m.lines for m in slurm)) == (22.5, 24.5)
+    assert sorted(m.bytes for m in eks) == [4919, 5753] and sorted(m.lines for m in eks) == [51, 60]
+    assert {m.connection_lines for m in slurm + eks} == {4} and {m.channels for m in slurm + eks} == {2}
+    assert main([]) == 0  # the default is the public logs
     out = capsys.readouterr().out
-    assert out.count("| tests/fixtures/gpu-check/") == 8 and "| 2 log(s) | 2.29.7 |" in out
+    assert "tests/fixtures/nccl/public/hubutui-slurm-" in out and "gpu-check" not in out and "synthetic" not in out
