@@ -69,6 +69,8 @@ def test_the_public_logs_give_the_figures_the_docs_quote(capsys: pytest.CaptureF
     assert (min(m.lines for m in slurm), max(m.lines for m in slurm)) == (22.5, 24.5)
     assert sorted(m.bytes for m in eks) == [4919, 5753] and sorted(m.lines for m in eks) == [51, 60]
     assert {m.connection_lines for m in slurm + eks} == {4} and {m.channels for m in slurm + eks} == {2}
+    versions = {row.version: row for row in by_version(measured)}
+    assert versions["2.20.5"].rank_inits == 14 and versions["2.27.3"].rank_inits == 6
     assert main([]) == 0  # the default is the public logs
     out = capsys.readouterr().out
     assert "tests/fixtures/nccl/public/hubutui-slurm-" in out and "gpu-check" not in out and "synthetic" not in out
