@@ -178,6 +178,10 @@ _PLUGIN_NAME_RE = re.compile(
     r"(?P<what>Loaded net plugin|Initialized NET plugin|Failed to initialize NET plugin) (?P<name>.{1,64}?)"
     r"(?: \(v\d{1,3}\))?\.?$"
 )
+# nccl-rdma-sharp-plugins (HPC-X) loads as "NCCL RDMA Plugin" and, in its init, picks the transport
+# it stands for and prints its name ("P2P plugin IBext", "P2P plugin v8 UCX"): the network NCCL then
+# uses under that name (p2p_plugin.c: pluginInit_vN).
+_P2P_PLUGIN_RE = re.compile(r"P2P plugin (?:v\d{1,3} )?(?P<name>[^\s]{1,64})$")
 _OFI_PROVIDER_RE = re.compile(
     r"Selected [Pp]rovider is (?P<provider>[^\s,()]{1,64})(?:, fabric is (?P<fabric>[^\s()]{1,64}))?"
 )
@@ -381,6 +385,9 @@ def parse_message(message: str) -> Event | None:
         if m is not None:
             return AllRanksEvent(int(m.group("nranks")))
     if " plugin " in message or " NET plugin " in message:
+        if message.startswith("P2P plugin "):
+            p2p = _P2P_PLUGIN_RE.match(message)
+            return PluginEvent(None, p2p.group("name"), PLUGIN_LOADED) if p2p else None
         m = _PLUGIN_NAME_RE.search(message)
         if m is not None:
             state = {"Loaded net plugin": PLUGIN_LOADED, "Initialized NET plugin": PLUGIN_IN_USE}.get(

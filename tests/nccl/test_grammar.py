@@ -141,6 +141,10 @@ EVENT_CASES = [
     ("NET/OFI Initializing aws-ofi-nccl 1.9.1-aws", g.PluginEvent(g.OFI_FAMILY, None, g.PLUGIN_LOADED)),
     ("NET/OFI Using aws-ofi-nccl 1.1.0", g.PluginEvent(g.OFI_FAMILY, None, g.PLUGIN_LOADED)),
     ("NET/OFI Running on p5.48xlarge platform, topology file /opt/x.xml", g.PluginEvent(g.OFI_FAMILY, None, g.PLUGIN_LOADED)),
+    # HPC-X's plugin names the transport it picked in its init: the network NCCL uses from then on.
+    ("P2P plugin IBext", g.PluginEvent(None, "IBext", g.PLUGIN_LOADED)),
+    ("P2P plugin v8 UCX-RMA", g.PluginEvent(None, "UCX-RMA", g.PLUGIN_LOADED)),
+    ("P2P plugin IBext and more words", None),
     ("NET : Using interface lo:127.0.0.1<0>", g.InterfaceEvent("lo", "127.0.0.1")),
     ("Allocated 4194656 bytes of shared memory in /dev/shm/nccl-x", None),
     ("Init timings: rank 0 nranks 16 total 1.08 (kernels 0.51)", None),
