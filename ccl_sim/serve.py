@@ -28,12 +28,24 @@ from exporter.cli import NodeProvider, ServedNode, add_serve_arguments, run_serv
 from exporter.collectors import all_collectors
 from exporter.collectors.probe import ProbeCollectorSettings
 from exporter.config import DEFAULT_PORT, ServeConfig
-from exporter.flags import EnvHelpFormatter
+from exporter.flags import EnvHelpFormatter, Flag
 from exporter.sources.kubelet_stats import KubeletStatsSettings
 
 log = logging.getLogger("ccl_sim")
 
 MIN_TICK_SECONDS = 0.1
+# The simulated node's own flags, beside every flag of serve (each with its environment variable).
+NODE_FLAGS = (
+    Flag("--seed", 7, "random seed of the node (vary it across a fleet)", dest="seed", type=int),
+    Flag("--tick", 1.0, "seconds between updates of the node", dest="tick", type=float),
+    Flag(
+        "--job-ends-after",
+        0.0,
+        "seconds after which the training pod ends and frees its GPUs (0 = never)",
+        dest="job_ends_after",
+        type=float,
+    ),
+)
 
 
 def simulated_node(seed: int, tick_seconds: float = 1.0, job_ends_after_seconds: float = 0.0) -> NodeProvider:
@@ -99,14 +111,8 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     )
     add_serve_arguments(serve, environ, all_collectors())
     node = serve.add_argument_group("simulated node")
-    node.add_argument("--seed", type=int, default=7, help="random seed of the node (vary it across a fleet)")
-    node.add_argument("--tick", type=float, default=1.0, help="seconds between updates of the node")
-    node.add_argument(
-        "--job-ends-after",
-        type=float,
-        default=0.0,
-        help="seconds after which the training pod ends and frees its GPUs (0 = never)",
-    )
+    for flag in NODE_FLAGS:
+        flag.add_to(node, environ)
     return parser
 
 

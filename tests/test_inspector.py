@@ -432,7 +432,7 @@ def test_bus_bytes_of_point_to_point_and_reduce_use_factor_one() -> None:
 
 
 def test_the_simulated_node_shows_each_jobs_bus_bandwidth_by_its_network(tmp_path: Path) -> None:
-    """serve --simulate's jobs: llama-70b on IB near 355 GB/s, bert-finetune on Socket near
+    """The simulated node's jobs: llama-70b on IB near 355 GB/s, bert-finetune on Socket near
     9 GB/s (JSON Lines per rank), resnet-eval from its rewritten .prom file."""
     from exporter.collectors import inspector as inspector_collector
     from ccl_sim.node import default_node

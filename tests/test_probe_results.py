@@ -282,7 +282,7 @@ def test_cache_parses_a_file_again_only_when_it_changes(tmp_path: Path) -> None:
 
 
 def test_simulated_node_result_files(tmp_path: Path) -> None:
-    """The files ``serve --simulate`` starts with, read back through the real reader."""
+    """The files the simulated node starts with, read back through the real reader."""
     from ccl_sim.probe import SimProbeResults
 
     SimProbeResults().setup(tmp_path)

@@ -111,7 +111,7 @@ def test_bus_bandwidth_through_prometheus_matches_the_records(tmp_path: Path) ->
 
 
 def test_a_simulated_fleets_jobs_carry_their_names_and_their_networks_bandwidth(start_cluster) -> None:  # type: ignore[no-untyped-def]
-    """serve --simulate: llama-70b (IB) and bert-finetune (TCP fallback) through the shipped
+    """The simulated node: llama-70b (IB) and bert-finetune (TCP fallback) through the shipped
     recording rule, with namespace and job kind."""
     rules = find_rule_files(REPO)
     assert rules
