@@ -10,7 +10,8 @@
 # cannot say a version it does not hold. REVISION fills the revision label and
 # ccl_exporter_build_info{revision}.
 # The exporter never imports torch (only the probe's worker subprocess does), so the default
-# image installs the package and its serving dependencies only (no extras, no build tools);
+# image installs the package and its serving dependencies only (no extras, no build tools, none
+# of the development packages: the simulated node, ccl_sim/, is not in the wheel);
 # the probe image adds the locked torch build and its bundled NCCL.
 
 # The base image, pinned by digest: the multi-platform index of python:3.11-slim-bookworm
@@ -46,7 +47,7 @@ RUN --mount=type=bind,source=requirements/exporter.txt,target=/tmp/requirements/
     python -m pip install --no-cache-dir --no-deps --require-hashes --only-binary=:all: -r /tmp/requirements/exporter.txt \
     && python -m pip install --no-cache-dir --no-deps --no-index "/tmp/dist/ccl_health_exporter-${VERSION}-py3-none-any.whl" \
     && python -m pip check
-# A non-root default user: `analyze`, `--simulate` and the probe need no privilege. The
+# A non-root default user: `analyze` and the probe need no privilege. The
 # DaemonSet overrides it with UID 0 (runAsUser), with every capability dropped, because
 # kubelet writes pod logs as root:root 0640 and only their owner can read them.
 RUN useradd --system --uid 65532 --no-create-home --shell /usr/sbin/nologin ccl

@@ -45,8 +45,8 @@ $(SCAN_VENV)/.installed: Makefile
 
 # Settings in pyproject.toml. tests/ is not linted yet.
 lint: venv
-	$(BIN)/ruff check exporter devtools bench
-	$(BIN)/ruff format --check exporter devtools bench
+	$(BIN)/ruff check exporter ccl_sim devtools bench
+	$(BIN)/ruff format --check exporter ccl_sim devtools bench
 	$(BIN)/mypy
 
 test: venv $(SCAN_VENV)/.installed lint

@@ -1,6 +1,6 @@
 """Detection latency: NCCL's TCP-fallback lines written → CclNcclTcpFallback at the receiver.
 
-Real processes end to end: two ``ccl-exporter serve --simulate`` nodes, Prometheus with the
+Real processes end to end: two simulated nodes (``python -m ccl_sim serve``), Prometheus with the
 shipped rules, Alertmanager, a webhook receiver. A healthy training pod restarts and its
 NCCL comes back on ``Socket``; each hop is timed (see ``devtools.timeline``).
 

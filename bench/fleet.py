@@ -1,4 +1,4 @@
-"""A simulated fleet: N ``ccl-exporter serve --simulate`` nodes on loopback, one Prometheus with our rules.
+"""A simulated fleet: N ``python -m ccl_sim serve`` nodes on loopback, one Prometheus with our rules.
 
 Measures what a Prometheus operator sizes for: series per node, scrape duration, rule
 evaluation time (``prometheus_rule_group_last_duration_seconds``), head series and
@@ -48,7 +48,7 @@ class FleetMeasurement:
 def measure(nodes: int = 32, seconds: float = 60.0, scrape_interval: float = 5.0) -> FleetMeasurement:
     rules = find_rule_files()
     # The simulator writes every counter file on each tick; tick with the scrape, not every second.
-    exporters = start_exporters(nodes, extra_args=[f"--simulate.tick={scrape_interval:g}"])
+    exporters = start_exporters(nodes, extra_args=[f"--tick={scrape_interval:g}"])
     try:
         with tempfile.TemporaryDirectory(prefix="ccl-fleet-") as workdir:
             intervals = Intervals(scrape_seconds=scrape_interval, evaluation_seconds=scrape_interval)
@@ -125,7 +125,7 @@ def run(nodes: int = 32, seconds: float = 60.0) -> BenchResult:
     families = "\n".join(f"| `{name}` | {count:.0f} |" for name, count in m.biggest_families)
     groups += "\n" + "\n".join(f"| rule `{name}` | {value * 1000:.2f} |" for name, value in m.slowest_rules)
     markdown = f"""
-{m.nodes} simulated nodes (one `ccl-exporter serve --simulate` process each, 8 IB + 2 RoCE ports and
+{m.nodes} simulated nodes (one `python -m ccl_sim serve` process each, 8 IB + 2 RoCE ports and
 whatever simulated parts the build has; simulator ticking every scrape interval) on 127.0.0.1, scraped every {m.scrape_interval:g} s by one
 Prometheus {"with our rules" if m.rule_count else "(no rule file found)"}, measured after {m.seconds:.0f} s on a
 2-core machine that also runs all the exporters.

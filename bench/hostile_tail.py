@@ -273,7 +273,7 @@ class TailLoop:
 
 def fallback_lines(pod: str) -> list[str]:
     """NCCL's init lines of a 2-node job on Socket (a TCP fallback), as the simulated node prints them."""
-    from exporter.sim.podlogs import SimJob, nccl_init_lines
+    from ccl_sim.podlogs import SimJob, nccl_init_lines
 
     return nccl_init_lines(SimJob(namespace="research", pod=pod, labels={}, network="Socket"))
 
@@ -324,7 +324,7 @@ def fallback_on_metrics(port: int, pod: str) -> bool:
 
 
 def start_serve(work: Path, pods: Path, debug: Path) -> tuple[subprocess.Popen[bytes], int]:
-    from exporter.sim.rdma import SimRdma
+    from ccl_sim.rdma import SimRdma
 
     SimRdma(random.Random(7)).setup(work / "sysfs")
     port = free_port()

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 from bench.common import BenchResult
+from ccl_sim.podlogs import SimJob, pytorchjob_labels
 from exporter.lifecycle.controller import LifecycleSettings
-from exporter.sim.podlogs import SimJob, pytorchjob_labels
 from tests.kube_api import wait_for
 from tests.lifecycle_node import LifecycleNode, api_pod, lifecycle_node, write_nccl_log
 

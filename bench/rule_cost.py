@@ -1,6 +1,6 @@
 """Rule evaluation per group with a real Prometheus on synthetic fleets of 32, 256 and 1,000 nodes.
 
-The fleet is the exporter's real series shape: one ``ccl-exporter serve --simulate`` page (made
+The fleet is the exporter's real series shape: one ``python -m ccl_sim serve`` page (made
 healthy: the simulator's built-in TCP-fallback pod removed) is read twice to learn every series,
 its value and how fast each counter grows. A small HTTP server in this process then serves it
 for every node, live (counters growing at those rates), with each node's training pods named its
@@ -1020,7 +1020,7 @@ def run(
     slowest = max(largest.groups.items(), key=lambda item: item[1]) if largest and largest.groups else ("", 0.0)
     ratio = slowest[1] * 1000 / GOAL_MS if largest else None
     exporter_series = sum(1 for s in template if s.source == "exporter")
-    flags = f" (`serve --simulate {' '.join(exporter_args)}`)" if exporter_args else ""
+    flags = f" (`python -m ccl_sim serve {' '.join(exporter_args)}`)" if exporter_args else ""
     table = "\n".join(lines)
     markdown = f"""
 Rule evaluation per group and cycle (median of up to {cycles} cycles), rules from {" and ".join(f"`{p.name}`" for p in rule_files)}, on
@@ -1068,7 +1068,7 @@ def main(argv: list[str] | None = None) -> int:
         "--exporter-arg",
         action="append",
         default=[],
-        help="a flag for the template's serve --simulate, e.g. --collector.nvml.nvlink-granularity=gpu",
+        help="a flag for the template's python -m ccl_sim serve, e.g. --collector.nvml.nvlink-granularity=gpu",
     )
     parser.add_argument(
         "--prometheus",

@@ -29,8 +29,8 @@ GOAL_RATIO = 1.5
 
 
 def build_tree(root: Path, ports: int) -> Path:
-    from exporter.sim.node import SimulatedNode
-    from exporter.sim.rdma import SimPortSpec, SimRdma
+    from ccl_sim.node import SimulatedNode
+    from ccl_sim.rdma import SimPortSpec, SimRdma
 
     node = SimulatedNode(root=root)
     specs = [

@@ -38,8 +38,8 @@ def _per_read(read: Callable[[], object], reads: int) -> float:
 
 def run(reads: int = 2000) -> BenchResult:
     sys.path.insert(0, str(REPO))
-    from exporter.sim.nvml import GPU_BUSES
-    from exporter.sim.topology import SimTopology
+    from ccl_sim.nvml import GPU_BUSES
+    from ccl_sim.topology import SimTopology
     from exporter.sources.nvml import GpuIdentity
     from exporter.sources.sysfs import read_attribute
     from exporter.sources.topology import TopologySource, build_topology

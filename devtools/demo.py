@@ -1,11 +1,11 @@
 """``make demo``: a simulated GPU node, and -- when Prometheus and Alertmanager are installed --
 the whole alerting chain watching one training job fall back from InfiniBand to TCP.
 
-1. ``ccl-exporter serve --simulate`` on 127.0.0.1:19400 (8 GPUs, 8 IB + 2 RoCE ports, training
-   pods with NCCL logs). The simulator's built-in TCP-fallback pod is removed first, so the
-   node starts without a fallback. The demo prints which NIC each training pod's GPUs send
-   through: the training pod rail by rail (``PIX``), the simulator's crossed-rail pod on the
-   other socket's NICs (``SYS``).
+1. ``python -m ccl_sim serve`` (``ccl-exporter serve`` on a simulated node) on 127.0.0.1:19400
+   (8 GPUs, 8 IB + 2 RoCE ports, training pods with NCCL logs). The simulator's built-in
+   TCP-fallback pod is removed first, so the node starts without a fallback. The demo prints
+   which NIC each training pod's GPUs send through: the training pod rail by rail (``PIX``),
+   the simulator's crossed-rail pod on the other socket's NICs (``SYS``).
 2. With ``prometheus`` and ``prometheus-alertmanager`` on the PATH (Debian/Ubuntu:
    ``apt-get install prometheus prometheus-alertmanager``): both start on 127.0.0.1 with our
    rules (``alerts/ccl-health-rules.yaml``, unchanged), scraping every 2 s, and a webhook

@@ -2,7 +2,7 @@
 back on ``Socket``; how long until ``CclNcclTcpFallback`` reaches the webhook receiver, hop by hop,
 and until a reference rule without ``for:`` does (the floor the pipeline itself sets).
 
-Real processes end to end: two ``ccl-exporter serve --simulate`` nodes, Prometheus with the
+Real processes end to end: two simulated nodes (``python -m ccl_sim serve``), Prometheus with the
 shipped rules, Alertmanager, a webhook receiver. Shared by ``bench/detection_latency.py`` (which
 reports it) and ``tests/e2e/test_detection.py`` (which holds the headline promise to it).
 """
@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ccl_sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
 from devtools.stack import (
     ALERTMANAGER_NAMES,
     PROMETHEUS_NAMES,
@@ -29,7 +30,6 @@ from devtools.stack import (
     stop_all,
 )
 from devtools.timeline import Timeline, exporter_has, follow, tcp_fallback_watch
-from exporter.sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
 
 REFERENCE_ALERT = "ReferenceTcpFallbackNoHold"
 REFERENCE_RULES = {

@@ -700,8 +700,28 @@ class Stack:
 # Simulated exporters
 
 
+# The checkout: the simulated node (ccl_sim/) is not installed with the exporter, it runs from here.
+CHECKOUT = Path(__file__).resolve().parent.parent
+
+
+def simulated_serve_argv(*args: str) -> list[str]:
+    """The command line of ``ccl-exporter serve`` on a simulated node (``python -m ccl_sim serve``),
+    with ``args`` (any ``serve`` flag, and ``--seed``, ``--tick``, ``--job-ends-after``)."""
+    import sys
+
+    return [sys.executable, "-m", "ccl_sim", "serve", *args]
+
+
+def simulator_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with the checkout first on ``PYTHONPATH``, so that ``python -m ccl_sim`` finds the
+    simulator from any working directory."""
+    paths = [str(CHECKOUT), *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    return {**env, "PYTHONPATH": os.pathsep.join(paths)}
+
+
 class SimulatedExporter:
-    """``ccl-exporter serve --simulate`` in a subprocess on a loopback port, driven through ``/-/sim``."""
+    """``ccl-exporter serve`` on a simulated node (``python -m ccl_sim serve``) in a subprocess on a
+    loopback port, driven through ``/-/sim``."""
 
     def __init__(
         self,
@@ -711,23 +731,13 @@ class SimulatedExporter:
         extra_args: Sequence[str] = (),
         log_path: Path | None = None,
     ) -> None:
-        import sys
-
         self.node = node
         self.port = port or free_loopback_port()
         self.address = f"{LOOPBACK}:{self.port}"
         self.url = f"http://{self.address}"
-        self.argv = [
-            sys.executable,
-            "-m",
-            "exporter",
-            "serve",
-            "--simulate",
-            f"--web.listen-address={self.address}",
-            f"--simulate.seed={seed}",
-            "--log.level=warning",
-            *extra_args,
-        ]
+        self.argv = simulated_serve_argv(
+            f"--web.listen-address={self.address}", f"--seed={seed}", "--log.level=warning", *extra_args
+        )
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
         # Where its output goes without a log_path: kept until stop(), so that an exporter that
@@ -751,7 +761,7 @@ class SimulatedExporter:
     def start(self, wait: bool = True) -> SimulatedExporter:
         if self._tmpdir is None:
             self._tmpdir = tempfile.TemporaryDirectory(prefix=f"exporter-{self.node}-tmp-")
-        env = {**os.environ, "TMPDIR": self._tmpdir.name}
+        env = simulator_env({**os.environ, "TMPDIR": self._tmpdir.name})
         with open(self._output_path(), "ab") as log_file:
             self.proc = subprocess.Popen(
                 self.argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
@@ -776,7 +786,7 @@ class SimulatedExporter:
         raise TimeoutError(f"exporter for {self.node} not answering within {timeout}s: {tail}")
 
     def act(self, action: str, **params: object) -> dict[str, Any]:
-        """Perform a simulation action (see exporter/sim/control.py); returns its JSON answer."""
+        """Perform a simulation action (see ccl_sim/control.py); returns its JSON answer."""
         query = urllib.parse.urlencode({key: str(value) for key, value in params.items()})
         url = f"{self.url}/-/sim/{action}" + (f"?{query}" if query else "")
         try:
@@ -830,7 +840,7 @@ def start_exporters(
 
 def builtin_fallback_pods() -> list[tuple[str, str]]:
     """(namespace, pod) of the simulated node's pods that start on TCP (its built-in fallback example)."""
-    from exporter.sim.podlogs import default_jobs
+    from ccl_sim.podlogs import default_jobs
 
     return [(job.namespace, job.pod) for job in default_jobs() if job.network == "Socket" and job.nnodes > 1]
 
@@ -838,7 +848,7 @@ def builtin_fallback_pods() -> list[tuple[str, str]]:
 def builtin_crossed_rail_pods() -> list[tuple[str, str]]:
     """(namespace, pod) of the simulated node's pods whose NCCL traffic crosses rails (its built-in
     NIC-affinity example)."""
-    from exporter.sim.podlogs import default_jobs
+    from ccl_sim.podlogs import default_jobs
 
     return [(job.namespace, job.pod) for job in default_jobs() if job.rails == "crossed"]
 

@@ -13,7 +13,9 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,7 +35,7 @@ from exporter.webhook import command as webhook_command
 if TYPE_CHECKING:  # the server is loaded by ``serve`` only
     from exporter.http.connections import ConnectionLimits
     from exporter.http.webconfig import WebConfigSource
-    from exporter.server import StartupHook
+    from exporter.server import ExporterApp, StartupHook
 
 log = logging.getLogger("exporter")
 
@@ -41,7 +43,7 @@ WEB_FLAGS = (
     Flag(
         "--web.listen-address",
         None,
-        f"address to listen on (default 0.0.0.0:{DEFAULT_PORT}; 127.0.0.1:{DEFAULT_PORT} with --simulate)",
+        f"address to listen on (default 0.0.0.0:{DEFAULT_PORT})",
         dest="listen_address",
     ),
     Flag(
@@ -133,31 +135,7 @@ DISABLE_DEFAULTS = Switch(
     "disable every collector not enabled explicitly with --collector.<name>",
     dest="disable_defaults",
 )
-SIMULATE = Switch(
-    "--simulate",
-    "run on a built-in simulated node (no GPU or NIC needed) in a temporary folder; "
-    "adds POST /-/sim/<action> (loopback clients only) to drive it, see exporter/sim/control.py",
-    dest="simulate",
-)
-MISC_FLAGS = (
-    Flag(
-        "--simulate.seed",
-        7,
-        "random seed of the simulated node (vary it across a simulated fleet)",
-        dest="simulate_seed",
-        type=int,
-    ),
-    Flag("--simulate.tick", 1.0, "seconds between updates of the simulated node", dest="simulate_tick", type=float),
-    Flag(
-        "--simulate.job-ends-after",
-        0.0,
-        "with --simulate: seconds after which the simulated training pod ends and frees its GPUs (0 = never)",
-        dest="simulate_job_ends_after",
-        type=float,
-    ),
-    LOG_LEVEL,
-    LOG_FORMAT,
-)
+MISC_FLAGS = (LOG_LEVEL, LOG_FORMAT)
 
 
 def add_serve_arguments(
@@ -191,7 +169,6 @@ def add_serve_arguments(
                 own_flag.add_to(group, environ)
 
     misc = parser.add_argument_group("misc")
-    SIMULATE.add_to(misc, environ)
     for flag in MISC_FLAGS:
         flag.add_to(misc, environ)
 
@@ -206,7 +183,7 @@ def config_from_args(args: argparse.Namespace, specs: Sequence[CollectorSpec]) -
             on = explicit
         if on:
             enabled.append(spec.name)
-    listen = args.listen_address or (f"127.0.0.1:{DEFAULT_PORT}" if args.simulate else f"0.0.0.0:{DEFAULT_PORT}")
+    listen = args.listen_address or f"0.0.0.0:{DEFAULT_PORT}"
     try:
         parse_listen_address(listen)
     except ValueError as exc:
@@ -222,12 +199,8 @@ def config_from_args(args: argparse.Namespace, specs: Sequence[CollectorSpec]) -
         pod_resources=Path(args.pod_resources),
         probe_results=Path(args.probe_results),
         node_name=str(args.node_name),
-        simulate=bool(args.simulate),
         enabled_collectors=tuple(enabled),
         log_level=str(args.log_level),
-        simulate_seed=int(args.simulate_seed),
-        simulate_tick_seconds=float(args.simulate_tick),
-        simulate_job_ends_after_seconds=float(args.simulate_job_ends_after),
         collector_settings={spec.name: spec.settings(args) for spec in specs},
         nccl_inspector=Path(args.nccl_inspector),
     )
@@ -290,6 +263,32 @@ def _web_config(args: argparse.Namespace) -> WebConfigSource | None:
         raise SystemExit(f"ccl-exporter: --web.config.file {args.web_config_file}: {exc}") from None
 
 
+@dataclass(frozen=True)
+class ServedNode:
+    """What ``serve`` runs on: the node's shared resources and, from whoever supplies them, what the
+    server runs besides them. ``startup_hooks`` run for the server's lifetime (background tasks),
+    before the resources' own watches start; ``add_routes`` adds endpoints to the app;
+    ``collector_settings`` (collector name -> settings) stand in for what the flags gave those
+    collectors. A real node has none of these: only its resources."""
+
+    resources: NodeResources
+    startup_hooks: Sequence[StartupHook] = ()
+    add_routes: Callable[[ExporterApp], None] | None = None
+    collector_settings: Mapping[str, object] = field(default_factory=dict)
+
+
+# ``serve``'s node, from its configuration; entered for as long as the server runs.
+NodeProvider = Callable[[ServeConfig], AbstractContextManager[ServedNode]]
+
+
+@contextlib.contextmanager
+def this_node(config: ServeConfig) -> Iterator[ServedNode]:
+    """The node ``serve`` runs on: this host's files (``--path.*``), NVML, kubelet and API server."""
+    nvml_collected = "nvml" in config.enabled_collectors  # --no-collector.nvml keeps NVML out of every series
+    with real_node_resources(config.paths, config.node_name, nvml_collected=nvml_collected) as resources:
+        yield ServedNode(resources)
+
+
 def build_collectors(specs: Sequence[CollectorSpec], config: ServeConfig, resources: NodeResources) -> list[Collector]:
     """The enabled collectors, in exposition order, each from its settings and the node's resources."""
     return [
@@ -309,8 +308,9 @@ def _watching(resources: NodeResources) -> StartupHook:
     return hook
 
 
-def run_serve(args: argparse.Namespace) -> int:
-    """The composition root: the node's resources (real or simulated), the collectors, the app."""
+def run_serve(args: argparse.Namespace, node_provider: NodeProvider = this_node) -> int:
+    """The composition root: the node (``node_provider``: this host unless a caller supplies another),
+    the collectors, the app."""
     from exporter.collector_history import FILE_NAME as HISTORY_FILE
     from exporter.collector_history import CollectorHistory
     from exporter.server import create_app, run_server
@@ -320,37 +320,21 @@ def run_serve(args: argparse.Namespace) -> int:
     limits, max_page_bytes = _web_settings(args)
     web_config = _web_config(args)
     configure_logging(config.log_level, str(args.log_format))
-    nvml_collected = "nvml" in config.enabled_collectors  # --no-collector.nvml keeps NVML out of every series
-    with contextlib.ExitStack() as stack:
-        hooks: list[StartupHook] = []
-        control = None
-        if config.simulate:
-            from exporter.sim.control import SimControl, add_control_routes, ticker_hook
-            from exporter.sim.resources import simulated_node_resources, temporary_simulated_node
-
-            node = stack.enter_context(
-                temporary_simulated_node(config.simulate_seed, config.simulate_job_ends_after_seconds)
-            )
-            resources = stack.enter_context(simulated_node_resources(node, nvml_collected=nvml_collected))
-            control = SimControl(node)
-            hooks.append(ticker_hook(control, max(0.1, config.simulate_tick_seconds)))
-            log.info("simulated node in %s", node.root)
-        else:
-            resources = stack.enter_context(
-                real_node_resources(config.paths, config.node_name, nvml_collected=nvml_collected)
-            )
-        hooks.append(_watching(resources))
+    with node_provider(config) as node:
+        if node.collector_settings:
+            config = replace(config, collector_settings={**config.collector_settings, **node.collector_settings})
+        resources = node.resources
         host, port = parse_listen_address(config.listen_address)
         app = create_app(
             build_collectors(specs, config, resources),
             max_requests=config.max_requests,
             max_page_bytes=max_page_bytes,
             scrape_timeout_seconds=config.scrape_timeout_seconds,
-            startup_hooks=hooks,
+            startup_hooks=[*node.startup_hooks, _watching(resources)],
             collector_history=CollectorHistory(resources.paths.state / HISTORY_FILE),
         )
-        if control is not None:
-            add_control_routes(app, control)
+        if node.add_routes is not None:
+            node.add_routes(app)
         log.info(
             "ccl-exporter %s listening on %s://%s:%d/metrics (collectors: %s)",
             __version__,

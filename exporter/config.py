@@ -26,7 +26,7 @@ def parse_listen_address(address: str) -> tuple[str, int]:
 
 @dataclass(frozen=True)
 class HostPaths:
-    """Where the node's files are: the ``--path.*`` flags, or the simulated node's folder tree."""
+    """Where the node's files are: the ``--path.*`` flags, or the tree of whichever node ``serve`` is given."""
 
     sysfs: Path
     pod_logs: Path
@@ -40,7 +40,7 @@ class HostPaths:
 
 @dataclass(frozen=True)
 class ServeConfig:
-    """What the ``serve`` flags say. Paths are the flags' (``--simulate`` runs on its own tree)."""
+    """What the ``serve`` flags say. Paths are the flags' (a node supplied to ``serve`` brings its own)."""
 
     listen_address: str
     max_requests: int
@@ -52,12 +52,8 @@ class ServeConfig:
     pod_resources: Path
     probe_results: Path
     node_name: str
-    simulate: bool
     enabled_collectors: tuple[str, ...]
     log_level: str
-    simulate_seed: int
-    simulate_tick_seconds: float
-    simulate_job_ends_after_seconds: float  # 0 = the simulated training pod never ends
     # collector name -> its settings (CollectorSpec.settings), for every collector, enabled or not
     collector_settings: Mapping[str, object]
     nccl_inspector: Path = DEFAULT_NCCL_INSPECTOR

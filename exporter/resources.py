@@ -4,13 +4,13 @@
 one NVML handle, one kubelet pod-resources client, one pod-metadata source (one list/watch of
 the node's pods against the API server, however many collectors label series with jobs), one
 topology source (GPUs and NICs on the PCI tree), the clock, and for the lifecycle hooks the
-node's name, the API they write through and the feed of NCCL verdicts (and, on the simulated
-node, the address of its kubelet stand-in). Every collector factory
-takes ``(settings, resources)``; no collector opens, starts or closes a shared resource itself.
+node's name and the API they write through (``KubeNode``) and the feed of NCCL verdicts. Every
+collector factory takes ``(settings, resources)``; no collector opens, starts or closes a shared
+resource itself.
 
-``real_node_resources`` builds them for this node from the flags, and
-``exporter.sim.resources.simulated_node_resources`` for the simulated node of
-``serve --simulate``. Building them is cheap: the NVML library, gRPC and the Kubernetes client
+``real_node_resources`` builds them for this node from the flags; a caller of ``serve`` may hand
+it resources of its own making instead (``exporter.cli.ServedNode``). Building them is cheap:
+the NVML library, gRPC and the Kubernetes client
 are loaded only when a collector first reads through them, and the pod list is made when a
 collector asks for it and watched once the server starts (``start``). ``close`` (or leaving the
 ``with`` block) closes what was opened, once.
@@ -21,6 +21,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.config import HostPaths
@@ -29,6 +30,15 @@ from exporter.sources.kube import KubePodCache, PodMetadataSource, in_cluster_ap
 from exporter.sources.nvml import NvmlBackend, PynvmlBackend
 from exporter.sources.podresources import PodResourcesClient
 from exporter.sources.topology import TopologySource
+
+
+@dataclass(frozen=True)
+class KubeNode:
+    """This node as the API server knows it, for the lifecycle hooks: its name ("" when not
+    given) and a factory of the CoreV1Api they write through (called in their own thread)."""
+
+    name: str = ""
+    api: Callable[[], Any] = field(default=in_cluster_api)
 
 
 class NodeResources:
@@ -43,21 +53,16 @@ class NodeResources:
         pod_metadata: Callable[[], PodMetadataSource],
         nvml_collected: bool = True,
         clock: Callable[[], float] = time.time,
-        node_name: str = "",
-        kube_api: Callable[[], Any] = in_cluster_api,
-        kubelet_stats_url: str = "",
+        kube: KubeNode = KubeNode(),
     ) -> None:
         self.paths = paths
         self.nvml = nvml
         self.pod_resources = pod_resources
         self.clock = clock  # wall clock: result files' ages, probe start times
-        # For the lifecycle hooks: this node's name, a factory of the CoreV1Api they write through
-        # (called in their own thread), and the NCCL verdicts as the NCCL collector reaches them.
-        self.node_name = node_name
-        self.kube_api = kube_api
-        # The simulated node's kubelet stand-in; "" on a real node, where the podnetwork
-        # collector's flags say where the kubelet is.
-        self.kubelet_stats_url = kubelet_stats_url
+        # For the lifecycle hooks: this node's name, the API they write through, and the NCCL
+        # verdicts as the NCCL collector reaches them.
+        self.node_name = kube.name
+        self.kube_api = kube.api
         self.verdict_feed = VerdictFeed()
         self._make_pod_metadata = pod_metadata
         self._pod_metadata: PodMetadataSource | None = None
@@ -122,7 +127,7 @@ class NodeResources:
 
 
 def _call(source: object, method: str) -> None:
-    """``start`` / ``close`` of a source that has one (the simulated node's pod list has neither)."""
+    """``start`` / ``close`` of a source that has one (a fixed pod list has neither)."""
     function = getattr(source, method, None)
     if callable(function):
         function()
@@ -137,5 +142,5 @@ def real_node_resources(paths: HostPaths, node_name: str, *, nvml_collected: boo
         pod_resources=PodResourcesClient(paths.pod_resources),
         pod_metadata=lambda: KubePodCache(node_name),
         nvml_collected=nvml_collected,
-        node_name=node_name,
+        kube=KubeNode(node_name),
     )

@@ -95,15 +95,19 @@ def wait_http(url: str, timeout: float = 20.0) -> str:
 
 
 class ExporterProcess:
-    """``ccl-exporter serve`` in a subprocess on a free loopback port."""
+    """``ccl-exporter serve`` in a subprocess on a free loopback port (``simulated``: on the simulated
+    node, ``python -m ccl_sim serve``)."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, *args: str, env: dict[str, str] | None = None, simulated: bool = False) -> None:
+        from devtools.stack import simulated_serve_argv, simulator_env
+
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         full_env = {**os.environ, **(env or {})}
+        serve = simulated_serve_argv() if simulated else [sys.executable, "-m", "exporter", "serve"]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "exporter", "serve", "--web.listen-address", f"127.0.0.1:{self.port}", *args],
-            env=full_env,
+            [*serve, "--web.listen-address", f"127.0.0.1:{self.port}", *args],
+            env=simulator_env(full_env) if simulated else full_env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -133,8 +137,8 @@ def exporter_process() -> Iterator[type[ExporterProcess]]:
     started: list[ExporterProcess] = []
 
     class Tracked(ExporterProcess):
-        def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
-            super().__init__(*args, env=env)
+        def __init__(self, *args: str, env: dict[str, str] | None = None, simulated: bool = False) -> None:
+            super().__init__(*args, env=env, simulated=simulated)
             started.append(self)
 
     yield Tracked

@@ -20,12 +20,12 @@ from exporter.collectors.nccl import NcclCollector, NcclLimits, NcclSettings
 from exporter.collectors.nccl import build_collector as build_nccl
 from exporter.config import HostPaths
 from exporter.lifecycle.controller import LifecycleSettings
-from exporter.resources import NodeResources
+from exporter.resources import KubeNode, NodeResources
 from exporter.preflight_report import PREFLIGHT_CONTAINER
-from exporter.sim.clock import cri_timestamp
-from exporter.sim.paths import simulated_paths
-from exporter.sim.podlogs import SimJob, nccl_init_lines
-from exporter.sim.rdma import SimRdma
+from ccl_sim.clock import cri_timestamp
+from ccl_sim.paths import simulated_paths
+from ccl_sim.podlogs import SimJob, nccl_init_lines
+from ccl_sim.rdma import SimRdma
 from exporter.sources.kube import FABRIC_READY_CONDITION, KubePodCache
 from exporter.sources.podresources import PodResourcesClient
 from tests.kube_api import ApiState, RecordedApiServer, wait_for
@@ -150,7 +150,7 @@ def lifecycle_node(root: Path, hooks: LifecycleSettings, node_object: dict[str, 
     resources = NodeResources(
         paths, nvml=NoNvml(), pod_resources=PodResourcesClient(root / "no-kubelet.sock"),  # type: ignore[arg-type]
         pod_metadata=lambda: KubePodCache(NODE, api_factory=api.api_factory(), watch_seconds=5),
-        node_name=NODE, kube_api=api.api_factory(), nvml_collected=False,
+        kube=KubeNode(NODE, api.api_factory()), nvml_collected=False,
     )
     nccl = build_nccl(NcclSettings(300.0, NcclLimits()), resources)
     lifecycle = build_lifecycle(LifecycleCollectorSettings(hooks), resources)

@@ -25,9 +25,35 @@ def test_defaults() -> None:
     assert "rdma" in cfg.enabled_collectors
 
 
-def test_simulate_listens_on_loopback() -> None:
-    assert config(["--simulate"]).listen_address == "127.0.0.1:19400"
-    assert config(["--simulate", "--web.listen-address", ":9500"]).listen_address == ":9500"
+def test_serve_has_no_simulate_mode() -> None:
+    """The simulated node is a development package (``python -m ccl_sim serve``), not a mode of serve."""
+    with pytest.raises(SystemExit):
+        build_parser({}).parse_args(["serve", "--simulate"])
+    out = subprocess.run([sys.executable, "-m", "exporter", "serve", "--help"], capture_output=True, text=True,
+                         check=True).stdout
+    assert "--web.listen-address" in out and "simulat" not in out.lower()
+
+
+def sim_config(argv: list[str]):  # type: ignore[no-untyped-def]
+    from ccl_sim.serve import build_parser as sim_parser
+    from ccl_sim.serve import with_simulated_defaults
+
+    return config_from_args(with_simulated_defaults(sim_parser({}).parse_args(["serve", *argv])), all_collectors())
+
+
+def test_the_simulated_node_takes_every_serve_flag_and_listens_on_loopback() -> None:
+    from ccl_sim.serve import build_parser as sim_parser
+
+    def serve_flags(parser) -> set[str]:  # type: ignore[no-untyped-def]
+        (sub,) = [a for a in parser._actions if a.dest == "command"]
+        return {flag for action in sub.choices["serve"]._actions for flag in action.option_strings}
+
+    assert serve_flags(build_parser({})) < serve_flags(sim_parser({}))
+    assert serve_flags(sim_parser({})) - serve_flags(build_parser({})) == {"--seed", "--tick", "--job-ends-after"}
+    assert sim_config([]).listen_address == "127.0.0.1:19400"
+    assert sim_config(["--web.listen-address", ":9500"]).listen_address == ":9500"
+    probe = sim_config(["--probe.interval=60", "--probe.backend=nccl"]).collector_settings["probe"]
+    assert (probe.schedule.backend, probe.schedule.min_bytes, probe.schedule.max_bytes) == ("gloo", "64K", "1M")
 
 
 def test_collector_switches() -> None:
@@ -47,7 +73,7 @@ def test_bad_values_are_clear_errors() -> None:
     with pytest.raises(SystemExit, match="not host:port"):
         config(["--web.listen-address", "nonsense"])
     with pytest.raises(SystemExit, match="not true/false"):
-        config([], {env_name("--simulate"): "maybe"})
+        config([], {env_name("--collector.disable-defaults"): "maybe"})
 
 
 @pytest.mark.parametrize(("address", "expected"), [("0.0.0.0:19400", ("0.0.0.0", 19400)), (":80", ("0.0.0.0", 80)),

@@ -122,7 +122,7 @@ def smi_topo(classes: dict[tuple[int, int], str]) -> str:
 def test_prints_our_affinity_matrix_next_to_nvidia_smi_topo(fake_lib: Path, tmp_path: Path) -> None:
     """The fake NVML's GPUs sit at the simulated HGX node's bus ids; a sysfs tree of that node, and an
     nvidia-smi whose topo -m agrees but for one cell."""
-    from exporter.sim.topology import SimTopology
+    from ccl_sim.topology import SimTopology
 
     SimTopology().setup(tmp_path / "node")
     classes = {}

@@ -13,7 +13,8 @@ import pytest
 
 from exporter.collectors.inspector import InspectorCollector, InspectorCollectorLimits, bus_bytes
 from exporter.nccl.inspector import parse_json_record
-from exporter.sim.inspector import json_record, plugin_bandwidths, prom_bucket_lines, size_range
+from ccl_sim.inspector import (RecordWriter, TimedCollective, json_record, plugin_bandwidths, prom_bucket_lines,
+                               size_range)
 from exporter.sources.inspector import InspectorLimits, InspectorSource
 from exporter.sources.kube import PodMetadata
 from exporter.sources.podlogs import TailLimits, pod_known_on_node
@@ -54,8 +55,8 @@ class Clock:
 
 def record(sn: int, collective: str = "AllReduce", size: int = 256 << 20, micros: int = 1500, nranks: int = 16,
            nnodes: int = 2, pid: int = 101) -> str:
-    return json_record(comm_id="0xabc", comm_name="DP", rank=0, nranks=nranks, nnodes=nnodes, hostname=POD, pid=pid,
-                       dump_us=1, collective=collective, sn=sn, message_bytes=size, micros=micros)
+    writer = RecordWriter(comm_id="0xabc", comm_name="DP", rank=0, nranks=nranks, nnodes=nnodes, hostname=POD, pid=pid)
+    return json_record(writer, TimedCollective(collective, sn, size, micros), dump_us=1)
 
 
 def write(path: Path, text: str, mode: str = "a") -> None:
@@ -431,11 +432,11 @@ def test_bus_bytes_of_point_to_point_and_reduce_use_factor_one() -> None:
 
 
 def test_the_simulated_node_shows_each_jobs_bus_bandwidth_by_its_network(tmp_path: Path) -> None:
-    """serve --simulate's jobs: llama-70b on IB near 355 GB/s, bert-finetune on Socket near
+    """The simulated node's jobs: llama-70b on IB near 355 GB/s, bert-finetune on Socket near
     9 GB/s (JSON Lines per rank), resnet-eval from its rewritten .prom file."""
     from exporter.collectors import inspector as inspector_collector
-    from exporter.sim.node import default_node
-    from exporter.sim.resources import simulated_node_resources
+    from ccl_sim.node import default_node
+    from ccl_sim.resources import simulated_node_resources
 
     node = default_node(tmp_path / "sim")
     node.setup()

@@ -1,5 +1,5 @@
 """The layering of ``exporter/``, read from the source: data flows one way (sources -> records ->
-collectors -> HTTP), ``nccl/`` is pure, the simulator stays outside the code it stands in for.
+collectors -> HTTP), ``nccl/`` is pure, the simulator (``ccl_sim/``) is not known to the runtime.
 
 The import graph is built from every ``import`` statement of every module, wherever it stands:
 at the top, inside a function (the lazy imports) or under ``if TYPE_CHECKING:``. A module that
@@ -113,7 +113,6 @@ def _offenders(prefixes: tuple[str, ...], forbidden: tuple[str, ...]) -> list[st
 
 def test_the_graph_sees_lazy_and_type_checking_imports() -> None:
     graph = import_graph()
-    assert "exporter.sim.nvml" in graph["exporter.sim.node"]  # inside default_node() and under TYPE_CHECKING
     assert "exporter.server" in graph["exporter.cli"]  # under TYPE_CHECKING and inside serve
     assert "exporter.sources.podresources_v1.api_pb2_grpc" in graph["exporter.sources.podresources"]  # lazy
 
@@ -132,8 +131,6 @@ def test_no_import_cycle_in_exporter() -> None:
 @pytest.mark.parametrize(
     ("prefixes", "forbidden", "why"),
     [
-        (("exporter.sources", "exporter.collectors", "exporter.nccl"), ("exporter.sim",),
-         "the simulator stands in for the host; the code it feeds must not know it"),
         (("exporter.sources",), ("exporter.probe", "exporter.collectors", "prometheus_client"),
          "sources read the world and return plain records"),
         (("exporter.nccl",), ("prometheus_client", "exporter.sources", "exporter.collectors", "exporter.probe",
@@ -143,6 +140,33 @@ def test_no_import_cycle_in_exporter() -> None:
 )
 def test_layers_import_only_downwards(prefixes: tuple[str, ...], forbidden: tuple[str, ...], why: str) -> None:
     assert not _offenders(prefixes, forbidden), why
+
+
+SIMULATOR_PACKAGE = "ccl_sim"
+
+
+def _simulator_mentions(source: str) -> list[str]:
+    """The lines of ``source`` that know the simulator: its package named (an import, a string, a
+    comment), or anything about simulating (``config.simulate``, ``--simulate``, "the simulated node")."""
+    return [f"line {number}: {line.strip()}" for number, line in enumerate(source.splitlines(), 1)
+            if SIMULATOR_PACKAGE in line or "simulat" in line.lower()]
+
+
+def test_the_simulator_check_sees_a_branch_an_import_a_flag_and_a_mention() -> None:
+    assert _simulator_mentions("x = 1\nif config.simulate:\n    pass\n") == ["line 2: if config.simulate:"]
+    assert _simulator_mentions("from ccl_sim.node import default_node\n") == [
+        "line 1: from ccl_sim.node import default_node"]
+    assert _simulator_mentions("FLAG = Switch('--simulate', 'run')\n") == ["line 1: FLAG = Switch('--simulate', 'run')"]
+    assert _simulator_mentions('"""Reads a Simulated node."""\n') == ['line 1: """Reads a Simulated node."""']
+    assert _simulator_mentions("def simple(similar: int) -> None: ...\n") == []
+
+
+def test_the_runtime_does_not_know_the_simulator() -> None:
+    """The simulated node is a development package beside the runtime (ccl_sim/), handed to
+    ``serve`` through the seam any caller has (``exporter.cli.ServedNode``): no module of
+    ``exporter/`` imports it, names it, or has a simulate mode, flag or branch."""
+    found = {name: hits for name, path in _modules().items() if (hits := _simulator_mentions(path.read_text()))}
+    assert not found
 
 
 def test_nccl_imports_nothing_of_the_exporter_outside_itself() -> None:

@@ -28,8 +28,8 @@ from exporter.lifecycle.controller import FIRST_VIEW_GRACE_SECONDS, LifecycleCon
 from exporter.lifecycle.writes import LifecycleApi
 from exporter.preflight_report import render_report
 from exporter.results import Check, ProbeResult
-from exporter.sim.paths import simulated_paths
-from exporter.sim.podlogs import SimJob, pytorchjob_labels
+from ccl_sim.paths import simulated_paths
+from ccl_sim.podlogs import SimJob, pytorchjob_labels
 from exporter.sources.kube import FABRIC_READY_CONDITION, PodMetadata, pod_metadata_from_object
 from tests.kube_api import ApiState, RecordedApiServer, wait_for
 from tests.lifecycle_node import LifecycleNode, api_pod, lifecycle_node, write_nccl_log

@@ -92,7 +92,7 @@ def _json_lines(output: str) -> list[dict[str, str]]:
 
 
 def test_serve_logs_json(exporter_process: type[ExporterProcess]) -> None:
-    process = exporter_process("--simulate", "--log.format=json")
+    process = exporter_process("--log.format=json", simulated=True)
     entries = _json_lines(process.stop())
     assert any(e["level"] == "INFO" and e["logger"].startswith("exporter") for e in entries)
 

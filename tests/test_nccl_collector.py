@@ -14,8 +14,8 @@ from prometheus_client.exposition import generate_latest
 
 from exporter.collectors.nccl import NcclCollector
 from exporter.nccl import Limits
-from exporter.sim.node import SimulatedNode, default_node
-from exporter.sim.podlogs import SimJob, SimPodLogs, nccl_init_lines, pytorchjob_labels
+from ccl_sim.node import SimulatedNode, default_node
+from ccl_sim.podlogs import SimJob, SimPodLogs, nccl_init_lines, pytorchjob_labels
 from exporter.sources.podlogs import PodLogTailer, TailLimits, pod_known_on_node
 
 
@@ -290,11 +290,11 @@ def test_a_noisy_pod_does_not_delay_another_pods_fallback(tmp_path: Path) -> Non
 
 
 def test_serve_simulate_shows_the_fallback(exporter_process) -> None:  # type: ignore[no-untyped-def]
-    """``ccl-exporter serve --simulate`` end to end: the simulated pods' logs are tailed by the
+    """``python -m ccl_sim serve`` end to end: the simulated pods' logs are tailed by the
     background task and the fallback pod is flagged, with its training job named."""
     import time
 
-    exporter = exporter_process("--simulate", "--no-collector.rdma")
+    exporter = exporter_process("--no-collector.rdma", simulated=True)
     deadline = time.monotonic() + 20
     found: dict = {}
     while time.monotonic() < deadline:

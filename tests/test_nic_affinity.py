@@ -8,8 +8,8 @@ from pathlib import Path
 from exporter.collectors.nccl import NcclCollector
 from exporter.collectors.nccl.nic_affinity import pod_nic_affinity
 from exporter.nccl.nics import NicUse
-from exporter.sim.node import SimulatedNode, default_node
-from exporter.sim.podlogs import SimJob, SimPodLogs, pytorchjob_labels
+from ccl_sim.node import SimulatedNode, default_node
+from ccl_sim.podlogs import SimJob, SimPodLogs, pytorchjob_labels
 from exporter.sources.kube import PodMetadata
 from exporter.sources.podlogs import PodLogTailer
 from exporter.sources.topology import GpuTopology, NicTopology, Topology, TopologySource
@@ -149,7 +149,7 @@ def test_a_software_rdma_device_and_a_nic_of_unknown_numa_node_leave_the_crossed
     blank every GPU's nearest NIC, so a crossed rail (affinity SYS, nearest PIX) could never show."""
     import os
 
-    from exporter.sim.topology import INFINIBAND_CLASS, PciFunction, PciTreeWriter
+    from ccl_sim.topology import INFINIBAND_CLASS, PciFunction, PciTreeWriter
 
     node, pods = sim(tmp_path)
     tree = PciTreeWriter(node.sysfs)

@@ -146,7 +146,7 @@ def test_parity_with_node_exporter(fixture_tree, fixture: str) -> None:  # type:
 
 def test_parity_on_the_simulated_node(tmp_path: Path) -> None:
     """The simulator's tree, after some traffic, is read identically by both."""
-    from exporter.sim.node import default_node
+    from ccl_sim.node import default_node
 
     binary = require_tool("prometheus-node-exporter")
     node = default_node(tmp_path)

@@ -12,7 +12,7 @@ import pytest
 
 from exporter.collectors.nvml import NvlinkTotals, NvmlCollector, NvmlSettings, SPEC, settings_from_args
 from exporter.sources.nvml import GpuIdentity, GpuReading, NvLinkReading, NvmlReading
-from exporter.sim.node import default_node
+from ccl_sim.node import default_node
 from tests.conftest import require_tool
 
 

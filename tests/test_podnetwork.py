@@ -353,8 +353,8 @@ def test_without_the_pod_resources_socket_the_collector_is_unavailable(tmp_path:
 
 
 def test_the_simulated_kubelet_serves_pod_traffic_at_the_rates_set() -> None:
-    from exporter.sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
-    from exporter.sim.resources import temporary_simulated_node
+    from ccl_sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
+    from ccl_sim.resources import temporary_simulated_node
 
     with temporary_simulated_node(seed=3) as node:
         assert node.kubelet is not None

@@ -282,8 +282,8 @@ def test_cache_parses_a_file_again_only_when_it_changes(tmp_path: Path) -> None:
 
 
 def test_simulated_node_result_files(tmp_path: Path) -> None:
-    """The files ``serve --simulate`` starts with, read back through the real reader."""
-    from exporter.sim.probe import SimProbeResults
+    """The files the simulated node starts with, read back through the real reader."""
+    from ccl_sim.probe import SimProbeResults
 
     SimProbeResults().setup(tmp_path)
     samples = metric_samples(ProbeCollector(tmp_path / "probe-results", 86_400))
@@ -308,7 +308,7 @@ def test_serve_binds_log_folders_and_result_files_to_the_node_pod_list(tmp_path:
     from exporter.collectors.probe import ProbeCollectorSettings
     from exporter.collectors.probe import build as build_probe
     from exporter.config import HostPaths
-    from exporter.resources import NodeResources
+    from exporter.resources import KubeNode, NodeResources
     from exporter.sources.nvml import PynvmlBackend
     from exporter.sources.podresources import PodResourcesClient
     from tests.test_podlogs_hostile import UID, NodePods, append, debug_file, lines_by_pod, nccl
@@ -317,7 +317,7 @@ def test_serve_binds_log_folders_and_result_files_to_the_node_pod_list(tmp_path:
     config = HostPaths(pod_logs=tmp_path / "pods", nccl_debug_files=tmp_path / "nccl", state=tmp_path / "state",
                        sysfs=tmp_path / "sys", probe_results=tmp_path / "results", pod_resources=tmp_path / "kubelet.sock")
     resources = NodeResources(config, nvml=PynvmlBackend(), pod_resources=PodResourcesClient(config.pod_resources),
-                              pod_metadata=lambda: node, node_name="gpu-node-1")
+                              pod_metadata=lambda: node, kube=KubeNode("gpu-node-1"))
     append(debug_file(tmp_path / "nccl", "training_real-0"), nccl(1) + "\n")
     append(debug_file(tmp_path / "nccl", "training_victim-0"), nccl(2) + "\n")
     append(debug_file(tmp_path / "nccl", "training_real-0", uid=""), nccl(3) + "\n")

@@ -1,4 +1,4 @@
-"""``serve --simulate`` with idle-time probes: skipped while the simulated training pod holds
+"""``python -m ccl_sim serve`` with idle-time probes: skipped while the simulated training pod holds
 the GPUs (real pod-resources gRPC server of the simulated node), then a real gloo probe runs
 once the pod ends, and its ``ccl_probe_*`` series are served. The serving process never loads
 torch."""
@@ -31,9 +31,9 @@ def wait_for(exporter, predicate, timeout: float) -> list[tuple[str, dict[str, s
 
 
 def test_scheduled_probe_skips_while_gpus_are_held_then_runs(exporter_process) -> None:  # type: ignore[no-untyped-def]
-    exporter = exporter_process("--simulate", "--probe.interval", "1", "--probe.iters", "3",
-                                "--simulate.job-ends-after", "4", "--collector.disable-defaults",
-                                "--collector.probe")
+    exporter = exporter_process("--probe.interval", "1", "--probe.iters", "3",
+                                "--job-ends-after", "4", "--collector.disable-defaults",
+                                "--collector.probe", simulated=True)
 
     def skipped_for_pod(current: list) -> bool:  # type: ignore[type-arg]
         return any(n == "ccl_probe_skipped_total" and l["reason"] == "gpu_held_by_pod" and v >= 1

@@ -199,6 +199,33 @@ def _build_wheel(root: Path, dist: Path) -> Path:
     return wheel
 
 
+def test_the_wheel_carries_the_runtime_only(tmp_path: Path) -> None:
+    """Built from a tree that holds the development packages too (the simulated node, devtools,
+    bench), the wheel holds ``exporter`` and its metadata, nothing of the simulator."""
+    root = tmp_path / "tree"
+    root.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy2(REPO / name, root / name)
+    for package in ("exporter", "ccl_sim", "devtools", "bench"):
+        shutil.copytree(REPO / package, root / package,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "_version.py", "REVISION"))
+    assert (root / "ccl_sim" / "node.py").is_file()
+    env = {**os.environ, "SETUPTOOLS_SCM_PRETEND_VERSION": "0.0.1"}  # no .git in this tree
+    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                             "--wheel-dir", str(tmp_path / "dist"), str(root)], capture_output=True, text=True,
+                            timeout=300, env=env)
+    assert result.returncode == 0, result.stderr
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        top_level = archive.read(next(n for n in names if n.endswith(".dist-info/top_level.txt"))).decode()
+    assert "exporter/cli.py" in names and "exporter/collectors/nccl/families.py" in names
+    outside = sorted({name.split("/")[0] for name in names} - {"exporter", "ccl_health_exporter-0.0.1.dist-info"})
+    assert outside == [], "the wheel holds the runtime package only"
+    assert not [name for name in names if "ccl_sim" in name or "/sim/" in name]
+    assert top_level.split() == ["exporter"]
+
+
 def _build_info_of(wheel: Path, unpacked: Path) -> dict[str, str]:
     """ccl_exporter_build_info's labels as the installed wheel reports them, outside any checkout."""
     with zipfile.ZipFile(wheel) as archive:

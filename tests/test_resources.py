@@ -14,8 +14,8 @@ from exporter.collectors import all_collectors
 from exporter.collectors.base import close_collector
 from exporter.config import HostPaths
 from exporter.resources import NodeResources
-from exporter.sim.node import default_node
-from exporter.sim.resources import simulated_node_resources
+from ccl_sim.node import default_node
+from ccl_sim.resources import simulated_node_resources
 from exporter.sources.kube import NoPodMetadata
 from exporter.sources.nvml import NvmlReading
 from exporter.sources.podresources import PodResourcesClient

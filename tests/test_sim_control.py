@@ -8,8 +8,8 @@ import pytest
 
 from exporter.collectors.rdma import RdmaCollector
 from exporter.server import create_app
-from exporter.sim.control import SimControl, add_control_routes
-from exporter.sim.node import default_node
+from ccl_sim.control import SimControl, add_control_routes
+from ccl_sim.node import default_node
 
 
 def _samples(collector: RdmaCollector, name: str) -> dict[str, float]:
@@ -86,7 +86,7 @@ async def test_bad_requests_are_refused_with_a_reason(controlled) -> None:  # ty
 
 
 def test_plain_serve_has_no_control_routes(exporter_process) -> None:  # type: ignore[no-untyped-def]
-    """Outside --simulate there is nothing to drive: /-/sim does not exist."""
+    """``ccl-exporter serve`` has nothing to drive: /-/sim does not exist."""
     from tests.conftest import http_get
 
     exporter = exporter_process("--collector.disable-defaults")
@@ -243,7 +243,7 @@ async def test_cross_origin_posts_are_refused(controlled) -> None:  # type: igno
 
 
 async def test_pod_traffic_sets_the_rates_the_kubelet_summary_counts(controlled) -> None:  # type: ignore[no-untyped-def]
-    from exporter.sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
+    from ccl_sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
 
     client, control, _ = controlled
     kubelet = control.node.kubelet

@@ -1,5 +1,5 @@
-"""``serve --simulate --collector.lifecycle``: the lifecycle hooks write to the simulated node's API
-(exporter/sim/kube.py) through the same code as in a cluster, and ``kube-status`` shows it."""
+"""``--collector.lifecycle`` on the simulated node: the lifecycle hooks write to the simulated node's API
+(ccl_sim/kube.py) through the same code as in a cluster, and ``kube-status`` shows it."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import pytest
 
 from exporter.cli import build_collectors, build_parser, config_from_args
 from exporter.collectors import all_collectors
-from exporter.sim.control import ActionError, kube_status
-from exporter.sim.kube import SimApiError, SimKube
-from exporter.sim.node import default_node
-from exporter.sim.resources import simulated_node_resources
+from ccl_sim.control import ActionError, kube_status
+from ccl_sim.kube import SimApiError, SimKube
+from ccl_sim.node import default_node
+from ccl_sim.resources import simulated_node_resources
 
-FLAGS = ["serve", "--simulate", "--collector.lifecycle", "--collector.lifecycle.hooks=readiness,events,node-condition"]
+FLAGS = ["serve", "--collector.lifecycle", "--collector.lifecycle.hooks=readiness,events,node-condition"]
 
 
 def test_the_fallback_pod_is_not_fabric_ready_on_the_simulated_node(tmp_path: Path) -> None:

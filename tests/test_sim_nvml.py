@@ -1,4 +1,4 @@
-"""The simulated GPUs of ``serve --simulate``: NVLink traffic following the job, and the
+"""The simulated GPUs of ``python -m ccl_sim serve``: NVLink traffic following the job, and the
 pod-resources API served over a real gRPC unix socket from the simulated pod ↔ GPU table."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 
 from exporter.collectors.nvml import NvmlCollector, NvmlSettings
 from exporter.collectors.podresources import PodResourcesCollector
-from exporter.sim.node import SimulatedNode, default_node
-from exporter.sim.nvml import TRAINING_POD, sim_gpu_uuid
+from ccl_sim.node import SimulatedNode, default_node
+from ccl_sim.nvml import TRAINING_POD, sim_gpu_uuid
 from exporter.sources.nvml import busy_gpus
 from exporter.sources.podresources import PodResourcesClient, gpus_held_by_pods
 from tests.conftest import ExporterProcess
@@ -84,8 +84,8 @@ def test_pod_resources_served_over_grpc_follow_assign_and_release(node: Simulate
 
 def test_simulate_serves_nvlink_and_pod_metrics(exporter_process: type[ExporterProcess]) -> None:
     # only our collectors: promtool's lint is about this part's metrics
-    proc = exporter_process("--simulate", "--collector.disable-defaults", "--collector.nvml", "--collector.podresources",
-                            "--collector.nvml.nvlink-granularity=link")
+    proc = exporter_process("--collector.disable-defaults", "--collector.nvml", "--collector.podresources",
+                            "--collector.nvml.nvlink-granularity=link", simulated=True)
     body = proc.metrics()
     promtool_check(body)
     m = samples(body)

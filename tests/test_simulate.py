@@ -1,4 +1,4 @@
-"""``serve --simulate``: a node with living counters that promtool accepts."""
+"""``python -m ccl_sim serve``: a node with living counters that promtool accepts."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from tests.metrics_text import promtool_check_metrics, samples, value
 
 
 def test_simulated_counters_advance_and_lint_clean(exporter_process) -> None:  # type: ignore[no-untyped-def]
-    proc = exporter_process("--simulate")
+    proc = exporter_process(simulated=True)
     first = proc.metrics()
     time.sleep(2.2)
     second = proc.metrics()

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from exporter.collectors.base import CollectorUnavailable, PartialCollection
 from exporter.collectors.topology import TopologyCollector
-from exporter.sim.topology import BRIDGE, GPU_CLASS, INFINIBAND_CLASS, PciFunction, PciTreeWriter, SimTopology
+from ccl_sim.topology import BRIDGE, GPU_CLASS, INFINIBAND_CLASS, PciFunction, PciTreeWriter, SimTopology
 from exporter.sources.nvml import GpuIdentity, NvmlUnavailable
 from exporter.sources.topology import (
     GpuTopology,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from exporter.sim.topology import GPU_CLASS, INFINIBAND_CLASS, PciFunction, PciTreeWriter
+from ccl_sim.topology import GPU_CLASS, INFINIBAND_CLASS, PciFunction, PciTreeWriter
 from exporter.sources.nvml import GpuIdentity
 from exporter.sources.topology import PciPlacement, build_topology
 

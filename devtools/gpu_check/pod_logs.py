@@ -6,7 +6,7 @@ each node's exporter would see its own pod. The real ``serve`` command (only the
 collector) tails that tree and is scraped over HTTP until every pod shows; its ``ccl_nccl_*``
 series are kept. It runs twice: with this machine's sysfs (a TCP fallback is only flagged where
 the node has an ACTIVE RDMA port) and with a simulated sysfs holding one active InfiniBand port
-(``exporter.sim.rdma``), where the fallback run must be flagged.
+(``ccl_sim.rdma``), where the fallback run must be flagged.
 """
 
 from __future__ import annotations
@@ -140,8 +140,8 @@ def serve_and_scrape(
 
 def rdma_node_sysfs(scratch: Path) -> Path:
     """A sysfs tree with one ACTIVE InfiniBand port (the simulated node's first port)."""
-    from exporter.sim.paths import simulated_paths
-    from exporter.sim.rdma import SimRdma, default_ports
+    from ccl_sim.paths import simulated_paths
+    from ccl_sim.rdma import SimRdma, default_ports
 
     SimRdma(random.Random(0), ports=default_ports()[:1]).setup(scratch)
     return simulated_paths(scratch).sysfs

@@ -153,8 +153,6 @@ def settings_from_args(args: argparse.Namespace) -> KubeletStatsSettings:
 
 def build_collector(settings: KubeletStatsSettings | None, resources: NodeResources) -> PodNetworkCollector:
     chosen = settings or KubeletStatsSettings()
-    if resources.kubelet_stats_url:  # the simulated node's own kubelet stand-in
-        chosen = KubeletStatsSettings(url=resources.kubelet_stats_url, token_file="", ca_file="")
     return PodNetworkCollector(KubeletStatsClient(chosen), resources.pod_resources, resources.pod_metadata)
 
 

@@ -225,13 +225,13 @@ PROBE_FLAGS = (
     Flag(
         "--probe.backend",
         "auto",
-        "auto, nccl or gloo (gloo with --simulate)",
+        "auto, nccl or gloo",
         dest="probe_backend",
         choices=("auto", "nccl", "gloo"),
     ),
     Flag("--probe.collectives", "all_reduce", "comma-separated collectives", dest="probe_collectives"),
-    Flag("--probe.min-bytes", "", "smallest size (default 1M; 64K with --simulate)", dest="probe_min_bytes"),
-    Flag("--probe.max-bytes", "", "largest size (default 64M; 1M with --simulate)", dest="probe_max_bytes"),
+    Flag("--probe.min-bytes", "", "smallest size (default 1M)", dest="probe_min_bytes"),
+    Flag("--probe.max-bytes", "", "largest size (default 64M)", dest="probe_max_bytes"),
     Flag("--probe.iters", 20, "timed iterations per size", dest="probe_iters", type=int),
     Flag(
         "--probe.max-age",
@@ -247,30 +247,29 @@ PROBE_FLAGS = (
 class ProbeCollectorSettings:
     max_age_seconds: float  # a result file older than this is stale
     schedule: ProbeSettings | None  # idle-time probes; None when off
-    # Results name pods: use only those of pods the node's pod list holds. Not on the simulated
-    # node, whose pod list holds its training pods only, not the pods its result files name.
+    # Results name pods: use only those of pods the node's pod list holds (a node whose pod list
+    # does not hold the pods its result files name turns it off).
     bind_results_to_node_pods: bool = True
 
 
 def settings_from_args(args: argparse.Namespace) -> ProbeCollectorSettings:
-    """The ``--probe.*`` flags (and ``--simulate``, which runs small gloo probes); SystemExit on bad ones."""
-    simulate = bool(args.simulate)
+    """The ``--probe.*`` flags; SystemExit on bad ones."""
     schedule = None
     if float(args.probe_interval) > 0:
         try:
             schedule = ProbeSettings(
                 interval_seconds=float(args.probe_interval),
                 timeout_seconds=float(args.probe_timeout),
-                backend="gloo" if simulate else str(args.probe_backend),
+                backend=str(args.probe_backend),
                 collectives=str(args.probe_collectives),
-                min_bytes=str(args.probe_min_bytes) or ("64K" if simulate else "1M"),
-                max_bytes=str(args.probe_max_bytes) or ("1M" if simulate else "64M"),
+                min_bytes=str(args.probe_min_bytes) or "1M",
+                max_bytes=str(args.probe_max_bytes) or "64M",
                 iters=int(args.probe_iters),
                 warmup_iters=min(int(args.probe_iters), 5),
             )
         except ValueError as exc:
             raise SystemExit(f"ccl-exporter: --probe.*: {exc}") from exc
-    return ProbeCollectorSettings(float(args.probe_max_age), schedule, bind_results_to_node_pods=not simulate)
+    return ProbeCollectorSettings(float(args.probe_max_age), schedule)
 
 
 def probe_settings(config: ServeConfig) -> ProbeSettings | None:

@@ -1,5 +1,5 @@
 """The lifecycle hooks' writes to the API server, through a ``CoreV1Api`` (the ``kubernetes``
-client's, or the simulated node's stand-in with the same methods).
+client's, or a stand-in with the same methods).
 
 Conditions are written with a strategic merge patch of ``status.conditions`` on the ``status``
 subresource: the API server merges conditions by ``type``, so the pod's and node's other

@@ -7,7 +7,7 @@ client and keeps a small record per pod. Without API access (not in a cluster, n
 name, API server down) it says so once in the log and answers "unknown": ``job_name`` is
 then empty, never guessed.
 
-Both this cache and the simulated node implement ``PodMetadataSource``, the one seam the
+This cache, and any other pod list a node supplies, implement ``PodMetadataSource``, the one seam the
 collectors that label series with jobs depend on; the node's one source is held by
 ``exporter.resources.NodeResources``.
 """
@@ -152,7 +152,7 @@ def with_namespace_expectation(record: PodMetadata, namespace_labels: Mapping[st
 
 @runtime_checkable
 class PodMetadataSource(Protocol):
-    """Where job attribution comes from: the Kubernetes API, or the simulated node."""
+    """Where job attribution comes from: the Kubernetes API, or another pod list the node supplies."""
 
     def lookup(self, namespace: str, pod: str) -> PodMetadata | None:
         """The pod's record; None when unknown (not listed yet, or no source)."""

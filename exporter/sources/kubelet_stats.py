@@ -233,7 +233,7 @@ def summary_from_bytes(body: bytes, where: str) -> PodNetworks:
 
 def summary_document(pods: Iterable[tuple[str, str, Mapping[str, tuple[int, int]]]]) -> dict[str, Any]:
     """A ``/stats/summary`` answer in the kubelet's shape for (namespace, pod, {interface: (rx, tx)}):
-    what the simulated node serves and the tests send. As the kubelet's cAdvisor path writes it
+    what a kubelet stand-in serves and the tests send. As the kubelet's cAdvisor path writes it
     (``cadvisorInfoToNetworkStats``): eth0 inlined as the default interface when there is one
     (``"name": ""`` otherwise), and ``interfaces`` only when there are some."""
     entries = []

@@ -115,7 +115,7 @@ class GpuProcess:
 
 
 class NvmlBackend(Protocol):
-    """Where GPU facts come from: real NVML (``PynvmlBackend``) or the simulated node."""
+    """Where GPU facts come from: real NVML (``PynvmlBackend``) or another backend the node supplies."""
 
     def read(self) -> NvmlReading:
         """Every GPU with its links; raises ``NvmlUnavailable``."""

@@ -25,10 +25,10 @@ through the pod's UID, and only to a pod the node runs. Each file that is not is
 * ``foreign_owner``: a ``scheduled`` result (node-wide, written by the exporter itself) in a
   file the exporter's user does not own.
 
-Without a ``pod_known`` predicate (an exporter without a node name, hence no pod list; the
-simulated node's probe collector; tools) a result with a UID and its own file name is used as it
-says. Results without a pod (probe Jobs without the
-downward API) are node-wide and not bound.
+Without a ``pod_known`` predicate (an exporter without a node name, hence no pod list; a probe
+collector whose results are not bound to the node's pods; tools) a result with a UID and its own
+file name is used as it says. Results without a pod (probe Jobs without the downward API) are
+node-wide and not bound.
 
 Scrapes come every few seconds and files rarely change: pass a ``ParseCache`` (owned by the
 caller, one per folder) and a file is parsed again only when its inode, size, mtime or owner

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from exporter.sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
+from ccl_sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
 from devtools.stack import Intervals, SimulatedExporter, make_healthy
 
 

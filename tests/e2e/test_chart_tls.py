@@ -1,6 +1,6 @@
 """The chart with TLS and basic auth on, against a real exporter and a real Prometheus.
 
-Two exporters (``ccl-exporter serve --simulate``) serve the web configuration a user would put in
+Two exporters on simulated nodes (``python -m ccl_sim serve``) serve the web configuration a user would put in
 ``web.configSecret``: TLS with basic auth, and the same with client certificates required
 (RequireAndVerifyClientCert). The chart is rendered by the real Helm engine with the values that
 describe each; then, with certificates made by openssl:

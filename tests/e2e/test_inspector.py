@@ -22,7 +22,7 @@ from devtools.stack import (
     stop_process,
     wait_answering,
 )
-from exporter.sim.inspector import json_record, prom_bucket_lines, size_range
+from ccl_sim.inspector import RecordWriter, TimedCollective, json_record, prom_bucket_lines, size_range
 from tests.conftest import REPO
 from tests.e2e.harness import PARTITIONED_OTHERS, require_stack, rule_partitions
 
@@ -34,9 +34,8 @@ def records(count: int, first_sn: int) -> list[str]:
     out = []
     for i in range(count):
         collective, size, micros = OPERATIONS[i % len(OPERATIONS)]
-        out.append(json_record(comm_id="0x77", comm_name="DP", rank=0, nranks=16, nnodes=2, hostname="llama-0",
-                               pid=41, dump_us=1, collective=collective, sn=first_sn + i, message_bytes=size,
-                               micros=micros))
+        writer = RecordWriter(comm_id="0x77", comm_name="DP", rank=0, nranks=16, nnodes=2, hostname="llama-0", pid=41)
+        out.append(json_record(writer, TimedCollective(collective, first_sn + i, size, micros), dump_us=1))
     return out
 
 
@@ -112,7 +111,7 @@ def test_bus_bandwidth_through_prometheus_matches_the_records(tmp_path: Path) ->
 
 
 def test_a_simulated_fleets_jobs_carry_their_names_and_their_networks_bandwidth(start_cluster) -> None:  # type: ignore[no-untyped-def]
-    """serve --simulate: llama-70b (IB) and bert-finetune (TCP fallback) through the shipped
+    """The simulated node: llama-70b (IB) and bert-finetune (TCP fallback) through the shipped
     recording rule, with namespace and job kind."""
     rules = find_rule_files(REPO)
     assert rules

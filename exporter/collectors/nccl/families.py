@@ -228,7 +228,7 @@ def nccl_families(snap: Snapshot, limits: NcclLimits) -> list[Metric]:
         ),
         (
             "ccl_nccl_pod_metadata_available",
-            "1 when pods are attributed to jobs from a complete pod list (Kubernetes API or simulation).",
+            "1 when pods are attributed to jobs from a complete list of the node's pods (the Kubernetes API's).",
             1 if snap.metadata_available else 0,
         ),
         (

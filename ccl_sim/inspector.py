@@ -24,9 +24,9 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exporter.sim.clock import SimClock, now
-from exporter.sim.paths import simulated_paths
-from exporter.sim.podlogs import GPUS_PER_NODE, SimJob, SimPodLogs
+from ccl_sim.clock import SimClock, now
+from ccl_sim.paths import simulated_paths
+from ccl_sim.podlogs import GPUS_PER_NODE, SimJob, SimPodLogs
 
 # Bus bandwidth (bytes/s) of large collectives by where they run
 INTER_NODE_BUS_BANDWIDTH = {"IB": 355e9, "Socket": 9e9}
@@ -55,30 +55,40 @@ def plugin_bandwidths(collective: str, message_bytes: int, micros: int, nranks: 
     return algo, algo * factor
 
 
-def json_record(
-    *,
-    comm_id: str,
-    comm_name: str,
-    rank: int,
-    nranks: int,
-    nnodes: int,
-    hostname: str,
-    pid: int,
-    dump_us: int,
-    collective: str,
-    sn: int,
-    message_bytes: int,
-    micros: int,
-) -> str:
+@dataclass(frozen=True)
+class RecordWriter:
+    """Who writes an Inspector record: the communicator (its id and name, its size in ranks and
+    nodes), the writing rank, and its process (host name and pid)."""
+
+    comm_id: str
+    comm_name: str
+    rank: int
+    nranks: int
+    nnodes: int
+    hostname: str
+    pid: int
+
+
+@dataclass(frozen=True)
+class TimedCollective:
+    """One collective as the Inspector times it: its name, sequence number, bytes per rank and time."""
+
+    collective: str
+    sn: int
+    message_bytes: int
+    micros: int
+
+
+def json_record(writer: RecordWriter, op: TimedCollective, dump_us: int) -> str:
     """One JSON Lines record as NCCL 2.30's Inspector prints it (``%lf`` doubles, no spaces)."""
-    algo, bus = plugin_bandwidths(collective, message_bytes, micros, nranks)
+    algo, bus = plugin_bandwidths(op.collective, op.message_bytes, op.micros, writer.nranks)
     return (
-        f'{{"header":{{"id":"{comm_id}","comm_name":"{comm_name}","rank":{rank},"n_ranks":{nranks},'
-        f'"nnodes":{nnodes}}},"metadata":{{"inspector_output_format_version":"v4.0","git_rev":"",'
-        f'"rec_mechanism":"nccl_profiler_interface","dump_timestamp_us":{dump_us},"hostname":"{hostname}",'
-        f'"pid":{pid}}},"coll_perf":{{"coll":"{collective}","coll_sn":{sn},"coll_msg_size_bytes":{message_bytes},'
-        f'"coll_exec_time_us":{micros},"coll_timing_source":"kernel_gpu","coll_algobw_gbs":{algo:f},'
-        f'"coll_busbw_gbs":{bus:f}}}}}'
+        f'{{"header":{{"id":"{writer.comm_id}","comm_name":"{writer.comm_name}","rank":{writer.rank},'
+        f'"n_ranks":{writer.nranks},"nnodes":{writer.nnodes}}},"metadata":{{"inspector_output_format_version":'
+        f'"v4.0","git_rev":"","rec_mechanism":"nccl_profiler_interface","dump_timestamp_us":{dump_us},'
+        f'"hostname":"{writer.hostname}","pid":{writer.pid}}},"coll_perf":{{"coll":"{op.collective}",'
+        f'"coll_sn":{op.sn},"coll_msg_size_bytes":{op.message_bytes},"coll_exec_time_us":{op.micros},'
+        f'"coll_timing_source":"kernel_gpu","coll_algobw_gbs":{algo:f},"coll_busbw_gbs":{bus:f}}}}}'
     )
 
 
@@ -163,26 +173,22 @@ class SimInspector:
             if rank is None:
                 pid = 101 + 20 * job.restarts + local
                 rank = self._ranks[key] = _Rank(folder / f"{job.pod}-pid{pid}.log", pid)
+            writer = RecordWriter(
+                comm_id=job.comm_id,
+                comm_name="DP",
+                rank=job.node_index * GPUS_PER_NODE + local,
+                nranks=nranks,
+                nnodes=job.nnodes,
+                hostname=job.pod,
+                pid=rank.pid,
+            )
             lines = []
             for collective, message_bytes, per_tick in JSON_MIX:
                 for _ in range(max(1, round(per_tick * activity))):
                     rank.sn += 1
-                    lines.append(
-                        json_record(
-                            comm_id=job.comm_id,
-                            comm_name="DP",
-                            rank=job.node_index * GPUS_PER_NODE + local,
-                            nranks=nranks,
-                            nnodes=job.nnodes,
-                            hostname=job.pod,
-                            pid=rank.pid,
-                            dump_us=dump_us,
-                            collective=collective,
-                            sn=rank.sn,
-                            message_bytes=message_bytes,
-                            micros=self._micros(job, collective, message_bytes, nranks),
-                        )
-                    )
+                    micros = self._micros(job, collective, message_bytes, nranks)
+                    op = TimedCollective(collective, rank.sn, message_bytes, micros)
+                    lines.append(json_record(writer, op, dump_us))
             with open(rank.path, "a") as handle:
                 handle.write("\n".join(lines) + "\n")
 

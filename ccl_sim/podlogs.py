@@ -31,9 +31,9 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exporter.sim.clock import SimClock, cri_timestamp
-from exporter.sim.nvml import GPU_BUSES, TRAINING_NAMESPACE, TRAINING_POD, rail_nics
-from exporter.sim.paths import simulated_paths
+from ccl_sim.clock import SimClock, cri_timestamp
+from ccl_sim.nvml import GPU_BUSES, TRAINING_NAMESPACE, TRAINING_POD, rail_nics
+from ccl_sim.paths import simulated_paths
 from exporter.sources.kube import EXPECTED_NETWORK_LABEL, PodMetadata, attribute_job
 from exporter.sources.multus import NETWORK_STATUS_ANNOTATION, attached_devices
 

@@ -58,8 +58,8 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from exporter.sim.clock import now
-from exporter.sim.node import SimulatedNode
+from ccl_sim.clock import now
+from ccl_sim.node import SimulatedNode
 
 if TYPE_CHECKING:
     from exporter.server import ExporterApp
@@ -107,7 +107,7 @@ def _part(node: SimulatedNode, kind: type) -> Any:
 
 
 def _rdma(node: SimulatedNode) -> Any:
-    from exporter.sim.rdma import SimRdma
+    from ccl_sim.rdma import SimRdma
 
     return _part(node, SimRdma)
 
@@ -170,7 +170,7 @@ def gpu_release(node: SimulatedNode, params: Params) -> dict[str, Any]:
 
 
 def gpu_assign(node: SimulatedNode, params: Params) -> dict[str, Any]:
-    from exporter.sim.nvml import TRAINING_CONTAINER, TRAINING_NAMESPACE, TRAINING_POD
+    from ccl_sim.nvml import TRAINING_CONTAINER, TRAINING_NAMESPACE, TRAINING_POD
 
     namespace = _name(params, "namespace", TRAINING_NAMESPACE)
     pod = _name(params, "pod", TRAINING_POD)
@@ -192,7 +192,7 @@ def nvlink_state(active: bool) -> ActionFunc:
 
 
 def _pod_logs(node: SimulatedNode) -> Any:
-    from exporter.sim.podlogs import SimPodLogs
+    from ccl_sim.podlogs import SimPodLogs
 
     return _part(node, SimPodLogs)
 
@@ -222,7 +222,7 @@ def _flag(params: Params, name: str, default: bool) -> bool:
 
 
 def nccl_job_start(node: SimulatedNode, params: Params) -> dict[str, Any]:
-    from exporter.sim.podlogs import SimJob, pytorchjob_labels
+    from ccl_sim.podlogs import SimJob, pytorchjob_labels
 
     namespace, pod, job_name = _required(params, "namespace", "pod", "job_name")
     try:
@@ -299,9 +299,9 @@ def rdma_garbage(node: SimulatedNode, params: Params) -> dict[str, Any]:
 
 
 def probe_result(node: SimulatedNode, params: Params) -> dict[str, Any]:
+    from ccl_sim.podlogs import sim_pod_uid
+    from ccl_sim.probe import sweep
     from exporter.results import CollectiveResult, ProbeResult, Transport, write_result
-    from exporter.sim.podlogs import sim_pod_uid
-    from exporter.sim.probe import sweep
 
     try:
         peak = float(params.get("busbw_gbps", "150")) * 1e9
@@ -357,7 +357,7 @@ def _rate_param(params: Params, name: str) -> float:
 
 
 def pod_traffic(node: SimulatedNode, params: Params) -> dict[str, Any]:
-    from exporter.sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
+    from ccl_sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
 
     if node.kubelet is None:
         raise ActionError("the simulated node has no kubelet")

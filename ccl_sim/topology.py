@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exporter.sim.nvml import GPU_BUSES, rail_nics
-from exporter.sim.paths import simulated_paths
-from exporter.sim.rdma import write_attribute
+from ccl_sim.nvml import GPU_BUSES, rail_nics
+from ccl_sim.paths import simulated_paths
+from ccl_sim.rdma import write_attribute
 
 BRIDGE = "0x060400"  # PCI-to-PCI bridge: root ports, switch upstream and downstream ports
 GPU_CLASS = "0x030200"  # 3D controller

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import grpc
 
-from exporter.sim.clock import SimClock
-from exporter.sim.paths import simulated_paths
+from ccl_sim.clock import SimClock
+from ccl_sim.paths import simulated_paths
 from exporter.sources.nvml import (
     GpuIdentity,
     GpuProcess,
@@ -195,7 +195,7 @@ HOSTDEV_RESOURCE = "nvidia.com/hostdev"
 
 def rail_nics() -> list[tuple[str, str]]:
     """(RDMA device, PCI address) of the compute NIC beside each GPU: mlx5_i at the bus after GPU
-    i's, below the same PCIe switch (``exporter.sim.topology`` lays the tree out)."""
+    i's, below the same PCIe switch (``ccl_sim.topology`` lays the tree out)."""
     return [(f"mlx5_{i}", f"0000:{bus + 1:02x}:00.0") for i, bus in enumerate(GPU_BUSES)]
 
 

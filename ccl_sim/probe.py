@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from ccl_sim.clock import SimClock, now
+from ccl_sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
+from ccl_sim.paths import simulated_paths
+from ccl_sim.podlogs import sim_pod_uid
 from exporter.probe.formulas import busbw_factor, size_sweep
 from exporter.results import Check, CollectiveResult, ProbeResult, Row, Transport, write_result
-from exporter.sim.clock import SimClock, now
-from exporter.sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
-from exporter.sim.paths import simulated_paths
-from exporter.sim.podlogs import sim_pod_uid
 
 HOSTNAME = "gpu-node-07"
 RANKS, NODES = 16, 2

@@ -12,8 +12,8 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exporter.sim.clock import SimClock
-from exporter.sim.paths import simulated_paths
+from ccl_sim.clock import SimClock
+from ccl_sim.paths import simulated_paths
 
 IB_COUNTERS = (
     "VL15_dropped excessive_buffer_overrun_errors link_downed link_error_recovery "

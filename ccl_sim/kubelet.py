@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from exporter.sim.clock import SimClock
-from exporter.sim.nvml import SimNvml
+from ccl_sim.clock import SimClock
+from ccl_sim.nvml import SimNvml
 from exporter.sources.kube import PodMetadataSource
 from exporter.sources.kubelet_stats import summary_document
 

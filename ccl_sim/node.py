@@ -7,14 +7,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from ccl_sim.clock import SimClock, job_activity
+from ccl_sim.paths import simulated_paths
 from exporter.config import HostPaths
-from exporter.sim.clock import SimClock, job_activity
-from exporter.sim.paths import simulated_paths
 
 if TYPE_CHECKING:
-    from exporter.sim.kube import SimKube
-    from exporter.sim.kubelet import SimKubeletStats
-    from exporter.sim.nvml import SimNvml
+    from ccl_sim.kube import SimKube
+    from ccl_sim.kubelet import SimKubeletStats
+    from ccl_sim.nvml import SimNvml
     from exporter.sources.kube import PodMetadataSource
 
 
@@ -92,14 +92,14 @@ def default_node(root: Path, seed: int = 7, job_ends_after_seconds: float = 0.0)
     rails) and whose NCCL Inspector writes per-collective timings, a kubelet Summary API with
     each pod's network bytes, and probe / pre-flight result files (one pod failed its
     pre-flight)."""
-    from exporter.sim.inspector import SimInspector
-    from exporter.sim.kube import SimKube
-    from exporter.sim.kubelet import SimKubeletStats
-    from exporter.sim.nvml import SimNvml, SimPodResources
-    from exporter.sim.podlogs import SimPodLogs
-    from exporter.sim.probe import SimProbeResults
-    from exporter.sim.rdma import SimRdma
-    from exporter.sim.topology import SimTopology
+    from ccl_sim.inspector import SimInspector
+    from ccl_sim.kube import SimKube
+    from ccl_sim.kubelet import SimKubeletStats
+    from ccl_sim.nvml import SimNvml, SimPodResources
+    from ccl_sim.podlogs import SimPodLogs
+    from ccl_sim.probe import SimProbeResults
+    from ccl_sim.rdma import SimRdma
+    from ccl_sim.topology import SimTopology
 
     node = SimulatedNode(root=root, seed=seed)
     node.parts.append(SimRdma(rng=node.rng))

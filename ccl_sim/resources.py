@@ -1,4 +1,4 @@
-"""The shared resources of the simulated node, for ``serve --simulate``.
+"""The shared resources of the simulated node, for ``python -m ccl_sim serve``.
 
 The same ``NodeResources`` the real node gives its collectors, taken from the simulated node:
 its NVML (``SimNvml``), its pods (the simulated pod logs' own pod list; there is no API
@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from exporter.resources import NodeResources
-from exporter.sim import clock
-from exporter.sim.node import SimulatedNode, default_node
+from ccl_sim import clock
+from ccl_sim.node import SimulatedNode, default_node
+from exporter.resources import KubeNode, NodeResources
 from exporter.sources.podresources import PodResourcesClient
 
 
@@ -33,15 +33,13 @@ def simulated_node_resources(node: SimulatedNode, *, nvml_collected: bool = True
         pod_metadata=lambda: pods,
         nvml_collected=nvml_collected,
         clock=clock.now,
-        node_name=kube.node_name,
-        kube_api=lambda: kube,
-        kubelet_stats_url=node.kubelet.url,
+        kube=KubeNode(kube.node_name, lambda: kube),
     )
 
 
 @contextmanager
 def temporary_simulated_node(seed: int, job_ends_after_seconds: float = 0.0) -> Iterator[SimulatedNode]:
-    """The node ``serve --simulate`` runs, laid out in a new temporary folder and advanced one
+    """The node ``python -m ccl_sim serve`` runs, laid out in a new temporary folder and advanced one
     tick; stopped and removed on exit."""
     root = Path(tempfile.mkdtemp(prefix="ccl-exporter-sim-"))
     node = default_node(root, seed=seed, job_ends_after_seconds=job_ends_after_seconds)
