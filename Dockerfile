@@ -11,7 +11,7 @@
 # ccl_exporter_build_info{revision}.
 # The exporter never imports torch (only the probe's worker subprocess does), so the default
 # image installs the package and its serving dependencies only (no extras, no build tools, none
-# of the development packages: the simulated node, ccl_sim/, is not in the wheel);
+# of the development packages: the simulated node, sim/, is a distribution of its own);
 # the probe image adds the locked torch build and its bundled NCCL.
 
 # The base image, pinned by digest: the multi-platform index of python:3.11-slim-bookworm

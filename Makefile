@@ -28,11 +28,11 @@ venv: $(VENV)/.installed
 
 # Constrained to the image's locked versions (requirements/exporter.txt without its hashes, which
 # pip would then demand of every package): the tests run what the image runs.
-$(VENV)/.installed: pyproject.toml Makefile requirements/exporter.txt
+$(VENV)/.installed: pyproject.toml sim/pyproject.toml Makefile requirements/exporter.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	sed -n 's/^\([A-Za-z0-9][^ ]*==[^ ]*\).*/\1/p' requirements/exporter.txt > $(VENV)/constraints.txt
-	$(BIN)/python -m pip install -q -e '.[test,probe]' '$(TORCH_PIN)' -c $(VENV)/constraints.txt
+	$(BIN)/python -m pip install -q -e '.[test,probe]' -e ./sim '$(TORCH_PIN)' -c $(VENV)/constraints.txt
 	touch $@
 
 demo: venv
@@ -45,8 +45,8 @@ $(SCAN_VENV)/.installed: Makefile
 
 # Settings in pyproject.toml. tests/ is not linted yet.
 lint: venv
-	$(BIN)/ruff check exporter ccl_sim devtools bench
-	$(BIN)/ruff format --check exporter ccl_sim devtools bench
+	$(BIN)/ruff check exporter sim devtools bench
+	$(BIN)/ruff format --check exporter sim devtools bench
 	$(BIN)/mypy
 
 test: venv $(SCAN_VENV)/.installed lint

@@ -700,8 +700,9 @@ class Stack:
 # Simulated exporters
 
 
-# The checkout: the simulated node (ccl_sim/) is not installed with the exporter, it runs from here.
-CHECKOUT = Path(__file__).resolve().parent.parent
+# The simulated node's distribution in this checkout (sim/ccl_sim): put first on the path of the
+# processes it starts, so that they run this checkout's simulator whatever is installed.
+SIMULATOR_ROOT = Path(__file__).resolve().parent.parent / "sim"
 
 
 def simulated_serve_argv(*args: str) -> list[str]:
@@ -713,9 +714,9 @@ def simulated_serve_argv(*args: str) -> list[str]:
 
 
 def simulator_env(env: Mapping[str, str]) -> dict[str, str]:
-    """``env`` with the checkout first on ``PYTHONPATH``, so that ``python -m ccl_sim`` finds the
-    simulator from any working directory."""
-    paths = [str(CHECKOUT), *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    """``env`` with this checkout's simulator first on ``PYTHONPATH``, so that ``python -m ccl_sim``
+    runs it from any working directory."""
+    paths = [str(SIMULATOR_ROOT), *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
     return {**env, "PYTHONPATH": os.pathsep.join(paths)}
 
 

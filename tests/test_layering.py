@@ -1,5 +1,5 @@
 """The layering of ``exporter/``, read from the source: data flows one way (sources -> records ->
-collectors -> HTTP), ``nccl/`` is pure, the simulator (``ccl_sim/``) is not known to the runtime.
+collectors -> HTTP), ``nccl/`` is pure, the simulator (``sim/ccl_sim/``) is not known to the runtime.
 
 The import graph is built from every ``import`` statement of every module, wherever it stands:
 at the top, inside a function (the lazy imports) or under ``if TYPE_CHECKING:``. A module that
@@ -162,7 +162,7 @@ def test_the_simulator_check_sees_a_branch_an_import_a_flag_and_a_mention() -> N
 
 
 def test_the_runtime_does_not_know_the_simulator() -> None:
-    """The simulated node is a development package beside the runtime (ccl_sim/), handed to
+    """The simulated node is a development package beside the runtime (sim/ccl_sim/), handed to
     ``serve`` through the seam any caller has (``exporter.cli.ServedNode``): no module of
     ``exporter/`` imports it, names it, or has a simulate mode, flag or branch."""
     found = {name: hits for name, path in _modules().items() if (hits := _simulator_mentions(path.read_text()))}

@@ -206,10 +206,10 @@ def test_the_wheel_carries_the_runtime_only(tmp_path: Path) -> None:
     root.mkdir()
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy2(REPO / name, root / name)
-    for package in ("exporter", "ccl_sim", "devtools", "bench"):
+    for package in ("exporter", "sim", "devtools", "bench"):
         shutil.copytree(REPO / package, root / package,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "_version.py", "REVISION"))
-    assert (root / "ccl_sim" / "node.py").is_file()
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "_version.py", "REVISION", "*.egg-info"))
+    assert (root / "sim" / "ccl_sim" / "node.py").is_file()
     env = {**os.environ, "SETUPTOOLS_SCM_PRETEND_VERSION": "0.0.1"}  # no .git in this tree
     result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
                              "--wheel-dir", str(tmp_path / "dist"), str(root)], capture_output=True, text=True,
@@ -225,6 +225,22 @@ def test_the_wheel_carries_the_runtime_only(tmp_path: Path) -> None:
     assert not [name for name in names if "ccl_sim" in name or "/sim/" in name]
     assert top_level.split() == ["exporter"]
 
+
+
+def test_the_simulated_node_is_a_distribution_of_its_own(tmp_path: Path) -> None:
+    """sim/ builds its own wheel (ccl-health-sim): the simulator and nothing of the exporter, which
+    it names as a dependency."""
+    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                             "--wheel-dir", str(tmp_path / "dist"), str(REPO / "sim")], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    (wheel,) = (tmp_path / "dist").glob("ccl_health_sim-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    assert "ccl_sim/serve.py" in names and "ccl_sim/node.py" in names
+    assert {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")} == {"ccl_sim"}
+    assert "Requires-Dist: ccl-health-exporter" in metadata
 
 def _build_info_of(wheel: Path, unpacked: Path) -> dict[str, str]:
     """ccl_exporter_build_info's labels as the installed wheel reports them, outside any checkout."""

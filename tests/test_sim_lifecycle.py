@@ -1,5 +1,5 @@
 """``--collector.lifecycle`` on the simulated node: the lifecycle hooks write to the simulated node's API
-(ccl_sim/kube.py) through the same code as in a cluster, and ``kube-status`` shows it."""
+(sim/ccl_sim/kube.py) through the same code as in a cluster, and ``kube-status`` shows it."""
 
 from __future__ import annotations
 

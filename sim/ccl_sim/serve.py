@@ -106,7 +106,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         help="ccl-exporter serve on a simulated node",
         description="ccl-exporter serve, every flag of it, on a simulated node laid out in a temporary folder; "
         f"listens on 127.0.0.1:{DEFAULT_PORT} unless --web.listen-address says otherwise. Adds GET /-/sim and "
-        "POST /-/sim/<action> (loopback clients only) to drive the node, see ccl_sim/control.py.",
+        "POST /-/sim/<action> (loopback clients only) to drive the node, see sim/ccl_sim/control.py.",
         formatter_class=EnvHelpFormatter,
     )
     add_serve_arguments(serve, environ, all_collectors())
