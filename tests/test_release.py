@@ -230,8 +230,10 @@ def test_the_wheel_carries_the_runtime_only(tmp_path: Path) -> None:
 def test_the_simulated_node_is_a_distribution_of_its_own(tmp_path: Path) -> None:
     """sim/ builds its own wheel (ccl-health-sim): the simulator and nothing of the exporter, which
     it names as a dependency."""
+    tree = tmp_path / "sim"  # a copy: building in place would leave build/ in the checkout
+    shutil.copytree(REPO / "sim", tree, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"))
     result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                             "--wheel-dir", str(tmp_path / "dist"), str(REPO / "sim")], capture_output=True,
+                             "--wheel-dir", str(tmp_path / "dist"), str(tree)], capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     (wheel,) = (tmp_path / "dist").glob("ccl_health_sim-*.whl")
