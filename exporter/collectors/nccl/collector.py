@@ -23,7 +23,15 @@ from pathlib import Path
 from prometheus_client.metrics_core import Metric
 
 from exporter.collectors.base import CollectorSpec, CollectorUnavailable, run_every
-from exporter.collectors.nccl.families import NcclLimits, PodReport, Snapshot, nccl_families
+from exporter.collectors.nccl.families import (
+    CommunicatorRow,
+    ConnectionRow,
+    ExpectedNetwork,
+    NcclLimits,
+    PodReport,
+    Snapshot,
+    nccl_families,
+)
 from exporter.collectors.nccl.nic_affinity import pod_nic_affinity
 from exporter.fabric_verdicts import PodFabric, VerdictFeed
 from exporter.flags import Flag
@@ -365,7 +373,7 @@ class NcclCollector:
     def _pod_report(
         self, pod: _Pod, meta: PodMetadata | None, gpus: GpuInventory, topology: Topology | None = None
     ) -> PodReport:
-        communicators: set[tuple[str, str, str, str, str, str]] = set()
+        communicators: set[CommunicatorRow] = set()
         connections: dict[tuple[str, str, str, str], int] = {}
         has_nccl = inter_node_tcp = gdr_disabled = False
         warnings = dict(pod.retired_warnings)
@@ -385,7 +393,7 @@ class NcclCollector:
             for comm in verdict.communicators:
                 comm_id = _label(comm.comm_id)
                 communicators.add(
-                    (
+                    CommunicatorRow(
                         comm_id,
                         _label(comm.nranks),
                         _label(comm.nnodes),
@@ -410,7 +418,7 @@ class NcclCollector:
             job_name=meta.job_name if meta else "",
             job_kind=meta.job_kind if meta else "",
             communicators=tuple(sorted(communicators)),
-            connections=tuple(sorted((*k, v) for k, v in connections.items())),
+            connections=tuple(sorted(ConnectionRow(*k, v) for k, v in connections.items())),
             has_nccl=has_nccl,
             inter_node_tcp=inter_node_tcp,
             gdr_disabled=gdr_disabled,
@@ -433,27 +441,13 @@ class NcclCollector:
             if (namespace, name) in self._pods:
                 continue
             meta = self.metadata.lookup(namespace, name)
-            reports.append(
-                PodReport(
-                    namespace=namespace,
-                    pod=name,
-                    job_name=meta.job_name if meta else "",
-                    job_kind=meta.job_kind if meta else "",
-                    communicators=(),
-                    connections=(),
-                    has_nccl=False,
-                    inter_node_tcp=False,
-                    gdr_disabled=False,
-                    warnings=(),
-                    verdict="unknown",
-                )
-            )
+            reports.append(PodReport(namespace, name, meta.job_name if meta else "", meta.job_kind if meta else ""))
         return reports
 
-    def _expectations(self) -> tuple[tuple[str, str, str, str, str, str], ...]:
+    def _expectations(self) -> tuple[ExpectedNetwork, ...]:
         """Pods of the node that declare the network they run on (its class for the rules)."""
         return tuple(
-            (
+            ExpectedNetwork(
                 p.namespace,
                 p.name,
                 p.job_name,
