@@ -67,7 +67,7 @@ def memory_at_caps(root: Path, streams: int, communicators: int, ranks: int) -> 
             if read == lines and tailer.stats.backlog_bytes == 0:
                 break
             lines = read
-        analyzers = [s.analyzer for pod in collector._pods.values() for s in pod.streams.values()]
+        analyzers = list(collector.streams.analyzers())
         traced = tracemalloc.get_traced_memory()[0] - before
         estimate = sum(a.approx_bytes() for a in analyzers)
         # What the same analyzers weigh alone (the tailer's buffers and snapshots excluded).

@@ -62,7 +62,7 @@ def test_the_node_wide_budget_holds_and_says_what_it_dropped(tmp_path: Path) -> 
     for _ in range(20):
         collector.step()
     found = samples(collector)
-    held = sum(stream.analyzer.approx_bytes() for pod in collector._pods.values() for stream in pod.streams.values())
+    held = sum(analyzer.approx_bytes() for analyzer in collector.streams.analyzers())
     assert held <= budget
     assert value(found, "ccl_nccl_parser_memory_bytes") <= budget
     assert value(found, "ccl_nccl_dropped_total", reason="parser_budget") >= 1
