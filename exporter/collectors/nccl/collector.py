@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from prometheus_client.metrics_core import Metric
@@ -34,7 +34,7 @@ from exporter.resources import NodeResources
 from exporter.sources.gpu_inventory import GpuInventorySource
 from exporter.sources.kube import NoPodMetadata, PodMetadataSource
 from exporter.sources.podlogs import PodLogTailer, TailLimits, pod_known_on_node
-from exporter.sources.rdma import ACTIVE_PORT_STATES, RdmaReading, read_rdma
+from exporter.sources.rdma import ACTIVE_PORT_STATES, read_rdma
 from exporter.sources.topology import TopologySource
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,20 @@ EXPORTER_PARSER_LIMITS = Limits(
 )
 
 
+@dataclass(frozen=True)
+class NcclSettings:
+    """How the collector runs: the values of its flags (grace period, node-wide caps) first, then
+    the parser's caps and its pacing, which have no flag."""
+
+    # seconds the series of a pod whose logs are gone (or that left the node) stay exposed
+    grace_seconds: float = DEFAULT_GRACE_SECONDS
+    limits: NcclLimits = field(default_factory=NcclLimits)  # series caps, the node-wide parser memory budget
+    parser_limits: Limits = EXPORTER_PARSER_LIMITS  # each stream's analyzer
+    tick_seconds: float = 0.5  # between polls of the tailer
+    save_every_seconds: float = 5.0  # between saves of the tail offsets and each stream's counts
+    rdma_cache_seconds: float = 5.0  # how long a reading of the node's RDMA port states is reused
+
+
 class NcclCollector:
     """See the module docstring. The streams and their bounds are ``streams.StreamTable``'s, who
     each pod is ``attribution.PodAttributor``'s, each pod's verdict ``pod_reports``'."""
@@ -62,33 +76,23 @@ class NcclCollector:
         sysfs: Path,
         metadata: PodMetadataSource | None = None,
         *,
-        grace_seconds: float = DEFAULT_GRACE_SECONDS,
-        tick_seconds: float = 0.5,
-        save_every_seconds: float = 5.0,
-        rdma_cache_seconds: float = 5.0,
-        parser_limits: Limits | None = None,
-        limits: NcclLimits | None = None,
+        settings: NcclSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
-        rdma_reader: Callable[[Path], RdmaReading] = read_rdma,
         gpu_inventory: GpuInventorySource | None = None,
         topology: TopologySource | None = None,
         verdict_feed: VerdictFeed | None = None,
     ) -> None:
+        self.settings = settings or NcclSettings()
         self.tailer = tailer
         self._topology = topology
         self.metadata: PodMetadataSource = metadata or NoPodMetadata()
         self._sysfs = sysfs
-        self.grace_seconds = grace_seconds
-        self.tick_seconds = tick_seconds
-        self._save_every = save_every_seconds
-        self._rdma_cache_seconds = rdma_cache_seconds
-        self.limits = limits or NcclLimits()
+        self.limits = self.settings.limits
         self.streams = StreamTable(
-            parser_limits or EXPORTER_PARSER_LIMITS, self.limits.parser_memory_budget_bytes, grace_seconds
+            self.settings.parser_limits, self.limits.parser_memory_budget_bytes, self.settings.grace_seconds
         )
         self._attributor = PodAttributor(self.metadata, gpu_inventory)
         self._clock = clock
-        self._read_rdma = rdma_reader
         self._rdma: tuple[float, bool | None] | None = None
         self._verdict_feed = verdict_feed  # verdicts as they change, for the lifecycle hooks
         self._last_save = clock()
@@ -98,7 +102,7 @@ class NcclCollector:
     # -- background ------------------------------------------------------------------
 
     async def run(self) -> None:
-        await run_every(self.tick_seconds, self.step)
+        await run_every(self.settings.tick_seconds, self.step)
 
     def close(self) -> None:
         self.save_state()
@@ -114,7 +118,7 @@ class NcclCollector:
             self.streams.take(self.tailer.poll(), now)
             self.streams.expire(now, self.metadata)
             self.streams.enforce_budget()
-            if now - self._last_save >= self._save_every:
+            if now - self._last_save >= self.settings.save_every_seconds:
                 self._last_save = now
                 self.tailer.save_state(self.streams.notes())
             self._snapshot = self._build_snapshot()
@@ -126,10 +130,10 @@ class NcclCollector:
 
     def _node_has_active_rdma(self) -> bool | None:
         now = self._clock()
-        if self._rdma is not None and now - self._rdma[0] < self._rdma_cache_seconds:
+        if self._rdma is not None and now - self._rdma[0] < self.settings.rdma_cache_seconds:
             return self._rdma[1]
         try:
-            reading = self._read_rdma(self._sysfs)
+            reading = read_rdma(self._sysfs)
             active: bool | None = any(p.state_id in ACTIVE_PORT_STATES for p in reading.ports())
         except Exception as exc:  # noqa: BLE001 - unknown is not "no RDMA": never flag on a guess
             log.warning("could not read RDMA ports under %s: %s", self._sysfs, exc)
@@ -180,12 +184,6 @@ class NcclCollector:
     families = staticmethod(nccl_families)  # what collect() renders; also callable on any snapshot
 
 
-@dataclass(frozen=True)
-class NcclSettings:
-    grace_seconds: float
-    limits: NcclLimits
-
-
 NCCL_FLAGS = (
     Flag(
         "--collector.nccl.grace-period",
@@ -207,7 +205,8 @@ NCCL_FLAGS = (
 
 def settings_from_args(args: argparse.Namespace) -> NcclSettings:
     return NcclSettings(
-        float(args.nccl_grace_period), NcclLimits(parser_memory_budget_bytes=int(args.nccl_parser_memory_budget))
+        grace_seconds=float(args.nccl_grace_period),
+        limits=NcclLimits(parser_memory_budget_bytes=int(args.nccl_parser_memory_budget)),
     )
 
 
@@ -226,9 +225,8 @@ def build_collector(settings: NcclSettings, resources: NodeResources) -> NcclCol
         tailer,
         paths.sysfs,
         metadata,
-        grace_seconds=settings.grace_seconds,
+        settings=settings,
         gpu_inventory=gpus,
-        limits=settings.limits,
         topology=resources.topology,
         verdict_feed=resources.verdict_feed,
     )

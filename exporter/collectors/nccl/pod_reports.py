@@ -97,13 +97,13 @@ def pod_fabrics(snapshot: Snapshot) -> tuple[PodFabric, ...]:
     """What the lifecycle hooks act on: each pod with NCCL output, its verdict and the line that decided it."""
     return tuple(
         PodFabric(
-            report.namespace,
-            report.pod,
-            report.verdict,
-            snapshot.node_has_active_rdma,
-            report.gdr_disabled,
-            report.reason,
-            report.gdr_reason,
+            namespace=report.namespace,
+            pod=report.pod,
+            verdict=report.verdict,
+            node_rdma_active=snapshot.node_has_active_rdma,
+            gdr_disabled=report.gdr_disabled,
+            reason=report.reason,
+            gdr_reason=report.gdr_reason,
         )
         for report in snapshot.pods
         if report.has_nccl
