@@ -144,13 +144,12 @@ class NcclCollector:
     def _build_snapshot(self) -> Snapshot:
         reports = []
         analyzers = 0
-        dropped = self.streams.retired_dropped()
+        # A retired stream's overflow keeps its reason: the counter neither drops nor moves to another series.
+        dropped = {f"parser_{k}": v for k, v in self.streams.parser_dropped().items()}
         gpus = self._attributor.read_gpus()
         topology = self._topology.read() if self._topology is not None else None
         for pod in self.streams.pods.values():
             analyzers += len(pod.streams)
-            for stream in pod.streams.values():
-                dropped = add_counts(dropped, {f"parser_{k}": v for k, v in stream.dropped().items()})
             reports.append(pod_report(pod, self._attributor.attribute(pod.namespace, pod.pod, gpus), topology))
         reports += self._attributor.silent_gpu_pods(gpus, self.streams.holds_pod)
         stats = self.tailer.stats

@@ -257,6 +257,10 @@ class StreamTable:
     def holds_pod(self, namespace: str, pod: str) -> bool:
         return (namespace, pod) in self.pods
 
-    def retired_dropped(self) -> dict[str, int]:
-        """Parser overflow of the analyzers no longer held, by reason."""
-        return dict(self._dropped_retired)
+    def parser_dropped(self) -> dict[str, int]:
+        """Parser overflow of every analyzer, held or no longer held, by reason."""
+        dropped = dict(self._dropped_retired)
+        for pod in self.pods.values():
+            for stream in pod.streams.values():
+                dropped = add_counts(dropped, stream.dropped())
+        return dropped
