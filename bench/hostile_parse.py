@@ -27,7 +27,7 @@ from pathlib import Path
 
 from bench.common import BenchResult
 from devtools.hostile_lines import LINE_CHARS, TAILS, TOKENS, communicator_flood, hostile_lines
-from exporter.collectors.nccl import EXPORTER_PARSER_LIMITS, NcclCollector, NcclLimits
+from exporter.collectors.nccl import EXPORTER_PARSER_LIMITS, NcclCollector, NcclLimits, NcclSettings
 from exporter.nccl import LogAnalyzer
 from exporter.nccl import grammar as g
 from exporter.sources.podlogs import PodLogTailer
@@ -59,7 +59,7 @@ def memory_at_caps(root: Path, streams: int, communicators: int, ranks: int) -> 
     try:
         before = tracemalloc.get_traced_memory()[0]
         tailer = PodLogTailer(pods, root / "nccl", root / "state")
-        collector = NcclCollector(tailer, root / "sys", limits=limits)
+        collector = NcclCollector(tailer, root / "sys", settings=NcclSettings(limits=limits))
         lines = 0
         while True:
             collector.step()
@@ -67,7 +67,7 @@ def memory_at_caps(root: Path, streams: int, communicators: int, ranks: int) -> 
             if read == lines and tailer.stats.backlog_bytes == 0:
                 break
             lines = read
-        analyzers = [s.analyzer for pod in collector._pods.values() for s in pod.streams.values()]
+        analyzers = list(collector.streams.analyzers())
         traced = tracemalloc.get_traced_memory()[0] - before
         estimate = sum(a.approx_bytes() for a in analyzers)
         # What the same analyzers weigh alone (the tailer's buffers and snapshots excluded).

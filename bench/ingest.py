@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from bench.common import BenchResult
-from exporter.collectors.nccl import NcclCollector
+from exporter.collectors.nccl import NcclCollector, NcclSettings
 from exporter.nccl import LogAnalyzer
 from exporter.sources.kube import NoPodMetadata
 from exporter.sources.podlogs import _NEEDLE_SEARCH, _PARTIAL_TAG_SEARCH, PodLogTailer, TailLimits
@@ -109,7 +109,7 @@ def time_pipeline(
     cap); (wall s, CPU s, NCCL lines, the lines when not fed)."""
     limits = TailLimits(tick_bytes=256 << 20, file_chunk_bytes=16 << 20)
     tailer = PodLogTailer(pods, None, state, limits)
-    collector = NcclCollector(tailer, pods / "no-sysfs", NoPodMetadata(), save_every_seconds=1e9)
+    collector = NcclCollector(tailer, pods / "no-sysfs", NoPodMetadata(), settings=NcclSettings(save_every_seconds=1e9))
     collector.step()
     os.rename(staged, target)
     kept: list[list[str]] = []
@@ -136,7 +136,7 @@ def time_analyzer(batches: list[list[str]]) -> float:
 
 def idle_tick_seconds(pods: Path, state: Path, ticks: int = 200) -> float:
     tailer = PodLogTailer(pods, None, state)
-    collector = NcclCollector(tailer, pods / "no-sysfs", NoPodMetadata(), save_every_seconds=1e9)
+    collector = NcclCollector(tailer, pods / "no-sysfs", NoPodMetadata(), settings=NcclSettings(save_every_seconds=1e9))
     while True:
         collector.step()
         if not tailer.stats.backlog_bytes:

@@ -12,7 +12,7 @@ from prometheus_client.registry import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.exposition import generate_latest
 
-from exporter.collectors.nccl import NcclCollector
+from exporter.collectors.nccl import NcclCollector, NcclSettings
 from exporter.nccl import Limits
 from ccl_sim.node import SimulatedNode, default_node
 from ccl_sim.podlogs import SimJob, SimPodLogs, nccl_init_lines, pytorchjob_labels
@@ -62,7 +62,7 @@ def sim_node(tmp_path: Path, rdma: bool = True) -> tuple[SimulatedNode, SimPodLo
 
 def make_collector(node: SimulatedNode, sim: SimPodLogs, clock: Clock | None = None, **kw) -> NcclCollector:  # type: ignore[no-untyped-def]
     tailer = PodLogTailer(sim.pod_logs, node.root / "nccl", node.root / "state", kw.pop("tail_limits", None))
-    return NcclCollector(tailer, node.sysfs, sim, clock=clock or Clock(), **kw)
+    return NcclCollector(tailer, node.sysfs, sim, clock=clock or Clock(), settings=NcclSettings(**kw))
 
 
 def test_simulated_node_shows_the_fallback_pod_and_healthy_pods(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import tracemalloc
 from pathlib import Path
 
 from devtools.hostile_lines import communicator_flood
-from exporter.collectors.nccl import EXPORTER_PARSER_LIMITS, NcclCollector, NcclLimits
+from exporter.collectors.nccl import EXPORTER_PARSER_LIMITS, NcclCollector, NcclLimits, NcclSettings
 from exporter.nccl import LogAnalyzer
 from exporter.sources.podlogs import PodLogTailer
 from tests.test_nccl_collector import Clock, samples, sim_node, value
@@ -58,11 +58,11 @@ def test_the_node_wide_budget_holds_and_says_what_it_dropped(tmp_path: Path) -> 
         write_pod_log(pods, f"noisy-{i}", communicator_flood(f"noisy-{i}", 32, 512))
     node, _ = sim_node(tmp_path)
     tailer = PodLogTailer(pods, tmp_path / "nccl", tmp_path / "state")
-    collector = NcclCollector(tailer, node.sysfs, clock=Clock(), limits=NcclLimits(parser_memory_budget_bytes=budget))
+    collector = NcclCollector(tailer, node.sysfs, clock=Clock(), settings=NcclSettings(limits=NcclLimits(parser_memory_budget_bytes=budget)))
     for _ in range(20):
         collector.step()
     found = samples(collector)
-    held = sum(stream.analyzer.approx_bytes() for pod in collector._pods.values() for stream in pod.streams.values())
+    held = sum(analyzer.approx_bytes() for analyzer in collector.streams.analyzers())
     assert held <= budget
     assert value(found, "ccl_nccl_parser_memory_bytes") <= budget
     assert value(found, "ccl_nccl_dropped_total", reason="parser_budget") >= 1

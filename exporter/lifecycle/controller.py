@@ -43,7 +43,7 @@ from exporter.results import ProbeResult
 from exporter.sources.kube import PodCondition, PodMetadata, PodMetadataSource
 from exporter.sources.podlogs import pod_known_on_node
 from exporter.sources.probe_results import ParseCache, read_probe_results
-from exporter.sources.rdma import RdmaReading, read_rdma
+from exporter.sources.rdma import read_rdma
 
 log = logging.getLogger(__name__)
 
@@ -152,8 +152,6 @@ class LifecycleController:
         sysfs: Path,
         probe_results: Path,
         clock: Callable[[], float] = time.monotonic,
-        wall_clock: Callable[[], float] = time.time,
-        rdma_reader: Callable[[Path], RdmaReading] = read_rdma,
     ) -> None:
         self.settings = settings
         self.feed = feed
@@ -163,8 +161,6 @@ class LifecycleController:
         self._sysfs = sysfs
         self._probe_results = probe_results
         self._clock = clock
-        self._wall = wall_clock
-        self._read_rdma = rdma_reader
         self._fabric: dict[tuple[str, str], PodFabric] = {}
         self._view_at: float | None = None
         self._results: list[ProbeResult] = []
@@ -216,7 +212,7 @@ class LifecycleController:
         self._results_read_at = now
         reading = read_probe_results(
             self._probe_results,
-            self._wall(),
+            time.time(),
             self.settings.results_max_age_seconds,
             cache=self._results_cache,
             pod_known=pod_known_on_node(self.pods),
@@ -251,19 +247,19 @@ class LifecycleController:
         """``lastTransitionTime``: kept while the status stays, now when it changes (or is unknown)."""
         if current is not None and current.transition and current.condition.status == desired.status:
             return current.transition
-        return _rfc3339(self._wall())
+        return _rfc3339(time.time())
 
     # -- the writes, each True when it took effect ------------------------------------------
 
     def _patch_pod(self, namespace: str, pod: str, condition: Condition, transition: str) -> bool:
-        self.api.patch_pod_condition(namespace, pod, condition, transition, _rfc3339(self._wall()))
+        self.api.patch_pod_condition(namespace, pod, condition, transition, _rfc3339(time.time()))
         return True
 
     def _create_event(self, namespace: str, pod: str, uid: str, note: EventNote) -> bool:
-        return self.api.create_pod_event(namespace, pod, uid, note, self.node_name, _rfc3339(self._wall()))
+        return self.api.create_pod_event(namespace, pod, uid, note, self.node_name, _rfc3339(time.time()))
 
     def _patch_node(self, condition: Condition, transition: str) -> bool:
-        self.api.patch_node_condition(self.node_name, condition, transition, _rfc3339(self._wall()))
+        self.api.patch_node_condition(self.node_name, condition, transition, _rfc3339(time.time()))
         return True
 
     # -- pods --------------------------------------------------------------------------
@@ -281,7 +277,7 @@ class LifecycleController:
         from_status = [m.preflight.result for m in listed.values() if m.preflight and m.preflight.result]
         preflights: dict[tuple[str, str], PreflightOutcome] = latest_preflights([*from_status, *self._results])
         timeout = self._readiness_timeout(now)
-        wall = self._wall()
+        wall = time.time()
         live = set()
         for (namespace, name), meta in listed.items():
             if not meta.fabric_ready_gate:
@@ -321,7 +317,7 @@ class LifecycleController:
 
     def _node_condition(self, now: float) -> None:
         try:
-            ports = self._read_rdma(self._sysfs).ports()
+            ports = read_rdma(self._sysfs).ports()
         except Exception as exc:  # noqa: BLE001 - an unreadable sysfs says nothing about the fabric
             log.debug("lifecycle hooks: cannot read RDMA ports: %s", exc)
             return

@@ -5,6 +5,7 @@ time, within the collector's series caps."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -25,25 +26,66 @@ class NcclLimits:
     parser_memory_budget_bytes: int = 64 * 1024 * 1024
 
 
-@dataclass(frozen=True)
-class PodReport:
-    """What the collector exposes for one pod: a snapshot, safe to read from any thread."""
+class CommunicatorRow(NamedTuple):
+    """One ``ccl_nccl_communicator_info`` series of a pod: its label values ("" where the log did not say)."""
+
+    comm_id: str
+    nranks: str
+    nnodes: str
+    network: str
+    network_class: str
+    nccl_version: str
+
+
+class ConnectionRow(NamedTuple):
+    """One ``ccl_nccl_connections`` series of a pod: a communicator's channel connections of one kind."""
+
+    comm_id: str
+    transport: str
+    scope: str  # inter_node, intra_node or unknown
+    gdr: str  # true, false or unknown
+    channel_connections: int
+
+
+class NicAffinityRow(NamedTuple):
+    """One ``ccl_nccl_nic_affinity`` series: the NIC one of the pod's GPUs sends NCCL traffic through."""
+
+    gpu: str
+    device: str
+    affinity: str  # class of the GPU-NIC PCIe path, "" when the topology does not tell
+    gdr: str  # true, false or mixed
+    nearest_affinity: str  # class of the GPU's nearest NIC, "" when unknown
+
+
+class ExpectedNetwork(NamedTuple):
+    """One ``ccl_pod_expected_network_info`` series: a pod of the node that declares its network."""
 
     namespace: str
     pod: str
     job_name: str
     job_kind: str
-    # comm_id, nranks, nnodes, network, network_class, version
-    communicators: tuple[tuple[str, str, str, str, str, str], ...]
-    connections: tuple[tuple[str, str, str, str, int], ...]  # comm_id, transport, scope, gdr, count
-    has_nccl: bool
-    inter_node_tcp: bool
-    gdr_disabled: bool
-    warnings: tuple[tuple[str, int], ...]
+    expected_network: str
+    network_class: str  # rdma or tcp, "" when the name is not known
+
+
+@dataclass(frozen=True)
+class PodReport:
+    """What the collector exposes for one pod: a snapshot, safe to read from any thread. A pod
+    with only its names and job is a GPU pod whose logs show no NCCL output."""
+
+    namespace: str
+    pod: str
+    job_name: str
+    job_kind: str
+    communicators: tuple[CommunicatorRow, ...] = ()
+    connections: tuple[ConnectionRow, ...] = ()
+    has_nccl: bool = False
+    inter_node_tcp: bool = False
+    gdr_disabled: bool = False
+    warnings: tuple[tuple[str, int], ...] = ()  # (category, count)
     verdict: str = "unknown"  # one of VERDICTS, with what the node knows (GPU counts) added
-    # gpu, device, affinity, gdr, nearest affinity: the NIC each of the pod's GPUs sends NCCL traffic
-    # through, and the class of the GPU's nearest NIC
-    nic_affinity: tuple[tuple[str, str, str, str, str], ...] = ()
+    # the NIC each of the pod's GPUs sends NCCL traffic through, and the class of the GPU's nearest NIC
+    nic_affinity: tuple[NicAffinityRow, ...] = ()
     reason: str = ""  # why that verdict, quoting the deciding line (the first reason of a stream that decided it)
     gdr_reason: str = ""  # the line that shows an inter-node RDMA connection without GPUDirect RDMA
 
@@ -64,8 +106,7 @@ class Snapshot:
     metadata_available: bool = False
     state_save_errors: int = 0
     parser_bytes: int = 0
-    # namespace, pod, job_name, job_kind, expected_network, its class: pods that declare their network
-    expectations: tuple[tuple[str, str, str, str, str, str], ...] = ()
+    expectations: tuple[ExpectedNetwork, ...] = ()  # pods that declare their network
 
 
 def nccl_families(snap: Snapshot, limits: NcclLimits) -> list[Metric]:
@@ -91,8 +132,8 @@ def nccl_families(snap: Snapshot, limits: NcclLimits) -> list[Metric]:
         "on the pod or its namespace); always 1. network_class tcp means TCP on purpose: not a fallback.",
         labels=pod_labels + ["expected_network", "network_class"],
     )
-    for namespace, pod, job_name, job_kind, value, cls in snap.expectations:
-        expected.add_metric([namespace, pod, job_name, job_kind, value, cls], 1.0)
+    for expectation in snap.expectations:
+        expected.add_metric(list(expectation), 1.0)
     connections = GaugeMetricFamily(
         "ccl_nccl_connections",
         "Channel connections of a communicator by transport (net_ib, net_socket, net_plugin, "
@@ -143,23 +184,22 @@ def nccl_families(snap: Snapshot, limits: NcclLimits) -> list[Metric]:
         if report.has_nccl:
             fallback.add_metric(head, 1.0 if (report.inter_node_tcp and flag_fallback) else 0.0)
             gdr.add_metric(head, 1.0 if report.gdr_disabled else 0.0)
-        for gpu, device, cls, gdr_label, nearest in report.nic_affinity:
-            nic_affinity.add_metric(
-                [report.namespace, report.pod, report.job_name, gpu, device, cls, gdr_label, nearest], 1.0
-            )
+        for nic in report.nic_affinity:
+            nic_affinity.add_metric([report.namespace, report.pod, report.job_name, *nic], 1.0)
         allowed = min(per_pod_cap, max(budget, 0))
         shown = report.communicators[:allowed]
         info_dropped += len(report.communicators) - len(shown)
         budget -= len(shown)
-        shown_ids = {c[0] for c in shown}
+        shown_ids = {comm.comm_id for comm in shown}
         for comm in shown:
             info.add_metric(head + list(comm), 1.0)
-        for comm_id, transport, scope, gdr_label, count in report.connections:
-            if comm_id not in shown_ids:
+        for conn in report.connections:
+            if conn.comm_id not in shown_ids:
                 conn_dropped += 1
                 continue
             connections.add_metric(
-                [report.namespace, report.pod, report.job_name, comm_id, transport, scope, gdr_label], float(count)
+                [report.namespace, report.pod, report.job_name, conn.comm_id, conn.transport, conn.scope, conn.gdr],
+                float(conn.channel_connections),
             )
         for index, (category, count) in enumerate(report.warnings):
             if index >= limits.max_warning_categories:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from exporter.collectors.nccl.families import NicAffinityRow
 from exporter.nccl.nics import NicUse
 from exporter.sources.topology import Topology, nccl_bus_id_address
 
@@ -12,7 +13,7 @@ MAX_HOSTNAME_CHARS = 63  # a pod's hostname is its name cut to 63 characters
 
 def pod_nic_affinity(
     pod: str, uses: Iterable[NicUse], host_network: bool, topology: Topology | None
-) -> tuple[tuple[str, str, str, str, str], ...]:
+) -> tuple[NicAffinityRow, ...]:
     """(gpu, device, affinity, gdr, nearest) of the NICs the pod's NCCL sends through, its GPUs found
     on this node by PCI address and their NICs among this node's RDMA devices (so a log cannot invent
     label values); affinity "" where the topology does not tell; nearest the class of the GPU's
@@ -33,7 +34,9 @@ def pod_nic_affinity(
         cls = topology.affinity(gpu.index, use.device) or ""
         gdr.setdefault((str(gpu.index), use.device, cls), set()).add(use.gdr)
     return tuple(
-        (gpu, device, cls, flags.pop() if len(flags) == 1 else "mixed", _nearest_class(topology, int(gpu)))
+        NicAffinityRow(
+            gpu, device, cls, flags.pop() if len(flags) == 1 else "mixed", _nearest_class(topology, int(gpu))
+        )
         for (gpu, device, cls), flags in sorted(gdr.items())
     )
 
