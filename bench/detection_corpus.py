@@ -24,7 +24,7 @@ from pathlib import Path
 
 from bench.common import BenchResult
 from devtools.corpus import Case, cases
-from exporter.analyze import feed_file
+from exporter.commands.analyze import feed_file
 from exporter.nccl import LogAnalyzer
 
 RANGES = (

@@ -48,7 +48,7 @@ from devtools.stack import (
     port_if_free,
 )
 from devtools.timeline import Timeline, follow, tcp_fallback_watch
-from exporter.config import DEFAULT_PORT
+from exporter.commands.serve import DEFAULT_PORT
 
 NODE = "demo-node"
 FALLBACK_NAMESPACE = "ml-training"

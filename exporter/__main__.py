@@ -1,3 +1,3 @@
-from exporter.entry import main
+from exporter.commands import main
 
 raise SystemExit(main())

@@ -24,6 +24,15 @@ _FALSE = {"0", "false", "no", "off", ""}
 ArgumentGroup = argparse.ArgumentParser | argparse._ArgumentGroup
 
 
+def parse_listen_address(address: str) -> tuple[str, int]:
+    """A ``--web.listen-address``: ``host:port``, ``:port`` or ``[v6]:port`` → (host, port); raises ValueError."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"listen address {address!r} is not host:port")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port)
+
+
 def env_name(flag: str) -> str:
     """The environment variable that sets ``--flag.name-x``: ``CCL_EXPORTER_FLAG_NAME_X``."""
     return ENV_PREFIX + flag.lstrip("-").replace(".", "_").replace("-", "_").upper()

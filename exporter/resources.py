@@ -9,7 +9,7 @@ collector factory takes ``(settings, resources)``; no collector opens, starts or
 resource itself.
 
 ``real_node_resources`` builds them for this node from the flags; a caller of ``serve`` may hand
-it resources of its own making instead (``exporter.cli.ServedNode``). Building them is cheap:
+it resources of its own making instead (``exporter.commands.serve.ServedNode``). Building them is cheap:
 the NVML library, gRPC and the Kubernetes client
 are loaded only when a collector first reads through them, and the pod list is made when a
 collector asks for it and watched once the server starts (``start``). ``close`` (or leaving the
@@ -22,14 +22,30 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from exporter.config import HostPaths
 from exporter.fabric_verdicts import VerdictFeed
 from exporter.sources.kube import KubePodCache, PodMetadataSource, in_cluster_api
 from exporter.sources.nvml import NvmlBackend, PynvmlBackend
 from exporter.sources.podresources import PodResourcesClient
 from exporter.sources.topology import TopologySource
+
+DEFAULT_NCCL_INSPECTOR = Path("/var/log/nccl-inspector")
+
+
+@dataclass(frozen=True)
+class HostPaths:
+    """Where the node's files are: the ``--path.*`` flags, or the tree of whichever node ``serve`` is given."""
+
+    sysfs: Path
+    pod_logs: Path
+    nccl_debug_files: Path
+    state: Path  # writable: tail offsets
+    pod_resources: Path  # the kubelet's socket
+    probe_results: Path
+    # NCCL Inspector output (NCCL_INSPECTOR_DUMP_DIR), per-pod folders as for NCCL debug files
+    nccl_inspector: Path = DEFAULT_NCCL_INSPECTOR
 
 
 @dataclass(frozen=True)

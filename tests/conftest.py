@@ -147,7 +147,7 @@ def exporter_process() -> Iterator[type[ExporterProcess]]:
 
 
 class AppClient:
-    """An HTTP client (aiohttp's) on an app served by ``exporter.server.serving`` on a loopback port."""
+    """An HTTP client (aiohttp's) on an app served by ``exporter.http.endpoints.serving`` on a loopback port."""
 
     def __init__(self, session: object, port: int, server: object) -> None:
         self.session = session
@@ -169,7 +169,7 @@ async def app_client():  # type: ignore[no-untyped-def]
 
     import aiohttp
 
-    from exporter.server import serving
+    from exporter.http.endpoints import serving
 
     async with contextlib.AsyncExitStack() as stack:
 

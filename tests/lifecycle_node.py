@@ -14,18 +14,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from exporter.collectors.lifecycle import LifecycleCollector, LifecycleCollectorSettings
-from exporter.collectors.lifecycle import build as build_lifecycle
-from exporter.collectors.nccl import NcclCollector, NcclLimits, NcclSettings
-from exporter.collectors.nccl import build_collector as build_nccl
-from exporter.config import HostPaths
-from exporter.lifecycle.controller import LifecycleSettings
-from exporter.resources import KubeNode, NodeResources
-from exporter.preflight_report import PREFLIGHT_CONTAINER
 from ccl_sim.clock import cri_timestamp
 from ccl_sim.paths import simulated_paths
 from ccl_sim.podlogs import SimJob, nccl_init_lines
 from ccl_sim.rdma import SimRdma
+from exporter.collectors.lifecycle import LifecycleCollector, LifecycleCollectorSettings
+from exporter.collectors.lifecycle import build as build_lifecycle
+from exporter.collectors.nccl import NcclCollector, NcclLimits, NcclSettings
+from exporter.collectors.nccl import build_collector as build_nccl
+from exporter.lifecycle.controller import LifecycleSettings
+from exporter.resources import HostPaths, KubeNode, NodeResources
+from exporter.results.preflight_message import PREFLIGHT_CONTAINER
 from exporter.sources.kube import FABRIC_READY_CONDITION, KubePodCache
 from exporter.sources.podresources import PodResourcesClient
 from tests.kube_api import ApiState, RecordedApiServer, wait_for

@@ -43,7 +43,7 @@ def scrape_collectors(*collectors: object) -> str:
     """The exposition of an umbrella over ``collectors`` (no process metrics), as a scrape sees it."""
     from prometheus_client.exposition import generate_latest
 
-    from exporter.registry import UmbrellaCollector, build_registry
+    from exporter.collectors.umbrella import UmbrellaCollector, build_registry
 
     umbrella = UmbrellaCollector(list(collectors))  # type: ignore[arg-type]
     try:

@@ -21,7 +21,6 @@ from tests.promql_names import (
     GLOBAL_RULES_FILE,
     RULE_FILES,
     RULES_FILE,
-    groups,
     documented_metric_names,
     grouping_labels,
     recording_rule_names,

@@ -10,7 +10,7 @@ import pytest
 
 import exporter
 from exporter.build import REVISION_ENV, UNKNOWN, BuildInfo, read_build_info
-from exporter.registry import UmbrellaCollector
+from exporter.collectors.umbrella import UmbrellaCollector
 from tests.conftest import REPO
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -124,7 +124,7 @@ def test_the_revision_is_read_once_not_per_scrape(monkeypatch: pytest.MonkeyPatc
         calls.append(1)
         return BuildInfo(version="9.9.9", revision=COMMIT, python_version="3.99.0")
 
-    monkeypatch.setattr("exporter.registry.read_build_info", counting)
+    monkeypatch.setattr("exporter.collectors.umbrella.read_build_info", counting)
     umbrella = UmbrellaCollector([])
     for _ in range(3):
         families = {family.name: family for family in umbrella.collect()}

@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from exporter.cli import build_parser, config_from_args
 from exporter.collectors import all_collectors
-from exporter.config import parse_listen_address
-from exporter.flags import env_name
+from exporter.commands import build_parser
+from exporter.commands.serve import config_from_args
+from exporter.flags import env_name, parse_listen_address
 
 
 def config(argv: list[str], environ: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
@@ -21,7 +21,7 @@ def config(argv: list[str], environ: dict[str, str] | None = None):  # type: ign
 def test_defaults() -> None:
     cfg = config([])
     assert cfg.listen_address == "0.0.0.0:19400"
-    assert str(cfg.sysfs) == "/sys"
+    assert str(cfg.paths.sysfs) == "/sys"
     assert "rdma" in cfg.enabled_collectors
 
 
@@ -65,8 +65,8 @@ def test_collector_switches() -> None:
 def test_environment_overrides_defaults_and_flags_override_environment() -> None:
     env = {env_name("--path.sysfs"): "/host/sys", env_name("--collector.rdma"): "off", "NODE_NAME": "gpu-7"}
     cfg = config([], env)
-    assert str(cfg.sysfs) == "/host/sys" and "rdma" not in cfg.enabled_collectors and cfg.node_name == "gpu-7"
-    assert str(config(["--path.sysfs", "/x"], env).sysfs) == "/x"
+    assert str(cfg.paths.sysfs) == "/host/sys" and "rdma" not in cfg.enabled_collectors and cfg.node_name == "gpu-7"
+    assert str(config(["--path.sysfs", "/x"], env).paths.sysfs) == "/x"
 
 
 def test_bad_values_are_clear_errors() -> None:

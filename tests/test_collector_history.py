@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collector_history import FILE_NAME, MAX_FILE_BYTES, SAVE_SECONDS, WINDOW_SECONDS, CollectorHistory
-from exporter.registry import UmbrellaCollector
+from exporter.collectors.history import FILE_NAME, MAX_FILE_BYTES, SAVE_SECONDS, WINDOW_SECONDS, CollectorHistory
+from exporter.collectors.umbrella import UmbrellaCollector
 from tests.metrics_text import samples, scrape_collectors
 
 

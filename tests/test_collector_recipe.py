@@ -100,15 +100,16 @@ def test_a_collector_known_only_by_its_spec_reaches_the_flags_and_the_chart(
     default_enabled: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     specs = (*all_collectors(), _example_spec(default_enabled))
-    import exporter.cli as cli
+    import exporter.commands.serve as serve
+    from exporter.commands import build_parser
 
-    monkeypatch.setattr(cli, "all_collectors", lambda: specs)
-    args = cli.build_parser(environ={}).parse_args(["serve", "--collector.example.depth=5"])
-    config = cli.config_from_args(args, specs)
+    monkeypatch.setattr(serve, "all_collectors", lambda: specs)
+    args = build_parser(environ={}).parse_args(["serve", "--collector.example.depth=5"])
+    config = serve.config_from_args(args, specs)
     assert ("example" in config.enabled_collectors) is default_enabled
     assert specs[-1].settings(args) == 5
-    switched = cli.config_from_args(
-        cli.build_parser(environ={}).parse_args(
+    switched = serve.config_from_args(
+        build_parser(environ={}).parse_args(
             ["serve", "--no-collector.example" if default_enabled else "--collector.example"]
         ),
         specs,

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from exporter.analyze import feed_file
+from exporter.commands.analyze import feed_file
 from exporter.sources.podlogs import PodLogTailer, TailLimits, TailStats
 from tests.test_podlogs import UID
 

@@ -13,7 +13,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.registry import CollectorRegistry
 
-from exporter.exposition import OMITTED_FAMILIES, PageRenderer, render, render_text, text_family
+from exporter.http.exposition import OMITTED_FAMILIES, PageRenderer, render, render_text, text_family
 from tests.metrics_text import samples, value
 
 

@@ -30,6 +30,7 @@ from devtools import chart_files
 from devtools.stack import pod_monitor_endpoint
 from tests.conftest import REPO
 from tests.test_manifests import (
+    _STR,
     CORE_KINDS,
     CRD_SCHEMAS,
     IDLE_PROBES,
@@ -37,7 +38,6 @@ from tests.test_manifests import (
     MANIFESTS,
     _closed,
     _render,
-    _STR,
     assert_prepares_the_results_folder,
     scan,
 )
@@ -419,8 +419,9 @@ def test_non_default_values_reach_the_objects() -> None:
 
 def test_the_args_are_flags_serve_accepts() -> None:
     """Every argument the chart renders parses as a `serve` flag, web.configSecret's included."""
-    from exporter.cli import build_parser, config_from_args
     from exporter.collectors import all_collectors
+    from exporter.commands import build_parser
+    from exporter.commands.serve import config_from_args
 
     exporter = container(chart_objects(NON_DEFAULT))
     args = [a.replace("$(NODE_NAME)", "gpu-node-1").replace("$(HOST_IP)", "10.1.2.3") for a in exporter["args"]]
@@ -653,7 +654,8 @@ def test_the_chart_knows_every_collector_and_the_version() -> None:
     assert set(schema["properties"]["collectors"]["properties"]) == {spec.name for spec in specs}
     every_collector_on = {"collectors": {spec.name: True for spec in specs}, "lifecycle": {"enabled": True}}
     args = [a.replace("$(NODE_NAME)", "n") for a in container(chart_objects(every_collector_on))["args"]]
-    from exporter.cli import build_parser, config_from_args
+    from exporter.commands import build_parser
+    from exporter.commands.serve import config_from_args
 
     enabled = config_from_args(build_parser(environ={}).parse_args(args), specs).enabled_collectors
     assert set(enabled) == {spec.name for spec in specs}, "a collector off by default is switched on when asked"

@@ -423,8 +423,9 @@ def test_the_network_policy_admits_the_prometheus_the_values_name() -> None:
 
 @pytest.mark.parametrize("granularity", ["", "gpu", "link"])
 def test_nvlink_granularity_is_a_value_the_exporter_parses(granularity: str) -> None:
-    from exporter.cli import build_parser, config_from_args
     from exporter.collectors import all_collectors
+    from exporter.commands import build_parser
+    from exporter.commands.serve import config_from_args
 
     args = container(release_objects(RELEASE, {"nvml": {"nvlinkGranularity": granularity}}))["args"]
     flags = [a for a in args if a.startswith("--collector.nvml.nvlink-granularity")]

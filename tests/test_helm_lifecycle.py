@@ -230,8 +230,8 @@ def test_checkov_finds_nothing_unexplained_in_the_renders(tmp_path: Path) -> Non
 # ---- the arguments, through the real parsers ----
 
 def _webhook_config(objects: list[dict[str, Any]]) -> Any:
-    from exporter.cli import build_parser
-    from exporter.webhook.command import webhook_config_from_args
+    from exporter.commands import build_parser
+    from exporter.commands.webhook import webhook_config_from_args
 
     parsed = build_parser(environ={}).parse_args(webhook_container(objects)["args"])
     assert parsed.command == "webhook"
@@ -295,8 +295,9 @@ def test_the_preflight_writes_where_the_exporter_reads() -> None:
 
 
 def test_exporter_args_turn_the_lifecycle_collector_on() -> None:
-    from exporter.cli import build_parser, config_from_args
     from exporter.collectors import all_collectors
+    from exporter.commands import build_parser
+    from exporter.commands.serve import config_from_args
 
     def config_of(values: dict[str, Any]) -> Any:
         args = [a.replace("$(NODE_NAME)", "gpu-node-1") for a in container(chart_objects(values))["args"]]

@@ -11,10 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from ccl_sim.inspector import (
+    RecordWriter,
+    TimedCollective,
+    json_record,
+    plugin_bandwidths,
+    prom_bucket_lines,
+    size_range,
+)
 from exporter.collectors.inspector import InspectorCollector, InspectorCollectorLimits, bus_bytes
 from exporter.nccl.inspector import parse_json_record
-from ccl_sim.inspector import (RecordWriter, TimedCollective, json_record, plugin_bandwidths, prom_bucket_lines,
-                               size_range)
 from exporter.sources.inspector import InspectorLimits, InspectorSource
 from exporter.sources.kube import PodMetadata
 from exporter.sources.podlogs import TailLimits, pod_known_on_node
@@ -434,9 +440,9 @@ def test_bus_bytes_of_point_to_point_and_reduce_use_factor_one() -> None:
 def test_the_simulated_node_shows_each_jobs_bus_bandwidth_by_its_network(tmp_path: Path) -> None:
     """The simulated node's jobs: llama-70b on IB near 355 GB/s, bert-finetune on Socket near
     9 GB/s (JSON Lines per rank), resnet-eval from its rewritten .prom file."""
-    from exporter.collectors import inspector as inspector_collector
     from ccl_sim.node import default_node
     from ccl_sim.resources import simulated_node_resources
+    from exporter.collectors import inspector as inspector_collector
 
     node = default_node(tmp_path / "sim")
     node.setup()

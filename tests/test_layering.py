@@ -113,7 +113,7 @@ def _offenders(prefixes: tuple[str, ...], forbidden: tuple[str, ...]) -> list[st
 
 def test_the_graph_sees_lazy_and_type_checking_imports() -> None:
     graph = import_graph()
-    assert "exporter.server" in graph["exporter.cli"]  # under TYPE_CHECKING and inside serve
+    assert "exporter.http.endpoints" in graph["exporter.commands.serve"]  # under TYPE_CHECKING and inside serve
     assert "exporter.sources.podresources_v1.api_pb2_grpc" in graph["exporter.sources.podresources"]  # lazy
 
 
@@ -163,7 +163,7 @@ def test_the_simulator_check_sees_a_branch_an_import_a_flag_and_a_mention() -> N
 
 def test_the_runtime_does_not_know_the_simulator() -> None:
     """The simulated node is a development package beside the runtime (sim/ccl_sim/), handed to
-    ``serve`` through the seam any caller has (``exporter.cli.ServedNode``): no module of
+    ``serve`` through the seam any caller has (``exporter.commands.serve.ServedNode``): no module of
     ``exporter/`` imports it, names it, or has a simulate mode, flag or branch."""
     found = {name: hits for name, path in _modules().items() if (hits := _simulator_mentions(path.read_text()))}
     assert not found
@@ -196,3 +196,13 @@ def test_a_collector_never_reaches_another() -> None:
 def test_no_module_is_over_the_line_limit() -> None:
     long = {name: n for name, path in _modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert not long, f"split these modules (over {MAX_LINES} lines): {long}"
+
+
+MAX_TOP_LEVEL_MODULES = 10
+
+
+def test_the_top_level_holds_few_modules() -> None:
+    """``exporter/`` keeps at its top only what every layer shares; the rest lives in a package
+    named for what it holds (commands, http, collectors, sources, nccl, probe, results, ...)."""
+    top = sorted(path.name for path in PACKAGE.glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, f"{len(top)} modules at the top of exporter/: {top}"

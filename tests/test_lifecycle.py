@@ -17,11 +17,11 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
+from ccl_sim.podlogs import SimJob, pytorchjob_labels
 from exporter.collectors.lifecycle import LifecycleCollector
 from exporter.fabric_verdicts import PodFabric, VerdictFeed
 from exporter.lifecycle.controller import LifecycleSettings
-from exporter.results import Check, ProbeResult, write_result
-from ccl_sim.podlogs import SimJob, pytorchjob_labels
+from exporter.results.probe_file import Check, ProbeResult, write_result
 from exporter.sources.kube import FABRIC_READY_CONDITION
 from tests.kube_api import wait_for
 from tests.lifecycle_node import NODE, LifecycleNode, api_pod, lifecycle_node, write_nccl_log

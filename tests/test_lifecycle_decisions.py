@@ -15,7 +15,7 @@ from exporter.lifecycle.decisions import (
     pod_condition,
     pod_event,
 )
-from exporter.results import Check, CollectiveResult, ProbeResult, Row
+from exporter.results.probe_file import Check, CollectiveResult, ProbeResult, Row
 from exporter.sources.rdma import RdmaPort
 
 SOCKET_LINE = 'communicator 0xabc: inter-node connection over TCP-class network Socket: "w-0:90:170 [0] NCCL INFO ' \

@@ -23,13 +23,13 @@ from typing import Any
 
 import pytest
 
+from ccl_sim.paths import simulated_paths
+from ccl_sim.podlogs import SimJob, pytorchjob_labels
 from exporter.fabric_verdicts import PodFabric, VerdictFeed
 from exporter.lifecycle.controller import FIRST_VIEW_GRACE_SECONDS, LifecycleController, LifecycleSettings
 from exporter.lifecycle.writes import LifecycleApi
-from exporter.preflight_report import render_report
-from exporter.results import Check, ProbeResult
-from ccl_sim.paths import simulated_paths
-from ccl_sim.podlogs import SimJob, pytorchjob_labels
+from exporter.results.preflight_message import render_report
+from exporter.results.probe_file import Check, ProbeResult
 from exporter.sources.kube import FABRIC_READY_CONDITION, PodMetadata, pod_metadata_from_object
 from tests.kube_api import ApiState, RecordedApiServer, wait_for
 from tests.lifecycle_node import LifecycleNode, api_pod, lifecycle_node, write_nccl_log

@@ -123,7 +123,7 @@ def test_only_opted_in_namespaces_are_sent_to_the_webhook(webhook_objects: list[
 
 
 def test_the_webhook_is_wired_to_its_service_and_certificate(webhook_objects: list[dict[str, Any]]) -> None:
-    from exporter.cli import build_parser
+    from exporter.commands import build_parser
 
     config = _one(webhook_objects, "MutatingWebhookConfiguration")
     (hook,) = config["webhooks"]
@@ -176,8 +176,8 @@ def test_the_webhook_is_scraped_over_https_with_its_certificate_ca(webhook_objec
 def test_the_injected_preflight_needs_no_host_folder(webhook_objects: list[dict[str, Any]]) -> None:
     """The overlay's pre-flight reports through its termination message: no hostPath, which Pod
     Security baseline and restricted namespaces refuse."""
-    from exporter.cli import build_parser
-    from exporter.webhook.command import webhook_config_from_args
+    from exporter.commands import build_parser
+    from exporter.commands.webhook import webhook_config_from_args
 
     (container,) = _one(webhook_objects, "Deployment", "ccl-webhook")["spec"]["template"]["spec"]["containers"]
     config = webhook_config_from_args(build_parser({}).parse_args(container["args"]))
@@ -206,8 +206,9 @@ def test_lifecycle_rbac_is_exactly_the_writes_the_code_makes(lifecycle_objects: 
 
 
 def test_lifecycle_daemonset_args_turn_the_hooks_on(lifecycle_objects: list[dict[str, Any]]) -> None:
-    from exporter.cli import build_parser, config_from_args
     from exporter.collectors import all_collectors
+    from exporter.commands import build_parser
+    from exporter.commands.serve import config_from_args
 
     (container,) = _one(lifecycle_objects, "DaemonSet")["spec"]["template"]["spec"]["containers"]
     args = [a.replace("$(NODE_NAME)", "gpu-node-1") for a in container["args"]]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.cli import build_parser
+from exporter.commands import build_parser
 from exporter.logs import FORMATS, JsonFormatter, formatter_for
 from tests.conftest import ExporterProcess
 from tests.test_web_config import pki  # noqa: F401 - pki is a fixture

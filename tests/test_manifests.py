@@ -301,7 +301,7 @@ def assert_prepares_the_results_folder(pod: dict) -> dict:  # type: ignore[type-
     """The pod's ``prepare-results`` init container prepares the very host folder the exporter
     reads results from, through its parent, as root with no capability, and nothing else
     mounts that parent. Returns the init container."""
-    from exporter.cli import build_parser
+    from exporter.commands import build_parser
 
     (init,) = pod["initContainers"]
     (exporter,) = pod["containers"]
@@ -335,7 +335,7 @@ def test_an_init_container_prepares_the_results_folder(objects: list[dict]) -> N
 
 
 def test_daemonset_args_are_flags_the_exporter_accepts(objects: list[dict]) -> None:  # type: ignore[type-arg]
-    from exporter.cli import build_parser
+    from exporter.commands import build_parser
 
     pod = _one(objects, "DaemonSet")["spec"]["template"]["spec"]
     (container,) = pod["containers"]
@@ -399,9 +399,10 @@ def _container(objects: list[dict]) -> dict:  # type: ignore[type-arg]
 def test_idle_probe_overlay_changes_only_what_the_probe_needs(objects: list[dict]) -> None:  # type: ignore[type-arg]
     """manifests/overlays/idle-probes: the probe image, the probe flags, CUDA, a writable
     results folder, shared memory and scratch; everything else is the base."""
-    from exporter.cli import build_parser, config_from_args
     from exporter.collectors import all_collectors
     from exporter.collectors.probe import probe_settings
+    from exporter.commands import build_parser
+    from exporter.commands.serve import config_from_args
 
     probe_overlay_objects = _documents(_render(IDLE_PROBES))
     for obj in probe_overlay_objects:
@@ -416,7 +417,7 @@ def test_idle_probe_overlay_changes_only_what_the_probe_needs(objects: list[dict
     assert probing["args"][: len(base["args"])] == base["args"]
     args = [a.replace("$(NODE_NAME)", "gpu-node-1") for a in probing["args"]]
     config = config_from_args(build_parser(environ={}).parse_args(args), all_collectors())
-    settings = probe_settings(config)
+    settings = probe_settings(config.collector_settings)
     assert settings is not None and settings.interval_seconds == 6 * 3600 and settings.timeout_seconds == 300
     assert settings.backend == "auto" and "probe" in config.enabled_collectors
 
@@ -431,7 +432,7 @@ def test_idle_probe_overlay_changes_only_what_the_probe_needs(objects: list[dict
     mounts = {m["name"]: m for m in probing["volumeMounts"]}
     writable = {name for name, m in mounts.items() if not m.get("readOnly")}
     assert writable == {"state", "probe-results", "dshm", "scratch"}
-    assert mounts["probe-results"]["mountPath"] == str(config.probe_results)
+    assert mounts["probe-results"]["mountPath"] == str(config.paths.probe_results)
     assert mounts["dshm"]["mountPath"] == "/dev/shm" and mounts["scratch"]["mountPath"] == "/tmp"
     pod = _one(probe_overlay_objects, "DaemonSet")["spec"]["template"]["spec"]
     volumes = {v["name"]: v for v in pod["volumes"]}

@@ -8,14 +8,14 @@ import random
 import tracemalloc
 from pathlib import Path
 
-from prometheus_client.registry import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import CollectorRegistry
 
-from exporter.collectors.nccl import NcclCollector, NcclSettings
-from exporter.nccl import Limits
 from ccl_sim.node import SimulatedNode, default_node
 from ccl_sim.podlogs import SimJob, SimPodLogs, nccl_init_lines, pytorchjob_labels
+from exporter.collectors.nccl import NcclCollector, NcclSettings
+from exporter.nccl import Limits
 from exporter.sources.podlogs import PodLogTailer, TailLimits, pod_known_on_node
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ccl_sim.node import SimulatedNode, default_node
+from ccl_sim.podlogs import SimJob, SimPodLogs, pytorchjob_labels
 from exporter.collectors.nccl import NcclCollector
 from exporter.collectors.nccl.nic_affinity import pod_nic_affinity
 from exporter.nccl.nics import NicUse
-from ccl_sim.node import SimulatedNode, default_node
-from ccl_sim.podlogs import SimJob, SimPodLogs, pytorchjob_labels
 from exporter.sources.kube import PodMetadata
 from exporter.sources.podlogs import PodLogTailer
 from exporter.sources.topology import GpuTopology, NicTopology, Topology, TopologySource

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from exporter.collectors.rdma import RdmaCollector
 from tests.conftest import free_port, require_tool, wait_http
 from tests.metrics_text import samples, scrape_collectors

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collectors.nvml import NvlinkTotals, NvmlCollector, NvmlSettings, SPEC, settings_from_args
-from exporter.sources.nvml import GpuIdentity, GpuReading, NvLinkReading, NvmlReading
 from ccl_sim.node import default_node
+from exporter.collectors.nvml import SPEC, NvlinkTotals, NvmlCollector, NvmlSettings, settings_from_args
+from exporter.sources.nvml import GpuIdentity, GpuReading, NvLinkReading, NvmlReading
 from tests.conftest import require_tool
 
 

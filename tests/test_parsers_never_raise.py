@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from exporter.collectors.inspector import InspectorCollector, bus_bytes
 from exporter.nccl import LogAnalyzer
 from exporter.nccl.inspector import SKIP_REASONS, Operation, parse_json_record, parse_prom
-from exporter.results import MalformedResult, ProbeResult, parse_result
+from exporter.results.probe_file import MalformedResult, ProbeResult, parse_result
 from exporter.sources.inspector import InspectorSource
 from exporter.sources.kube import PodMetadata, pod_metadata_from_object
 from exporter.sources.kubelet_stats import KubeletStatsError, PodNetworks, pod_networks, summary_from_bytes

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from ccl_sim.topology import INFINIBAND_CLASS, PciFunction, PciTreeWriter, SimTopology
 from exporter.collectors.base import CollectorUnavailable
 from exporter.collectors.podresources import PodResourcesCollector, settings_from_args
-from ccl_sim.topology import INFINIBAND_CLASS, PciFunction, PciTreeWriter, SimTopology
 from exporter.sources.kube import PodMetadata, pod_metadata_from_object
 from exporter.sources.multus import NETWORK_STATUS_ANNOTATION, OLD_NETWORK_STATUS_ANNOTATION, attached_devices
 from exporter.sources.nvml import GpuIdentity

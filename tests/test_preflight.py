@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from exporter.cli import build_parser
-from exporter.preflight_report import parse_report
-from exporter.probe.preflight import PortSpec, parse_rate_gbps, probe_checks, run_preflight
-from exporter.results import ProbeResult, Transport, parse_result
+from exporter.commands import build_parser
+from exporter.commands.preflight import PortSpec, parse_rate_gbps, probe_checks, run_preflight
+from exporter.results.preflight_message import parse_report
+from exporter.results.probe_file import ProbeResult, Transport, parse_result
 from exporter.sources.probe_results import read_probe_results
 
 POD_UID = "3f1e0c9a-7b2d-4e5f-8a6b-1c2d3e4f5a6b"

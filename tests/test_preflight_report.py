@@ -1,4 +1,4 @@
-"""The pre-flight's termination message (exporter/preflight_report.py): what the writer puts in
+"""The pre-flight's termination message (exporter/results/preflight_message.py): what the writer puts in
 4096 bytes, what survives the kubelet's cuts, and what the reader makes of anything a pod writes.
 
 The kubelet reads at most the last 4096 bytes of the file, then keeps the first 12 KiB / (the
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.preflight_report import (
+from exporter.results.preflight_message import (
     CUT,
     MALFORMED,
     MAX_MESSAGE_BYTES,
@@ -22,7 +22,7 @@ from exporter.preflight_report import (
     pod_preflight,
     render_report,
 )
-from exporter.results import MAX_CHECKS, Check, ProbeResult
+from exporter.results.probe_file import MAX_CHECKS, Check, ProbeResult
 
 POD_BYTES = 12 * 1024  # the kubelet's MaxPodTerminationMessageLogLength
 UID = "3f1e0c9a-7b2d-4e5f-8a6b-1c2d3e4f5a6b"

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.cli import build_parser
+from exporter.commands import build_parser
+from exporter.commands.probe import run_probe_command
 from exporter.probe import runner, worker
-from exporter.probe.command import run_probe_command
 from exporter.probe.runner import Identity, ProbeRequest
 
 pytest.importorskip("torch")
@@ -30,7 +30,7 @@ WARMUP, ITERS = 10, 20
 RUN_CLI_WITHOUT_TORCH = textwrap.dedent(
     """
     import sys
-    from exporter.cli import main
+    from exporter.commands import main
     code = main(sys.argv[1:])
     assert "torch" not in sys.modules, "the probe's parent process imported torch"
     sys.exit(code)

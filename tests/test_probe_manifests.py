@@ -13,7 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from exporter.cli import build_parser
+from exporter.commands import build_parser
 from exporter.flags import DEFAULT_PROBE_RESULTS as DEFAULT_RESULTS
 from exporter.probe.runner import Identity
 

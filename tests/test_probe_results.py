@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exporter.collectors.probe import ProbeCollector
-from exporter.results import (
+from exporter.results.probe_file import (
     MAX_FILE_BYTES,
     Check,
     CollectiveResult,
@@ -307,8 +307,7 @@ def test_serve_binds_log_folders_and_result_files_to_the_node_pod_list(tmp_path:
     from exporter.collectors.nccl import NcclLimits, NcclSettings, build_collector
     from exporter.collectors.probe import ProbeCollectorSettings
     from exporter.collectors.probe import build as build_probe
-    from exporter.config import HostPaths
-    from exporter.resources import KubeNode, NodeResources
+    from exporter.resources import HostPaths, KubeNode, NodeResources
     from exporter.sources.nvml import PynvmlBackend
     from exporter.sources.podresources import PodResourcesClient
     from tests.test_podlogs_hostile import UID, NodePods, append, debug_file, lines_by_pod, nccl
@@ -376,7 +375,7 @@ def test_preflights_from_termination_messages_with_no_file_at_all(tmp_path: Path
     """A pod's ccl-preflight termination message is its pre-flight: ccl_preflight_result for that
     pod (its job from the pod list), counted by status; with a result file of the same pod too,
     the newer one alone (no duplicate series)."""
-    from exporter.preflight_report import render_report
+    from exporter.results.preflight_message import render_report
 
     def report(finished: float, ok: bool) -> str:
         return render_report(ProbeResult(source="preflight", started_at=finished - 5, finished_at=finished,

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from exporter.cli import build_parser, config_from_args
 from exporter.collectors import all_collectors
 from exporter.collectors.probe import ProbeCollector, probe_settings
+from exporter.commands import build_parser
+from exporter.commands.serve import config_from_args
 from exporter.probe.occupancy import NvmlOccupancy, PodResourcesOccupancy
 from exporter.probe.schedule import ProbeScheduler, ProbeSettings
 from exporter.sources.nvml import GpuProcess, NvmlUnavailable
@@ -136,4 +137,4 @@ def test_bad_probe_flags_stop_serve_at_start(flags: list[str], message: str) -> 
     args = build_parser({}).parse_args(["serve", "--probe.interval", "60", *flags])
     with pytest.raises(SystemExit, match=f"^ccl-exporter: --probe.\\*: {message}"):
         config_from_args(args, all_collectors())
-    assert probe_settings(config_from_args(build_parser({}).parse_args(["serve"]), all_collectors())) is None
+    assert probe_settings(config_from_args(build_parser({}).parse_args(["serve"]), all_collectors()).collector_settings) is None

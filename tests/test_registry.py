@@ -6,7 +6,7 @@ import random
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
 
-from exporter.registry import MAX_LABEL_VALUE_CHARS, sanitize_families
+from exporter.collectors.umbrella import MAX_LABEL_VALUE_CHARS, sanitize_families
 
 
 def _reference_order(samples: list) -> list:  # type: ignore[type-arg]

@@ -219,7 +219,7 @@ def test_the_wheel_carries_the_runtime_only(tmp_path: Path) -> None:
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         top_level = archive.read(next(n for n in names if n.endswith(".dist-info/top_level.txt"))).decode()
-    assert "exporter/cli.py" in names and "exporter/collectors/nccl/families.py" in names
+    assert "exporter/commands/serve.py" in names and "exporter/collectors/nccl/families.py" in names
     outside = sorted({name.split("/")[0] for name in names} - {"exporter", "ccl_health_exporter-0.0.1.dist-info"})
     assert outside == [], "the wheel holds the runtime package only"
     assert not [name for name in names if "ccl_sim" in name or "/sim/" in name]

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from exporter.cli import main
+from exporter.commands import main
+from exporter.commands.analyze_report import EDGE_COLOURS, VERDICT_COLOURS, render
 from exporter.nccl import LogAnalyzer
 from exporter.nccl.topology import OUTSIDE, RDMA_EDGE, RDMA_NO_GDR_EDGE, TCP_EDGE, topology
-from exporter.report import EDGE_COLOURS, VERDICT_COLOURS, render
 from tests.conftest import require_tool
 from tests.pngread import Image, read_png
 

@@ -9,13 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from exporter.cli import build_collectors, build_parser, config_from_args
-from exporter.collectors import all_collectors
-from exporter.collectors.base import close_collector
-from exporter.config import HostPaths
-from exporter.resources import NodeResources
 from ccl_sim.node import default_node
 from ccl_sim.resources import simulated_node_resources
+from exporter.collectors import all_collectors
+from exporter.collectors.base import close_collector
+from exporter.commands import build_parser
+from exporter.commands.serve import build_collectors, config_from_args
+from exporter.resources import HostPaths, NodeResources
 from exporter.sources.kube import NoPodMetadata
 from exporter.sources.nvml import NvmlReading
 from exporter.sources.podresources import PodResourcesClient
@@ -131,7 +131,8 @@ def test_the_simulated_node_offers_its_own_nvml_pods_and_tree(tmp_path: Path) ->
 REAL_NODE_SCRAPE = """
 import json, sys
 from pathlib import Path
-from exporter.cli import build_collectors, build_parser, config_from_args
+from exporter.commands import build_parser
+from exporter.commands.serve import build_collectors, config_from_args
 from exporter.collectors import all_collectors
 from exporter.resources import real_node_resources
 root = Path(sys.argv[1])

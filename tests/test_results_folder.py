@@ -25,10 +25,10 @@ from typing import Any
 
 import pytest
 
-from exporter.cli import build_parser, main
-from exporter.probe.preflight import run_preflight
-from exporter.results import ProbeResult, parse_result, unwritten_reason, write_result
-from exporter.results_folder import FOLDER_MODE, FolderNotPrepared, prepare_results_folder
+from exporter.commands import build_parser, main
+from exporter.commands.preflight import run_preflight
+from exporter.commands.prepare_results import FOLDER_MODE, FolderNotPrepared, prepare_results_folder
+from exporter.results.probe_file import ProbeResult, parse_result, unwritten_reason, write_result
 from tests.conftest import FIXTURES, IN_CI, REPO, require_tool
 from tests.fixturetree import unpack
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bench import rule_cost
 from bench.rule_cost import (
     CADVISOR_PODS,
     MEASURED_PREFIX,
@@ -25,10 +26,9 @@ from bench.rule_cost import (
     node_template,
     range_reads,
     rules_in_sequence,
-    written_as,
     write_family,
+    written_as,
 )
-from bench import rule_cost
 from tests.conftest import REPO, require_tool
 from tests.promql_names import groups
 

@@ -23,9 +23,9 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from exporter.build import read_build_info
 from exporter.collectors.base import CollectorUnavailable
 from exporter.collectors.rdma import RdmaCollector
-from exporter.registry import MAX_LABEL_VALUE_CHARS
+from exporter.collectors.umbrella import MAX_LABEL_VALUE_CHARS
 from exporter.http.connections import ConnectionGuard, ConnectionLimits
-from exporter.server import accepts_gzip, create_app, serving
+from exporter.http.endpoints import accepts_gzip, create_app, serving
 from tests.conftest import REPO
 from tests.metrics_text import samples, value
 
@@ -337,7 +337,8 @@ async def test_a_malformed_request_is_logged_as_one_line(served, caplog) -> None
 
 
 def test_web_flags_are_validated_before_anything_starts() -> None:
-    from exporter.cli import _web_settings, build_parser
+    from exporter.commands import build_parser
+    from exporter.commands.serve import _web_settings
 
     def settings(*flags: str) -> tuple[ConnectionLimits, int]:
         return _web_settings(build_parser(environ={}).parse_args(["serve", *flags]))
@@ -420,10 +421,10 @@ async def test_concurrent_scrapes_share_builds_and_every_page_is_collected_after
 
 
 async def test_a_collector_failing_the_same_way_every_scrape_is_logged_once(app_client, caplog) -> None:  # type: ignore[no-untyped-def]
-    caplog.set_level(logging.INFO, logger="exporter.registry")
+    caplog.set_level(logging.INFO, logger="exporter.collectors.umbrella")
     client = await app_client(create_app([UndecodableDevice(), Raising()], process_metrics=False))
     for _ in range(5):
         assert (await client.get("/metrics")).status == 200
-    logged = [r for r in caplog.records if r.name == "exporter.registry"]
+    logged = [r for r in caplog.records if r.name == "exporter.collectors.umbrella"]
     assert sorted(r.levelname for r in logged) == ["ERROR", "WARNING"], [r.getMessage() for r in logged]
     assert "reader exploded" in (await (await client.get("/")).text()), "the landing page still says why"

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collectors.rdma import RdmaCollector
-from exporter.server import create_app
 from ccl_sim.control import SimControl, add_control_routes
 from ccl_sim.node import default_node
+from exporter.collectors.rdma import RdmaCollector
+from exporter.http.endpoints import create_app
 
 
 def _samples(collector: RdmaCollector, name: str) -> dict[str, float]:
@@ -191,7 +191,7 @@ async def test_hw_counter_errors_and_garbage_attributes(controlled) -> None:  # 
 
 
 async def test_probe_result_lands_where_the_probe_collector_reads(controlled) -> None:  # type: ignore[no-untyped-def]
-    from exporter.results import parse_result
+    from exporter.results.probe_file import parse_result
 
     client, control, _ = controlled
     response = await client.post("/-/sim/probe-result", params={"busbw_gbps": "120"})

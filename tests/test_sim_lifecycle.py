@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from exporter.cli import build_collectors, build_parser, config_from_args
-from exporter.collectors import all_collectors
 from ccl_sim.control import ActionError, kube_status
 from ccl_sim.kube import SimApiError, SimKube
 from ccl_sim.node import default_node
 from ccl_sim.resources import simulated_node_resources
+from exporter.collectors import all_collectors
+from exporter.commands import build_parser
+from exporter.commands.serve import build_collectors, config_from_args
 
 FLAGS = ["serve", "--collector.lifecycle", "--collector.lifecycle.hooks=readiness,events,node-condition"]
 

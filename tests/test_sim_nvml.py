@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collectors.nvml import NvmlCollector, NvmlSettings
-from exporter.collectors.podresources import PodResourcesCollector
 from ccl_sim.node import SimulatedNode, default_node
 from ccl_sim.nvml import TRAINING_POD, sim_gpu_uuid
+from exporter.collectors.nvml import NvmlCollector, NvmlSettings
+from exporter.collectors.podresources import PodResourcesCollector
 from exporter.sources.nvml import busy_gpus
 from exporter.sources.podresources import PodResourcesClient, gpus_held_by_pods
 from tests.conftest import ExporterProcess

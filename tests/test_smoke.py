@@ -1,4 +1,4 @@
-from exporter.cli import build_parser
+from exporter.commands import build_parser
 
 
 def test_serve_help_lists_flags_and_env() -> None:

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from exporter.http.certificates import CertificateError, earliest_not_after, not_after, pem_certificates
+from exporter.http.endpoints import CERTIFICATE_EXPIRY_METRIC, create_app, serving
 from exporter.http.webconfig import WebConfigSource
-from exporter.server import CERTIFICATE_EXPIRY_METRIC, create_app, serving
 from tests.conftest import require_tool
 from tests.metrics_text import promtool_check_metrics, value
 from tests.pki import openssl

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from ccl_sim.topology import BRIDGE, GPU_CLASS, INFINIBAND_CLASS, PciFunction, PciTreeWriter, SimTopology
 from exporter.collectors.base import CollectorUnavailable, PartialCollection
 from exporter.collectors.topology import TopologyCollector
-from ccl_sim.topology import BRIDGE, GPU_CLASS, INFINIBAND_CLASS, PciFunction, PciTreeWriter, SimTopology
 from exporter.sources.nvml import GpuIdentity, NvmlUnavailable
 from exporter.sources.topology import (
     GpuTopology,

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 from devtools.stack import Intervals, ScrapeTarget
-from devtools.vmstack import VmAgent, VmAlert, VictoriaMetrics, scrape_config
+from devtools.vmstack import VictoriaMetrics, VmAgent, VmAlert, scrape_config
 from tests.conftest import require_tool
 
 TARGETS = [ScrapeTarget("127.0.0.1:19401", {"node": "gpu-node-01"}), ScrapeTarget("127.0.0.1:19402", {"node": "gpu-node-02"})]

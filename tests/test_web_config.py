@@ -22,19 +22,19 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import bcrypt
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-import pytest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from exporter.http.access import AUTH_CACHE_SIZE, AuthBusy
+from exporter.http.endpoints import create_app, serving
 from exporter.http.webconfig import (
     WebConfigError,
     WebConfigSource,
     parse_web_config,
     peer_has_allowed_san,
 )
-from exporter.server import create_app, serving
 from tests.conftest import REPO, free_port, require_tool
 from tests.pki import issue, make_ca
 

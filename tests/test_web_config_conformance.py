@@ -29,8 +29,8 @@ import bcrypt
 import pytest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
+from exporter.http.endpoints import create_app, serving
 from exporter.http.webconfig import WebConfigError, WebConfigSource
-from exporter.server import create_app, serving
 from tests.conftest import require_tool
 from tests.pki import issue, make_ca, self_signed
 

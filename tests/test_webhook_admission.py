@@ -16,7 +16,7 @@ import jsonpatch
 import pytest
 
 import exporter
-
+from exporter.sources.kube import FABRIC_READY_CONDITION
 from exporter.webhook.admission import (
     ERROR,
     INJECTED_ANNOTATION,
@@ -31,7 +31,6 @@ from exporter.webhook.admission import (
     review,
 )
 from exporter.webhook.body import parse_review
-from exporter.sources.kube import FABRIC_READY_CONDITION
 from tests.pod_rules import check_pod, validate_with_the_library
 
 CONFIG = WebhookConfig()
@@ -167,7 +166,7 @@ def test_readiness_gate_and_preflight_when_annotated() -> None:
     assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
     assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["JOB_NAME"] == "llama"
-    # The identity its result file is named and checked by (exporter/results.py): the pod's UID.
+    # The identity its result file is named and checked by (exporter/results/probe_file.py): the pod's UID.
     assert env["CCL_POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
     assert env["CCL_POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["CCL_POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
@@ -253,7 +252,7 @@ def test_with_a_results_folder_the_preflight_also_writes_a_file_there() -> None:
 
 @pytest.mark.parametrize("host_path", ["", "/var/lib/ccl-exporter/probe-results"], ids=["default", "results-folder"])
 def test_the_preflight_args_parse_as_the_preflight_command(host_path: str) -> None:
-    from exporter.cli import build_parser
+    from exporter.commands import build_parser
 
     out, _, _ = patched(gpu_pod(annotations={"ccl-health.io/preflight": "true"}),
                         WebhookConfig(probe_results_host_path=host_path))

@@ -99,8 +99,8 @@ def run_probe(report: Report, gpu: int, python: str) -> None:
 
 
 def read_probe(folder: Path) -> tuple[Any | None, str]:
-    """Rank 0's result document as the exporter reads result files (exporter.results)."""
-    from exporter.results import MalformedResult, parse_result
+    """Rank 0's result document as the exporter reads result files (exporter.results.probe_file)."""
+    from exporter.results.probe_file import MalformedResult, parse_result
 
     path = folder / PROBE_JSON.format(rank=0)
     try:

@@ -18,7 +18,7 @@ def collect_ours(report: Report) -> dict[str, Any] | None:
     from prometheus_client import generate_latest
 
     from exporter.collectors.nvml import NvmlCollector, NvmlSettings
-    from exporter.registry import UmbrellaCollector, build_registry
+    from exporter.collectors.umbrella import UmbrellaCollector, build_registry
     from exporter.sources.nvml import NvmlUnavailable, PynvmlBackend
 
     backend = PynvmlBackend()

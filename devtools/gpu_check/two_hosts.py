@@ -48,7 +48,7 @@ TWO_HOSTS_DIR = "two-hosts"
 NCCL_LOG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
 HOST_ID = "gpu-check-host-{rank}"
 RANKS = 2
-# exporter.analyze's exit codes
+# exporter.commands.analyze's exit codes
 ANALYZE_FALLBACK = 3
 ANALYZE_ANSWERS = (0, 3, 4)
 

@@ -2,7 +2,7 @@
 
 A collector turns records from ``exporter.sources`` (and state kept by its own background
 task, if it has one) into client_python metric families, fresh on every scrape. It never
-reaches another collector; the umbrella in ``exporter.registry`` times it, isolates its
+reaches another collector; the umbrella in ``exporter.collectors.umbrella`` times it, isolates its
 failures and reports ``ccl_exporter_collector_success`` / ``..._duration_seconds`` for it.
 """
 

@@ -11,7 +11,7 @@ pod only when the node's pod list holds that pod with that UID; any other is cou
 nobody; see ``exporter.sources.probe_results``.
 
 Pre-flights also arrive without any file: as the termination message of a pod's ``ccl-preflight``
-init container, in the node's pod list (``exporter.preflight_report``), counted by what they held
+init container, in the node's pod list (``exporter.results.preflight_message``), counted by what they held
 in ``ccl_preflight_termination_messages{status}``. Per pod the newest pre-flight counts, from
 either place.
 """
@@ -20,21 +20,20 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from exporter.collectors.base import CollectorSpec
-from exporter.config import ServeConfig
 from exporter.flags import Flag
-from exporter.preflight_report import STATUSES as PREFLIGHT_MESSAGE_STATUSES
-from exporter.preflight_report import newest_preflights
 from exporter.probe.occupancy import NvmlOccupancy, PodResourcesOccupancy
 from exporter.probe.schedule import GpuOccupancy, ProbeScheduler, ProbeSettings
 from exporter.resources import NodeResources
-from exporter.results import ProbeResult
+from exporter.results.preflight_message import STATUSES as PREFLIGHT_MESSAGE_STATUSES
+from exporter.results.preflight_message import newest_preflights
+from exporter.results.probe_file import ProbeResult
 from exporter.sources.kube import PodMetadata, PodMetadataSource
 from exporter.sources.podlogs import PodKnown, pod_known_on_node
 from exporter.sources.probe_results import ParseCache, read_probe_results
@@ -201,7 +200,7 @@ class ProbeCollector:
 
 def preflights_from_pods(pods: Iterable[PodMetadata]) -> tuple[list[ProbeResult], dict[str, int]]:
     """The pre-flight results in the pods' ``ccl-preflight`` termination messages, and how many
-    messages were of each status (``exporter.preflight_report.STATUSES``)."""
+    messages were of each status (``exporter.results.preflight_message.STATUSES``)."""
     results = []
     counts = dict.fromkeys(PREFLIGHT_MESSAGE_STATUSES, 0)
     for pod in pods:
@@ -272,9 +271,9 @@ def settings_from_args(args: argparse.Namespace) -> ProbeCollectorSettings:
     return ProbeCollectorSettings(float(args.probe_max_age), schedule)
 
 
-def probe_settings(config: ServeConfig) -> ProbeSettings | None:
-    """The idle-time probe settings of ``serve`` (None when off)."""
-    settings = config.collector_settings["probe"]
+def probe_settings(collector_settings: Mapping[str, object]) -> ProbeSettings | None:
+    """The idle-time probe settings among ``serve``'s collector settings (None when off)."""
+    settings = collector_settings["probe"]
     assert isinstance(settings, ProbeCollectorSettings)
     return settings.schedule
 

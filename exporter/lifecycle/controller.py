@@ -39,7 +39,7 @@ from exporter.lifecycle.decisions import (
 )
 from exporter.lifecycle.writes import ApiUnavailable, LifecycleApi
 from exporter.nccl.networks import expected_network_class
-from exporter.results import ProbeResult
+from exporter.results.probe_file import ProbeResult
 from exporter.sources.kube import PodCondition, PodMetadata, PodMetadataSource
 from exporter.sources.podlogs import pod_known_on_node
 from exporter.sources.probe_results import ParseCache, read_probe_results

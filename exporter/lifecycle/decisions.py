@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from exporter.fabric_verdicts import PodFabric
-from exporter.results import ProbeResult
+from exporter.results.probe_file import ProbeResult
 from exporter.sources.rdma import ACTIVE_PORT_STATES, RdmaPort
 
 NODE_CONDITION = "CclFabricDegraded"

@@ -1,7 +1,6 @@
-"""Bus-bandwidth probe and pre-flight checks.
+"""The bus-bandwidth probe, behind ``ccl-exporter probe`` and ``preflight`` (``exporter.commands``).
 
-``formulas`` (nccl-tests arithmetic), ``runner`` (spawns the workers), ``command``
-(``ccl-exporter probe``), ``preflight`` (``ccl-exporter preflight``), ``schedule`` and
+``formulas`` (nccl-tests arithmetic), ``runner`` (spawns the workers), ``schedule`` and
 ``occupancy`` (idle-time probes in ``serve``). The result file they write is
-``exporter.results``. Only ``worker``, run as its own process, imports torch.
+``exporter.results.probe_file``. Only ``worker``, run as its own process, imports torch.
 """

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from exporter.results import COLLECTIVES, MAX_SWEEP_POINTS
+from exporter.results.probe_file import COLLECTIVES, MAX_SWEEP_POINTS
 
 # Collectives whose buffer is split into one chunk per rank: sizes are rounded to a multiple
 # of (type size x ranks), as nccl-tests does.

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from exporter.nccl import LogAnalyzer
 from exporter.probe.worker import RESULT_PREFIX
-from exporter.results import CollectiveResult, ProbeResult, Row, Transport
+from exporter.results.probe_file import CollectiveResult, ProbeResult, Row, Transport
 
 MAX_CAPTURED_LINES = 20_000
 MAX_LINE_CHARS = 4096

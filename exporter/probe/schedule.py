@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Protocol
 
 from exporter.probe.formulas import parse_size, size_sweep
-from exporter.results import (
+from exporter.results.probe_file import (
     COLLECTIVES,
     CollectiveResult,
     MalformedResult,

@@ -27,7 +27,7 @@ from datetime import timedelta
 from typing import Any
 
 from exporter.probe.formulas import algbw, align_size, busbw
-from exporter.results import COLLECTIVES
+from exporter.results.probe_file import COLLECTIVES
 
 RESULT_PREFIX = "CCL_PROBE "
 TYPE_NAME = "float"

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, Protocol, runtime_checkable
 
-from exporter.preflight_report import MAX_MESSAGE_BYTES, PREFLIGHT_CONTAINER, PodPreflight, pod_preflight
+from exporter.results.preflight_message import MAX_MESSAGE_BYTES, PREFLIGHT_CONTAINER, PodPreflight, pod_preflight
 from exporter.sources.multus import AttachedDevice, attached_devices
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """Probe and pre-flight result files in ``--path.probe-results`` (a hostPath on the node).
 
 Written by ``ccl-exporter probe`` (scheduled by the exporter, or run by a probe Job) and by
-``ccl-exporter preflight`` init containers; format in ``exporter.results``. Any pod with
+``ccl-exporter preflight`` init containers; format in ``exporter.results.probe_file``. Any pod with
 the hostPath can write here, so every file is read defensively: hidden and temporary files
 are ignored, symlinks and non-regular files are refused, a file over 1 MiB or one that does
 not parse is *malformed*, a result older than ``max_age_seconds`` is *stale*; each is
@@ -43,7 +43,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exporter.results import MAX_FILE_BYTES, SUFFIX, MalformedResult, ProbeResult, parse_result, result_filename
+from exporter.results.probe_file import (
+    MAX_FILE_BYTES,
+    SUFFIX,
+    MalformedResult,
+    ProbeResult,
+    parse_result,
+    result_filename,
+)
 
 DEFAULT_MAX_FILES = 256
 # Why a result was not attributed (a value of ccl_probe_result_files{status}).

@@ -45,8 +45,8 @@ from typing import Any
 
 from exporter import __version__
 from exporter.flags import DEFAULT_PROBE_RESULTS
-from exporter.preflight_report import DEFAULT_TERMINATION_MESSAGE_PATH
-from exporter.preflight_report import PREFLIGHT_CONTAINER as PREFLIGHT_CONTAINER
+from exporter.results.preflight_message import DEFAULT_TERMINATION_MESSAGE_PATH
+from exporter.results.preflight_message import PREFLIGHT_CONTAINER as PREFLIGHT_CONTAINER
 from exporter.sources.kube import FABRIC_READY_CONDITION, attribute_job
 from exporter.webhook.body import MAX_UID_CHARS, MalformedReview
 from exporter.webhook.podspec import (
@@ -452,7 +452,7 @@ def preflight_container(
         {str(k): str(v) for k, v in labels.items()}, owners, {str(k): str(v) for k, v in annotations.items()}
     )
     # The pod's identity from the downward API: the pre-flight names its result file by the pod's
-    # UID, and the exporter uses a result only with that UID (exporter/results.py).
+    # UID, and the exporter uses a result only with that UID (exporter/results/probe_file.py).
     env: list[dict[str, Any]] = [
         {"name": name, "valueFrom": {"fieldRef": {"fieldPath": field_path}}} for name, field_path in POD_IDENTITY_ENV
     ]
@@ -477,7 +477,7 @@ def preflight_container(
         "args": args,
         "env": env,
         "securityContext": security,
-        # The result reaches the node's exporter as this file's content (exporter/preflight_report.py).
+        # The result reaches the node's exporter as this file's content (exporter/results/preflight_message.py).
         "terminationMessagePath": DEFAULT_TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "File",
     }

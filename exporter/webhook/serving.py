@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from exporter import __version__
-from exporter.config import parse_listen_address
+from exporter.flags import parse_listen_address
 from exporter.http.connections import ConnectionLimits
 from exporter.http.server import WebServer, listening, read_body, until_terminated
 from exporter.http.webconfig import WebConfigError, WebConfigSource

@@ -7,6 +7,6 @@ a laptop with no GPU and no NIC. Each part of the node is a ``SimPart`` of ``Sim
 (``node``); ``paths`` lays out its folder tree, ``clock`` is its time, ``resources`` hands it to
 the collectors as the node's ``NodeResources``, ``control`` drives it over
 ``POST /-/sim/<action>``, and ``serve`` (``python -m ccl_sim serve``) runs ``ccl-exporter serve``
-on it through the seam ``serve`` offers any caller (``exporter.cli.ServedNode``). It depends on
+on it through the seam ``serve`` offers any caller (``exporter.commands.serve.ServedNode``). It depends on
 ``exporter``; nothing in ``exporter`` knows it exists (tests/test_layering.py).
 """

@@ -62,7 +62,7 @@ from ccl_sim.clock import now
 from ccl_sim.node import SimulatedNode
 
 if TYPE_CHECKING:
-    from exporter.server import ExporterApp
+    from exporter.http.endpoints import ExporterApp
 
 Params = Mapping[str, str]
 ActionFunc = Callable[[SimulatedNode, Params], dict[str, Any]]
@@ -301,7 +301,7 @@ def rdma_garbage(node: SimulatedNode, params: Params) -> dict[str, Any]:
 def probe_result(node: SimulatedNode, params: Params) -> dict[str, Any]:
     from ccl_sim.podlogs import sim_pod_uid
     from ccl_sim.probe import sweep
-    from exporter.results import CollectiveResult, ProbeResult, Transport, write_result
+    from exporter.results.probe_file import CollectiveResult, ProbeResult, Transport, write_result
 
     try:
         peak = float(params.get("busbw_gbps", "150")) * 1e9
@@ -426,7 +426,7 @@ class SimControl:
 
 
 def ticker_hook(control: SimControl, tick_seconds: float = 1.0) -> Callable[[ExporterApp], AsyncIterator[None]]:
-    """A startup hook of the app (``exporter.server.StartupHook``) that advances the node every
+    """A startup hook of the app (``exporter.http.endpoints.StartupHook``) that advances the node every
     ``tick_seconds`` in a worker thread while the server runs."""
 
     async def hook(app: ExporterApp) -> AsyncIterator[None]:

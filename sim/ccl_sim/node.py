@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from ccl_sim.clock import SimClock, job_activity
 from ccl_sim.paths import simulated_paths
-from exporter.config import HostPaths
+from exporter.resources import HostPaths
 
 if TYPE_CHECKING:
     from ccl_sim.kube import SimKube

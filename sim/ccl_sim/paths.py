@@ -1,14 +1,14 @@
 """Where the simulated node keeps its files: the one place that lays out its folder tree.
 
 The tree mirrors a real node's host paths, so the exporter reads it through the same
-``--path.*`` settings (``exporter.config.HostPaths``).
+``--path.*`` settings (``exporter.resources.HostPaths``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from exporter.config import HostPaths
+from exporter.resources import HostPaths
 
 
 def simulated_paths(root: Path) -> HostPaths:

@@ -26,7 +26,7 @@ from ccl_sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
 from ccl_sim.paths import simulated_paths
 from ccl_sim.podlogs import sim_pod_uid
 from exporter.probe.formulas import busbw_factor, size_sweep
-from exporter.results import Check, CollectiveResult, ProbeResult, Row, Transport, write_result
+from exporter.results.probe_file import Check, CollectiveResult, ProbeResult, Row, Transport, write_result
 
 HOSTNAME = "gpu-node-07"
 RANKS, NODES = 16, 2

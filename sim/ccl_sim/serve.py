@@ -1,7 +1,7 @@
 """``python -m ccl_sim serve``: ``ccl-exporter serve`` on the simulated node.
 
-The same ``serve`` code (``exporter.cli.run_serve``) with every one of its flags, handed the
-simulated node through its one seam (``exporter.cli.ServedNode``): the node's resources
+The same ``serve`` code (``exporter.commands.serve.run_serve``) with every one of its flags, handed the
+simulated node through its one seam (``exporter.commands.serve.ServedNode``): the node's resources
 (``ccl_sim.resources``), a ticker that advances it while the server runs, the control routes
 ``POST /-/sim/<action>`` (``ccl_sim.control``), and the collector settings that point at the
 node's own stand-ins (its kubelet; probe results not bound to its pod list). The node is laid out
@@ -24,10 +24,9 @@ from dataclasses import replace
 
 from ccl_sim.control import SimControl, add_control_routes, ticker_hook
 from ccl_sim.resources import simulated_node_resources, temporary_simulated_node
-from exporter.cli import NodeProvider, ServedNode, add_serve_arguments, run_serve
 from exporter.collectors import all_collectors
 from exporter.collectors.probe import ProbeCollectorSettings
-from exporter.config import DEFAULT_PORT, ServeConfig
+from exporter.commands.serve import DEFAULT_PORT, NodeProvider, ServeConfig, ServedNode, add_serve_arguments, run_serve
 from exporter.flags import EnvHelpFormatter, Flag
 from exporter.sources.kubelet_stats import KubeletStatsSettings
 

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from devtools.stack import Intervals, Prometheus, SimulatedExporter, find_rule_files
 from ccl_sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
+from devtools.stack import Intervals, Prometheus, SimulatedExporter, find_rule_files
 from tests.conftest import REPO
 from tests.e2e.harness import EXPORTER_ARGS
 

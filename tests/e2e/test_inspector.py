@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from ccl_sim.inspector import RecordWriter, TimedCollective, json_record, prom_bucket_lines, size_range
 from devtools.stack import (
     Intervals,
     ScrapeTarget,
@@ -22,7 +23,6 @@ from devtools.stack import (
     stop_process,
     wait_answering,
 )
-from ccl_sim.inspector import RecordWriter, TimedCollective, json_record, prom_bucket_lines, size_range
 from tests.conftest import REPO
 from tests.e2e.harness import PARTITIONED_OTHERS, require_stack, rule_partitions
 

@@ -19,12 +19,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 import yaml
 
+from ccl_sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
 from devtools.stack import Intervals, SimulatedExporter, make_healthy, start_exporters, stop_all
 from devtools.vmstack import ShardedStack
-from ccl_sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
 from tests.conftest import require_tool
 from tests.e2e.harness import EXPORTER_ARGS, PARTITIONED_OTHERS, compressed_rules, rule_partitions
 

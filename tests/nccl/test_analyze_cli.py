@@ -1,6 +1,6 @@
 """``ccl-exporter analyze``: paths, folders, .gz, CRI pod logs, exit codes and output shapes.
 
-The command runs in-process through ``exporter.cli.main`` and once as the installed console
+The command runs in-process through ``exporter.commands.main`` and once as the installed console
 script (a real subprocess) to prove the registration.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.cli import main
+from exporter.commands import main
 from tests.nccl.conftest import FIXTURES
 
 FALLBACK = FIXTURES / "v2_19_pod_log_socket_fallback_nnodes.log"

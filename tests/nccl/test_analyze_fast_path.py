@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter import analyze
+from exporter.commands import analyze
 from exporter.nccl import LogAnalyzer
 from exporter.nccl.reader import LINE_NEEDLES
 from exporter.sources.podlogs.cri import PARTIAL_TAG_SEARCH, CriJoiner

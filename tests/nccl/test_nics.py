@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from exporter.nccl import LogAnalyzer
-from exporter.nccl.grammar import parse_message
 from exporter.nccl.events import ConnectionEvent, IbDevicesEvent
+from exporter.nccl.grammar import parse_message
 from exporter.nccl.nics import NicUse, nic_uses
 
 CORPUS = Path(__file__).resolve().parent.parent / "fixtures" / "nccl" / "synthetic"

@@ -25,7 +25,7 @@ BASIC_AUTH_FOLDER = Path(os.environ.get("SMOKE_BASIC_AUTH_FOLDER", "/etc/ccl-exp
 TIMEOUT_SECONDS = 10.0
 MAX_BODY_BYTES = 16 * 1024 * 1024
 PARALLEL = 16
-# Every page of the exporter has it (exporter/registry.py).
+# Every page of the exporter has it (exporter/collectors/umbrella.py).
 EXPECTED = b"ccl_exporter_build_info"
 
 

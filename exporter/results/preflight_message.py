@@ -35,7 +35,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from exporter.results import MAX_CHECKS, Check, ProbeResult
+from exporter.results.probe_file import MAX_CHECKS, Check, ProbeResult
 
 SCHEMA = "ccl-preflight/v1"
 # The init container whose termination message is read (the name the webhook gives its pre-flight).

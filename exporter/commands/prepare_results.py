@@ -1,6 +1,6 @@
 """``ccl-exporter prepare-results``: make the node's probe-results folder writable by its writers.
 
-Result files (``exporter.results``) are written into a hostPath by pre-flight init containers
+Result files (``exporter.results.probe_file``) are written into a hostPath by pre-flight init containers
 and probe Jobs, which run as the image's user (UID 65532) or whatever user their pod sets.
 kubelet creates a ``DirectoryOrCreate`` hostPath as root with mode 0755, so none of them could
 write there. The exporter's DaemonSet runs this command in an init container (UID 0, every

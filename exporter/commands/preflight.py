@@ -7,7 +7,7 @@ result as ``ccl_preflight_result{check}`` for that pod and sets the pod's readin
 from it. It reaches the exporter two ways:
 
 * the container's termination message (``--path.termination-message``, the kubelet's
-  ``/dev/termination-log``; ``exporter.preflight_report``): no volume at all, and the pod it
+  ``/dev/termination-log``; ``exporter.results.preflight_message``): no volume at all, and the pod it
   speaks for is the one whose status holds it;
 * a result file in ``--path.probe-results`` (unless ``--no-write``; source ``preflight``, with
   the pod's namespace, name and UID from the downward API: ``CCL_POD_NAMESPACE``,
@@ -42,11 +42,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from exporter.commands.probe import add_probe_arguments, describe_transport, request_from_args
 from exporter.flags import PROBE_RESULTS, SYSFS, Flag, Switch
-from exporter.preflight_report import DEFAULT_TERMINATION_MESSAGE_PATH, render_report
-from exporter.probe.command import add_probe_arguments, describe_transport, request_from_args
 from exporter.probe.runner import Identity, run_probe
-from exporter.results import Check, ProbeResult, Transport, unwritten_reason, write_result
+from exporter.results.preflight_message import DEFAULT_TERMINATION_MESSAGE_PATH, render_report
+from exporter.results.probe_file import Check, ProbeResult, Transport, unwritten_reason, write_result
 from exporter.sources.rdma import RdmaPort, RdmaReading, read_rdma
 
 ACTIVE, LINK_UP = 4, 5

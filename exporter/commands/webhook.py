@@ -13,8 +13,7 @@ import logging
 import shlex
 from collections.abc import Mapping
 
-from exporter.config import parse_listen_address
-from exporter.flags import DEFAULT_PROBE_RESULTS, LOG_LEVEL, EnvHelpFormatter, Flag
+from exporter.flags import DEFAULT_PROBE_RESULTS, LOG_LEVEL, EnvHelpFormatter, Flag, parse_listen_address
 from exporter.logs import LOG_FORMAT, configure_logging
 from exporter.webhook.admission import DEFAULT_PREFLIGHT_IMAGE, GPU_RESOURCE, WebhookConfig
 from exporter.webhook.body import MAX_REVIEW_BYTES

@@ -2,7 +2,7 @@
 
 ``/metrics`` is rendered in a worker thread (collectors read sysfs, NVML and files, and a
 slow one must not stall ``/healthz``), each page within ``max_page_bytes`` (see
-exporter/exposition.py) and gzip-compressed in that thread when the client accepts it
+exporter/http/exposition.py) and gzip-compressed in that thread when the client accepts it
 (Prometheus does). Pages are built one at a time per format (``SharedPages``): requests that
 arrive while a page is being built wait for the next build and all get that one, so a crowd
 of clients (64 that pipeline scrapes, say) costs one collection at a time, and a scrape waits
@@ -28,14 +28,14 @@ from prometheus_client.exposition import choose_encoder
 
 from exporter import __version__
 from exporter.backoff import supervise
-from exporter.collector_history import CollectorHistory
 from exporter.collectors.base import BackgroundCollector, Collector, close_collector
-from exporter.exposition import DEFAULT_MAX_PAGE_BYTES, PageRenderer
+from exporter.collectors.history import CollectorHistory
+from exporter.collectors.umbrella import UmbrellaCollector, build_registry
 from exporter.http.certificates import CertificateExpiryGauge
 from exporter.http.connections import ConnectionLimits
+from exporter.http.exposition import DEFAULT_MAX_PAGE_BYTES, PageRenderer
 from exporter.http.server import Handler, WebServer, listening, until_terminated
 from exporter.http.webconfig import WebConfigSource
-from exporter.registry import UmbrellaCollector, build_registry
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from typing import TextIO
 from exporter.flags import PROBE_RESULTS, Flag
 from exporter.probe.formulas import busbw_factor, parse_size, size_sweep
 from exporter.probe.runner import Identity, ProbeRequest, Rendezvous, resolve_backend, run_probe, visible_gpu_count
-from exporter.results import COLLECTIVES, SOURCES, ProbeResult, unwritten_reason, write_result
+from exporter.results.probe_file import COLLECTIVES, SOURCES, ProbeResult, unwritten_reason, write_result
 
 GB = 1e9  # nccl-tests prints GB/s with GB = 10^9 bytes
 PROCFS = Flag("--path.procfs", "/proc", "procfs mount point (GPU discovery for --backend auto)", dest="procfs")

@@ -14,7 +14,7 @@ Exit codes: 0 no fallback shown (RDMA, or one node), 3 TCP fallback, 4 the log d
 enough to tell ("cannot tell" is an answer, never silence), 1 an input cannot be read (one line on
 stderr, no verdict on stdout: a verdict on part of a job's logs would be a guess) or the
 ``--html`` page cannot be written, 2 usage. ``--html OUT`` writes a self-contained page
-(``exporter.report``) besides the usual output.
+(``exporter.commands.analyze_report``) besides the usual output.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def add_parser(
 
 
 def standalone_main(argv: Sequence[str]) -> int:
-    """``ccl-exporter analyze ARGS``, parsed and run without the other commands (``exporter.entry``)."""
+    """``ccl-exporter analyze ARGS``, parsed and run without the other commands (``exporter.commands.main``)."""
     parser = argparse.ArgumentParser(prog="ccl-exporter")
     add_parser(parser.add_subparsers(dest="command", metavar="COMMAND", required=True), os.environ)
     args = parser.parse_args(["analyze", *argv])
@@ -449,7 +449,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_UNREADABLE
     verdict = analyzer.result()
     if getattr(args, "html", None):
-        from exporter import report  # only when asked for
+        from exporter.commands import analyze_report as report  # only when asked for
 
         try:
             report.write(Path(args.html), analyzer, [str(p) for p in args.paths], one_line(verdict))

@@ -1,9 +1,13 @@
-"""``ccl-exporter``: serve | analyze | probe | preflight | webhook | prepare-results.
+"""``ccl-exporter serve``: the exporter, and the one composition root.
 
 Flags follow node_exporter (``--web.listen-address``, ``--path.sysfs``,
 ``--collector.<name>`` / ``--no-collector.<name>``). Every flag can also be set by an
 environment variable named after it: ``--path.sysfs`` is ``CCL_EXPORTER_PATH_SYSFS``,
 ``--collector.rdma`` is ``CCL_EXPORTER_COLLECTOR_RDMA`` (true/false); see ``exporter.flags``.
+
+``ServeConfig`` is what the flags say; ``run_serve`` builds the node (``NodeProvider``: this host
+unless a caller supplies another through ``ServedNode``), the collectors from their specs, and the
+app, and serves until a signal ends it.
 """
 
 from __future__ import annotations
@@ -11,31 +15,52 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import os
-import sys
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from exporter import __version__, analyze, results_folder
+from exporter import __version__
 from exporter.collectors import all_collectors
 from exporter.collectors.base import Collector, CollectorSpec
-from exporter.config import DEFAULT_NCCL_INSPECTOR, DEFAULT_PORT, ServeConfig, parse_listen_address
-from exporter.exposition import DEFAULT_MAX_PAGE_BYTES, MIN_PAGE_BYTES
-from exporter.flags import LOG_LEVEL, PROBE_RESULTS, SYSFS, EnvHelpFormatter, Flag, Switch, on_off_flag
+from exporter.flags import (
+    LOG_LEVEL,
+    PROBE_RESULTS,
+    SYSFS,
+    EnvHelpFormatter,
+    Flag,
+    Switch,
+    on_off_flag,
+    parse_listen_address,
+)
+from exporter.http.exposition import DEFAULT_MAX_PAGE_BYTES, MIN_PAGE_BYTES
 from exporter.logs import LOG_FORMAT, configure_logging
-from exporter.probe import command as probe_command
-from exporter.probe import preflight
-from exporter.resources import NodeResources, real_node_resources
+from exporter.resources import DEFAULT_NCCL_INSPECTOR, HostPaths, NodeResources, real_node_resources
 from exporter.sources.podresources import DEFAULT_SOCKET
-from exporter.webhook import command as webhook_command
 
 if TYPE_CHECKING:  # the server is loaded by ``serve`` only
     from exporter.http.connections import ConnectionLimits
+    from exporter.http.endpoints import ExporterApp, StartupHook
     from exporter.http.webconfig import WebConfigSource
-    from exporter.server import ExporterApp, StartupHook
+
+DEFAULT_PORT = 19400
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """What the ``serve`` flags say. ``paths`` are the flags' (a node supplied to ``serve`` brings its own)."""
+
+    listen_address: str
+    max_requests: int
+    scrape_timeout_seconds: float
+    paths: HostPaths
+    node_name: str
+    enabled_collectors: tuple[str, ...]
+    log_level: str
+    # collector name -> its settings (CollectorSpec.settings), for every collector, enabled or not
+    collector_settings: Mapping[str, object]
+
 
 log = logging.getLogger("exporter")
 
@@ -192,45 +217,20 @@ def config_from_args(args: argparse.Namespace, specs: Sequence[CollectorSpec]) -
         listen_address=listen,
         max_requests=int(args.max_requests),
         scrape_timeout_seconds=float(args.scrape_timeout),
-        sysfs=Path(args.sysfs),
-        pod_logs=Path(args.pod_logs),
-        nccl_debug_files=Path(args.nccl_debug_files),
-        state=Path(args.state),
-        pod_resources=Path(args.pod_resources),
-        probe_results=Path(args.probe_results),
+        paths=HostPaths(
+            sysfs=Path(args.sysfs),
+            pod_logs=Path(args.pod_logs),
+            nccl_debug_files=Path(args.nccl_debug_files),
+            state=Path(args.state),
+            pod_resources=Path(args.pod_resources),
+            probe_results=Path(args.probe_results),
+            nccl_inspector=Path(args.nccl_inspector),
+        ),
         node_name=str(args.node_name),
         enabled_collectors=tuple(enabled),
         log_level=str(args.log_level),
         collector_settings={spec.name: spec.settings(args) for spec in specs},
-        nccl_inspector=Path(args.nccl_inspector),
     )
-
-
-def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
-    environ = os.environ if environ is None else environ
-    parser = argparse.ArgumentParser(
-        prog="ccl-exporter",
-        description="Prometheus exporter for the health of GPU collective communication "
-        "(NCCL transport, RDMA ports, NVLink, bus bandwidth).",
-    )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    serve = sub.add_parser(
-        "serve",
-        help="run the exporter",
-        description="Serve /metrics for this node. Every flag can also be set by its environment variable.",
-        formatter_class=EnvHelpFormatter,
-    )
-    add_serve_arguments(serve, environ, all_collectors())
-    serve.set_defaults(handler=run_serve)
-    # Other commands register themselves here, one line each: module.add_parser(sub, environ),
-    # which sets ``handler`` (args -> exit code) on its subparser.
-    analyze.add_parser(sub, environ)
-    probe_command.add_parser(sub, environ)
-    preflight.add_parser(sub, environ)
-    webhook_command.add_parser(sub, environ)
-    results_folder.add_parser(sub, environ)
-    return parser
 
 
 def _web_settings(args: argparse.Namespace) -> tuple[ConnectionLimits, int]:
@@ -311,9 +311,9 @@ def _watching(resources: NodeResources) -> StartupHook:
 def run_serve(args: argparse.Namespace, node_provider: NodeProvider = this_node) -> int:
     """The composition root: the node (``node_provider``: this host unless a caller supplies another),
     the collectors, the app."""
-    from exporter.collector_history import FILE_NAME as HISTORY_FILE
-    from exporter.collector_history import CollectorHistory
-    from exporter.server import create_app, run_server
+    from exporter.collectors.history import FILE_NAME as HISTORY_FILE
+    from exporter.collectors.history import CollectorHistory
+    from exporter.http.endpoints import create_app, run_server
 
     specs = all_collectors()
     config = config_from_args(args, specs)
@@ -351,11 +351,13 @@ def run_serve(args: argparse.Namespace, node_provider: NodeProvider = this_node)
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    return int(args.handler(args) or 0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], environ: Mapping[str, str]) -> None:
+    """``serve`` and its flags (the collectors' own among them)."""
+    parser = sub.add_parser(
+        "serve",
+        help="run the exporter",
+        description="Serve /metrics for this node. Every flag can also be set by its environment variable.",
+        formatter_class=EnvHelpFormatter,
+    )
+    add_serve_arguments(parser, environ, all_collectors())
+    parser.set_defaults(handler=run_serve)

@@ -4,7 +4,7 @@ One collector raising, hanging or returning garbage never fails the scrape and n
 another collector's metrics. Every scrape yields, per collector,
 ``ccl_exporter_collector_success{collector}``,
 ``ccl_exporter_collector_duration_seconds{collector}`` and
-``ccl_exporter_collector_status{collector, status}`` (``exporter.collector_history``), plus
+``ccl_exporter_collector_status{collector, status}`` (``exporter.collectors.history``), plus
 ``ccl_exporter_build_info{version, revision, python_version}`` (``exporter.build``).
 
 Output is deterministic: families in collector order then by name, samples sorted by name
@@ -37,8 +37,8 @@ from prometheus_client.registry import CollectorRegistry
 from prometheus_client.samples import Sample
 
 from exporter.build import BuildInfo, read_build_info
-from exporter.collector_history import CollectorHistory
 from exporter.collectors.base import Collector, CollectorUnavailable, PartialCollection
+from exporter.collectors.history import CollectorHistory
 
 log = logging.getLogger(__name__)
 
