@@ -7,11 +7,14 @@ import tracemalloc
 from collections.abc import Iterable
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import Histogram, ProcessCollector
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.registry import CollectorRegistry
+from prometheus_client.samples import Sample
 
 from exporter.http.exposition import OMITTED_FAMILIES, PageRenderer, render, render_text, text_family
 from tests.metrics_text import samples, value
@@ -158,4 +161,31 @@ def test_text_family_matches_generate_latest_for_one_family() -> None:
     family.add_metric(['q"uote'], 2.0)
     reg = CollectorRegistry(auto_describe=False)
     reg.register(type("One", (), {"collect": lambda self: [family]})())
+    assert text_family(family) == generate_latest(reg)
+
+
+_LABEL_TEXT = st.text(alphabet=st.sampled_from(list('ab{}"\\\n =,é🙂') + ["x"]), max_size=6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(st.permutations(["zone", "a", "mid"]), st.lists(_LABEL_TEXT, min_size=3, max_size=3),
+                  st.floats(allow_nan=False) | st.sampled_from([0.0, 1e6, 123456789.0, -1e-7])),
+        max_size=8,
+    ),
+    unlabelled=st.booleans(),
+)
+def test_text_family_matches_generate_latest_whatever_the_labels(
+    rows: list[tuple[list[str], list[str], float]], unlabelled: bool
+) -> None:
+    """Label values with braces, quotes, backslashes and newlines, label dicts in any order, and
+    samples of one family with and without labels: byte for byte what client_python writes."""
+    family = GaugeMetricFamily("ccl_test_many", "many", labels=[])
+    for names, values, number in rows:
+        family.samples.append(Sample("ccl_test_many", dict(zip(names, values, strict=True)), number))
+        if unlabelled:
+            family.samples.append(Sample("ccl_test_many", {}, number))
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(type("Many", (), {"collect": lambda self: [family]})())
     assert text_family(family) == generate_latest(reg)
