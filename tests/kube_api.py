@@ -118,7 +118,7 @@ def _handler(state: ApiState) -> type[BaseHTTPRequestHandler]:
             self.send_json({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": reason,
                             "reason": reason, "code": code}, code, record)
 
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        def do_GET(self) -> None:
             record = self._record()
             path, query = record.path, record.query
             if path == "/api/v1/namespaces":
@@ -165,7 +165,7 @@ def _handler(state: ApiState) -> type[BaseHTTPRequestHandler]:
                 return False
             return True
 
-        def do_PATCH(self) -> None:  # noqa: N802 - http.server's name
+        def do_PATCH(self) -> None:
             record = self._record(self._body())
             if not self._write_allowed(record):
                 return
@@ -188,7 +188,7 @@ def _handler(state: ApiState) -> type[BaseHTTPRequestHandler]:
             else:
                 self.send_json(answer, record=record)
 
-        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        def do_POST(self) -> None:
             record = self._record(self._body())
             if not self._write_allowed(record):
                 return

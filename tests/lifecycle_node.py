@@ -20,8 +20,8 @@ from exporter.collectors.nccl import NcclCollector, NcclLimits, NcclSettings
 from exporter.collectors.nccl import build_collector as build_nccl
 from exporter.config import HostPaths
 from exporter.lifecycle.controller import LifecycleSettings
-from exporter.resources import NodeResources
 from exporter.preflight_report import PREFLIGHT_CONTAINER
+from exporter.resources import NodeResources
 from exporter.sim.clock import cri_timestamp
 from exporter.sim.paths import simulated_paths
 from exporter.sim.podlogs import SimJob, nccl_init_lines

@@ -21,7 +21,6 @@ from tests.promql_names import (
     GLOBAL_RULES_FILE,
     RULE_FILES,
     RULES_FILE,
-    groups,
     documented_metric_names,
     grouping_labels,
     recording_rule_names,
@@ -261,7 +260,9 @@ def test_alerts_doc_lists_every_alert() -> None:
 def test_example_alertmanager_config_is_valid_and_pages_fast() -> None:
     """The route we document: amtool accepts it, and the critical route waits at most 10 s."""
     amtool = require_tool("amtool")
-    result = subprocess.run([amtool, "check-config", str(ALERTMANAGER_CONFIG)], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [amtool, "check-config", str(ALERTMANAGER_CONFIG)], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     from devtools.stack import Intervals
 
@@ -357,7 +358,9 @@ def test_one_fallback_incident_pages_once_with_the_job_named(shipped_alertmanage
         _amtool(amtool, url, "alert", "add", *(f"{k}={v}" for k, v in labels.items() if v))
     want_inhibited = {_label_set(labels) for labels, muted in _INCIDENT if muted}
     want_active = {_label_set(labels) for labels, muted in _INCIDENT if not muted}
-    inhibited, active = _settled(lambda: _suppressed_and_active(amtool, url, "inhibited"), (want_inhibited, want_active))
+    inhibited, active = _settled(
+        lambda: _suppressed_and_active(amtool, url, "inhibited"), (want_inhibited, want_active)
+    )
     assert inhibited == want_inhibited
     assert active == want_active
 
@@ -388,7 +391,9 @@ def test_one_base_url_moves_every_runbook_link(tmp_path: Path) -> None:
         rules_text += text
     for test in sorted(TESTS_DIR.glob("*.yaml")):
         (tmp_path / "tests" / test.name).write_text(sync.with_expected_runbook_urls(test.read_text(), base))
-    urls = re.findall(r"runbook_url: (\S+)", rules_text + "".join(p.read_text() for p in (tmp_path / "tests").iterdir()))
+    urls = re.findall(
+        r"runbook_url: (\S+)", rules_text + "".join(p.read_text() for p in (tmp_path / "tests").iterdir())
+    )
     assert urls and all(re.fullmatch(re.escape(base) + r"Ccl[A-Za-z]+\.md", url) for url in urls)
     shipped = "".join(path.read_text() for path in RULE_FILES)
     assert all(url.startswith(sync.RUNBOOK_BASE_URL) for url in re.findall(r"runbook_url: (\S+)", shipped))

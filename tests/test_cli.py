@@ -57,6 +57,8 @@ def test_parse_listen_address(address: str, expected: tuple[str, int]) -> None:
 
 
 def test_help_is_readable() -> None:
-    out = subprocess.run([sys.executable, "-m", "exporter", "serve", "--help"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "exporter", "serve", "--help"], capture_output=True, text=True, check=True
+    ).stdout
     assert "--web.listen-address" in out and "CCL_EXPORTER_WEB_LISTEN_ADDRESS" in out
     assert "--collector.rdma, --no-collector.rdma" in out and "--path.sysfs" in out

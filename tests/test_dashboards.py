@@ -10,8 +10,8 @@ expression of a recording rule.
 from __future__ import annotations
 
 import hashlib
-import re
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path

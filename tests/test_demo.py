@@ -39,7 +39,7 @@ def test_ctrl_c_stops_the_exporter_it_started() -> None:
         body = wait_http(f"http://127.0.0.1:{port}/metrics", timeout=30)
         assert "ccl_rdma_port_state_id" in body
         deadline = time.monotonic() + 20
-        while "Ctrl-C stops it" not in (line := demo.stdout.readline() if demo.stdout else ""):  # noqa: B023
+        while "Ctrl-C stops it" not in (line := demo.stdout.readline() if demo.stdout else ""):
             assert line and time.monotonic() < deadline, "the demo never said it was ready"
         demo.send_signal(signal.SIGINT)
         assert demo.wait(20) == 0

@@ -26,7 +26,7 @@ case "$*" in
   "nvlink -e -i 0") printf 'GPU 0: NVIDIA H200 (UUID: GPU-x)\\n\\t Link 0: Replay Errors: 0\\n\\t Link 0: Recovery Errors: 0\\n\\t Link 0: CRC Errors: 0\\n' ;;
   *) echo "nvidia-smi stand-in: $*" ;;
 esac
-"""
+"""  # noqa: E501 - a shell script: one printf per command, nvidia-smi's output as it prints it
 
 
 @pytest.fixture(scope="module")
@@ -219,8 +219,14 @@ def test_recorded_nccl_2_28_run_is_analysed_again(tmp_path: Path) -> None:
             "network Socket, NCCL sockets on lo:127.0.0.1, 0 warnings.") in summary
     assert "NCCL sockets on eth0:10.0.2.15" in summary
 
-    assert rows["exporter on pod logs, this node"] == ("OK", "6 pods, node_rdma_active 0.0; exporter-metrics-this-node.txt")
-    assert rows["exporter on pod logs, RDMA node"] == ("OK", "6 pods, node_rdma_active 1.0; exporter-metrics-rdma-node.txt")
+    assert rows["exporter on pod logs, this node"] == (
+        "OK",
+        "6 pods, node_rdma_active 0.0; exporter-metrics-this-node.txt",
+    )
+    assert rows["exporter on pod logs, RDMA node"] == (
+        "OK",
+        "6 pods, node_rdma_active 1.0; exporter-metrics-rdma-node.txt",
+    )
     for label, flagged in (("this-node", "0.0"), ("rdma-node", "1.0")):
         page = out / f"exporter-metrics-{label}.txt"
         for pod in ("socket-lo-rank0", "socket-lo-rank1", "defaults-rank1"):
@@ -235,7 +241,10 @@ def test_recorded_nccl_2_28_run_is_analysed_again(tmp_path: Path) -> None:
     assert [line.split(" stdout F ", 1)[1] for line in pod_log] == source
 
     assert rows["Inspector records"] == ("OK", "6 operations; counters vs records busbw differ by at most 0.00%")
-    assert "all_reduce inter_node 10MB_100MB: 6 ops, bus bandwidth 5.35 GB/s" in (out / "inspector-records.txt").read_text()
+    assert (
+        "all_reduce inter_node 10MB_100MB: 6 ops, bus bandwidth 5.35 GB/s"
+        in (out / "inspector-records.txt").read_text()
+    )
 
     status, detail = rows["probe vs nccl-tests"]
     assert status == "FAILED" and detail.endswith("at 268435456 B the probe gets 0.30x nccl-tests' busbw"), detail
@@ -283,7 +292,9 @@ def test_recorded_run_fails_when_the_fallback_is_not_seen(tmp_path: Path) -> Non
     assert done.returncode == 0, done.stdout + done.stderr
     rows = summary_rows(out)
     assert rows["analyze socket-lo"] == (
-        "FAILED", "exit 0, verdict single_node, network Socket, nodes 1: two hosts on Socket must be a TCP fallback (exit 3)")
+        "FAILED",
+        "exit 0, verdict single_node, network Socket, nodes 1: two hosts on Socket must be a TCP fallback (exit 3)",
+    )
     status, detail = rows["exporter on pod logs, RDMA node"]
     assert status == "FAILED" and "socket-lo-rank0: verdict single_node, not tcp_fallback" in detail, detail
     assert "socket-lo-rank0: ccl_nccl_tcp_fallback 0.0, not 1 (rdma-node)" in detail
@@ -296,16 +307,20 @@ def nccl_tests_table(ranks: int, rows: list[tuple[int, float, float]]) -> str:
     out = ["# nccl-tests version 2.19.6 nccl-headers=22809 nccl-library=22809\n", "# Using devices\n"]
     out += [f"#  Rank {r:2d} Group {0:2d} Pid {700 + r:6d} on {'gpu-node':>10} device {0:2d} [0000:18:00] NVIDIA H200\n"
             for r in range(ranks)]
-    out.append("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s \n"
-               % ("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw",
-                  "busbw", "#wrong"))
+    # nccl-tests' own printf formats, as they are in its source
+    columns = ("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw",
+               "busbw", "#wrong")
+    out.append("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s \n" % columns)  # noqa: UP031 - nccl-tests' printf format
     for size, *times in rows:
-        line = "%12i  %12i  %8s  %6s  %6s" % (size, size // 4, "float", "sum", "%6i" % -1)
+        line = "%12i  %12i  %8s  %6s  %6s" % (size, size // 4, "float", "sum", "%6i" % -1)  # noqa: UP031 - nccl-tests' printf format
         for t in times:
             algbw = size / 1e3 / t
-            line += "  %7.2f  %6.2f  %6.2f  %6g" % (t, algbw, algbw * 2 * (ranks - 1) / ranks, 0)
+            line += "  %7.2f  %6.2f  %6.2f  %6g" % (t, algbw, algbw * 2 * (ranks - 1) / ranks, 0)  # noqa: UP031 - nccl-tests' printf format
         out.append(line + "\n")
-    out += ["# %-20s : %d %s\n" % ("Out of bounds values", 0, "OK"), "# %-20s : %g \n" % ("Avg bus bandwidth", 1.0)]
+    out += [
+        "# %-20s : %d %s\n" % ("Out of bounds values", 0, "OK"),  # noqa: UP031 - nccl-tests' printf format
+        "# %-20s : %g \n" % ("Avg bus bandwidth", 1.0),  # noqa: UP031 - nccl-tests' printf format
+    ]
     return "".join(out)
 
 
@@ -335,19 +350,28 @@ def test_nccl_tests_table_is_read_as_nccl_tests_writes_it() -> None:
     run = parse_nccl_tests(text)
     assert run.header == "# nccl-tests version 2.19.6 nccl-headers=22809 nccl-library=22809"
     assert [r.split()[-2:] for r in run.ranks] == [["NVIDIA", "H200"]] * 2
-    assert [(r.size, r.count, r.type, r.redop, r.root) for r in run.rows][-1] == (268435456, 67108864, "float", "sum", -1)
+    assert [(r.size, r.count, r.type, r.redop, r.root) for r in run.rows][-1] == (
+        268435456,
+        67108864,
+        "float",
+        "sum",
+        -1,
+    )
     last = run.rows[-1]
     assert (last.out_of_place.time_us, last.out_of_place.busbw, last.out_of_place.wrong) == (48913.6, 5.49, 0)
     assert (last.in_place.time_us, last.in_place.algbw) == (48870.2, 5.49)
     assert (run.out_of_bounds, run.average_busbw, run.skipped_lines) == (0, 4.63063, 0)
     # mixed with NCCL's INFO lines and mpirun's, data not checked (-c 0: N/A), a row cut short
-    noisy = "\n".join([
-        "gpu-node:4501:4501 [0] NCCL INFO NCCL version 2.28.9+cuda13.0",
-        "--------------------------------------------------------------------------",
-        *text.splitlines()[:12],
-        "     4194304       1048576     float     sum      -1   962.40    4.36    4.36     N/A   958.10    4.38    4.38     N/A",
-        "    16777216       4194304     float     sum      -1  3402.70    4.93",
-    ])
+    noisy = "\n".join(
+        [
+            "gpu-node:4501:4501 [0] NCCL INFO NCCL version 2.28.9+cuda13.0",
+            "--------------------------------------------------------------------------",
+            *text.splitlines()[:12],
+            "     4194304       1048576     float     sum      -1   962.40    4.36    4.36     N/A"
+            "   958.10    4.38    4.38     N/A",
+            "    16777216       4194304     float     sum      -1  3402.70    4.93",
+        ]
+    )
     run = parse_nccl_tests(noisy)
     assert [r.size for r in run.rows] == [1048576, 4194304]
     assert run.rows[1].out_of_place.wrong is None and run.skipped_lines == 1
@@ -376,7 +400,7 @@ def test_processes_past_their_timeout_are_killed_with_their_children() -> None:
     assert time.monotonic() - started < 15
     assert results[0][0] == TIMED_OUT and results[0][1].startswith("up\n") and "timed out after 1s" in results[0][1]
     assert results[1] == (0, "done\n")
-    code, out = run_command(["sh", "-c", f"sleep {marker} & wait"], timeout=1.0)
+    code, _ = run_command(["sh", "-c", f"sleep {marker} & wait"], timeout=1.0)
     assert code == TIMED_OUT
     time.sleep(0.2)
     survivors = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True).stdout.split()
@@ -400,7 +424,9 @@ def test_inspector_plugin_is_built_from_a_source_tree(tmp_path: Path) -> None:
     (src / "Makefile").write_text(FAKE_PLUGIN_MAKEFILE)
     (src / "inspector_plugin.cc").write_text("int ncclProfiler_v5 = 5;\n")
     (tmp_path / "nccl" / "makefiles").mkdir()
-    (tmp_path / "nccl" / "makefiles" / "version.mk").write_text("NCCL_MAJOR   := 2\nNCCL_MINOR   := 29\nNCCL_PATCH   := 7\n")
+    (tmp_path / "nccl" / "makefiles" / "version.mk").write_text(
+        "NCCL_MAJOR   := 2\nNCCL_MINOR   := 29\nNCCL_PATCH   := 7\n"
+    )
     out = tmp_path / "out"
     args = ["--nvidia-smi", str(tmp_path / "none"), "--nccl-src", str(tmp_path / "nccl"), "--sysfs", str(tmp_path),
             "--src-bundle", str(tmp_path / "no-bundle")]
@@ -428,7 +454,7 @@ echo "$NCCL_HOSTID $NCCL_TESTS_DEVICE $NCCL_IB_DISABLE $NCCL_SOCKET_IFNAME $*" >
 [ "$OMPI_COMM_WORLD_RANK" = 0 ] || exit 0
 while [ ! -f "$(dirname "$0")/rank-1" ]; do sleep 0.1; done
 cat "$(dirname "$0")/table.txt"
-"""
+"""  # noqa: E501 - a shell script, its command on one line
 
 
 def test_nccl_tests_run_as_two_hosts_under_mpirun(tmp_path: Path) -> None:
@@ -469,7 +495,9 @@ def test_the_nccl_source_for_torchs_nccl_is_picked_from_the_carried_folder(tmp_p
         major, minor, patch = tag[1:].split("-")[0].split(".")
         (tree / "makefiles").mkdir()
         (tree / "makefiles" / "version.mk").write_text(
-            f"##### version\nNCCL_MAJOR   := {major}\nNCCL_MINOR   := {minor}\nNCCL_PATCH   := {patch}\nNCCL_SUFFIX  :=\n")
+            f"##### version\nNCCL_MAJOR   := {major}\nNCCL_MINOR   := {minor}\n"
+            f"NCCL_PATCH   := {patch}\nNCCL_SUFFIX  :=\n"
+        )
     assert pick_nccl_source(tmp_path, "2.28.9") == (tmp_path / "nccl-v2.28.9-1", "NCCL 2.28.9 source nccl-v2.28.9-1")
     assert pick_nccl_source(tmp_path, "2.29.3") == (
         tmp_path / "nccl-v2.29.7-1", "NCCL 2.29.7 source nccl-v2.29.7-1 for torch's NCCL 2.29.3 (same minor release)")
@@ -535,8 +563,14 @@ def test_a_live_run_on_a_stand_in_gpu_machine(fake_lib: Path, tmp_path: Path) ->
     (nccl / "lib" / "libnccl.so.2").write_text("")
     (nccl / "include" / "nccl.h").write_text("")
     python = tmp_path / "python3"
-    python.write_text(FAKE_PYTHON.format(python=sys.executable, run=str(run), nccl_lib=str(nccl / "lib" / "libnccl.so.2"),
-                                         nccl_include=str(nccl / "include")))
+    python.write_text(
+        FAKE_PYTHON.format(
+            python=sys.executable,
+            run=str(run),
+            nccl_lib=str(nccl / "lib" / "libnccl.so.2"),
+            nccl_include=str(nccl / "include"),
+        )
+    )
     python.chmod(0o755)
     cuda = tmp_path / "cuda"
     (cuda / "bin").mkdir(parents=True)
@@ -562,10 +596,33 @@ def test_a_live_run_on_a_stand_in_gpu_machine(fake_lib: Path, tmp_path: Path) ->
     archive = tmp_path / "back" / "gpu-check.tar.gz"
     env = {**os.environ, **fake_nvml_env(fake_lib), "CUDA_HOME": str(cuda)}
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--out", str(out), "--python", str(python), "--nvidia-smi", str(tmp_path / "none"),
-         "--sysfs", str(sysfs), "--src-bundle", str(tmp_path / "no-bundle"), "--nccl-src", str(tmp_path / "nccl"),
-         "--nccl-tests-src", str(tests_src), "--mpi-home", str(mpi), "--archive", str(archive)],
-        env=env, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--out",
+            str(out),
+            "--python",
+            str(python),
+            "--nvidia-smi",
+            str(tmp_path / "none"),
+            "--sysfs",
+            str(sysfs),
+            "--src-bundle",
+            str(tmp_path / "no-bundle"),
+            "--nccl-src",
+            str(tmp_path / "nccl"),
+            "--nccl-tests-src",
+            str(tests_src),
+            "--mpi-home",
+            str(mpi),
+            "--archive",
+            str(archive),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     rows = summary_rows(out)
     assert rows["torch"] == ("OK", "torch 2.11.0+cu130, NCCL 2.28.9, NVIDIA H200 (sm_90)")

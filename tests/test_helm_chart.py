@@ -30,6 +30,7 @@ from devtools import chart_files
 from devtools.stack import pod_monitor_endpoint
 from tests.conftest import REPO
 from tests.test_manifests import (
+    _STR,
     CORE_KINDS,
     CRD_SCHEMAS,
     IDLE_PROBES,
@@ -37,7 +38,6 @@ from tests.test_manifests import (
     MANIFESTS,
     _closed,
     _render,
-    _STR,
     assert_prepares_the_results_folder,
     scan,
 )
@@ -262,13 +262,20 @@ def test_the_comparison_sees_a_difference(kustomized: list[dict[str, Any]]) -> N
 
 NON_DEFAULT: dict[str, Any] = {
     "fullnameOverride": "gpu-fabric",
-    "image": {"repository": "registry.internal/ccl-health-exporter", "pullPolicy": "Always",
-              "digest": "sha256:" + "ab" * 32},
+    "image": {
+        "repository": "registry.internal/ccl-health-exporter",
+        "pullPolicy": "Always",
+        "digest": "sha256:" + "ab" * 32,
+    },
     "imagePullSecrets": [{"name": "registry-credentials"}],
     "port": 19500,
     "collectors": {"rdma": False, "podresources": False},
-    "probes": {"enabled": True, "interval": 3600, "timeout": 120,
-               "image": {"repository": "registry.internal/ccl-health-exporter-probe", "digest": "sha256:" + "cd" * 32}},
+    "probes": {
+        "enabled": True,
+        "interval": 3600,
+        "timeout": 120,
+        "image": {"repository": "registry.internal/ccl-health-exporter-probe", "digest": "sha256:" + "cd" * 32},
+    },
     "hostPaths": {"podResources": "/var/lib/k0s/kubelet/pod-resources", "probeResults": "/data/ccl/results/"},
     "commonLabels": {"cost-center": "gpu-platform"},
     "nvml": {"nvlinkGranularity": "gpu"},
@@ -282,27 +289,47 @@ NON_DEFAULT: dict[str, Any] = {
     "runtimeClassName": "nvidia",
     "nodeSelector": {"node-role.kubernetes.io/gpu": ""},
     "tolerations": [{"operator": "Exists"}],
-    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "nvidia.com/gpu.count", "operator": "Gt", "values": ["0"]}]}]}}},
+    "affinity": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "nvidia.com/gpu.count", "operator": "Gt", "values": ["0"]}]}
+                ]
+            }
+        }
+    },
     "podLabels": {"team": "gpu-platform"},
     "podAnnotations": {"example.com/owner": "gpu-platform"},
     "serviceAccount": {"annotations": {"example.com/audit": "true"}},
-    "networkPolicy": {"scrapers": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}},
-                                    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "vmagent"}}}],
-                      "apiServer": {"cidrs": ["10.0.0.1/32"], "ports": [6443]},
-                      "kubelet": {"cidrs": ["10.1.0.0/16"]}},
+    "networkPolicy": {
+        "scrapers": [
+            {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}},
+                "podSelector": {"matchLabels": {"app.kubernetes.io/name": "vmagent"}},
+            }
+        ],
+        "apiServer": {"cidrs": ["10.0.0.1/32"], "ports": [6443]},
+        "kubelet": {"cidrs": ["10.1.0.0/16"]},
+    },
     "kubelet": {"port": 10255, "insecureSkipVerify": True},
     "podMonitor": {"enabled": False},
-    "serviceMonitor": {"enabled": True, "additionalLabels": {"release": "monitoring-stack"}, "interval": "30s",
-                       "scrapeTimeout": "20s", "scheme": "https",
-                       "tlsConfig": {"ca": {"secret": {"name": "ccl-web-config", "key": "ca.crt"}},
-                                     "serverName": "ccl-exporter"},
-                       "basicAuth": {"username": {"name": "ccl-scrape", "key": "username"},
-                                     "password": {"name": "ccl-scrape", "key": "password"}},
-                       "metricRelabelings": [{"sourceLabels": ["__name__"], "regex": "python_.*",
-                                              "action": "drop"}]},
-    "prometheusRule": {"additionalLabels": {"release": "monitoring-stack"},
-                       "runbookBaseUrl": "https://wiki.internal/gpu/runbooks/"},
+    "serviceMonitor": {
+        "enabled": True,
+        "additionalLabels": {"release": "monitoring-stack"},
+        "interval": "30s",
+        "scrapeTimeout": "20s",
+        "scheme": "https",
+        "tlsConfig": {"ca": {"secret": {"name": "ccl-web-config", "key": "ca.crt"}}, "serverName": "ccl-exporter"},
+        "basicAuth": {
+            "username": {"name": "ccl-scrape", "key": "username"},
+            "password": {"name": "ccl-scrape", "key": "password"},
+        },
+        "metricRelabelings": [{"sourceLabels": ["__name__"], "regex": "python_.*", "action": "drop"}],
+    },
+    "prometheusRule": {
+        "additionalLabels": {"release": "monitoring-stack"},
+        "runbookBaseUrl": "https://wiki.internal/gpu/runbooks/",
+    },
     "dashboards": {"namespace": "grafana", "annotations": {"grafana_folder": "GPU fabric"}},
     # A handler of the user's own replaces the chart's; timings alone keep it.
     "livenessProbe": {"tcpSocket": {"port": "metrics"}, "periodSeconds": 30},
@@ -408,13 +435,22 @@ def test_non_default_values_reach_the_objects() -> None:
     assert daemonset["spec"]["template"]["metadata"]["labels"]["cost-center"] == "gpu-platform"
     assert exporter_container["livenessProbe"] == {"tcpSocket": {"port": "metrics"}, "periodSeconds": 30,
                                                    "initialDelaySeconds": 5, "timeoutSeconds": 5}
-    assert exporter_container["readinessProbe"] == {"httpGet": {"path": "/readyz", "port": "metrics", "scheme": "HTTPS"},
-                                                    "periodSeconds": 5, "timeoutSeconds": 5}
+    assert exporter_container["readinessProbe"] == {
+        "httpGet": {"path": "/readyz", "port": "metrics", "scheme": "HTTPS"},
+        "periodSeconds": 5,
+        "timeoutSeconds": 5,
+    }
     assert {m["metadata"]["namespace"] for m in objects if m["kind"] == "ConfigMap"} == {"grafana"}
     policy = one(objects, "NetworkPolicy")["spec"]
     assert policy["ingress"][0]["from"] == NON_DEFAULT["networkPolicy"]["scrapers"]
-    assert policy["egress"][1] == {"to": [{"ipBlock": {"cidr": "10.0.0.1/32"}}], "ports": [{"protocol": "TCP", "port": 6443}]}
-    assert policy["egress"][2] == {"to": [{"ipBlock": {"cidr": "10.1.0.0/16"}}], "ports": [{"protocol": "TCP", "port": 10255}]}
+    assert policy["egress"][1] == {
+        "to": [{"ipBlock": {"cidr": "10.0.0.1/32"}}],
+        "ports": [{"protocol": "TCP", "port": 6443}],
+    }
+    assert policy["egress"][2] == {
+        "to": [{"ipBlock": {"cidr": "10.1.0.0/16"}}],
+        "ports": [{"protocol": "TCP", "port": 10255}],
+    }
 
 
 def test_the_args_are_flags_serve_accepts() -> None:
@@ -506,7 +542,7 @@ def test_both_monitors_relabel_as_the_kustomize_pod_monitor_then_as_the_user_ask
 
 
 def test_service_monitor_needs_the_service() -> None:
-    with pytest.raises(HelmRenderError, match="serviceMonitor.enabled needs service.enabled"):
+    with pytest.raises(HelmRenderError, match=r"serviceMonitor\.enabled needs service\.enabled"):
         render({"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": False}, "service": {"enabled": False}})
 
 
@@ -533,14 +569,14 @@ def test_preparing_the_results_folder_can_be_left_to_the_nodes() -> None:
 
 def test_a_results_folder_right_below_the_root_is_not_prepared_through_it() -> None:
     """Its parent would be the node's /, mounted read-write: the render fails and says the way out."""
-    with pytest.raises(HelmRenderError, match="hostPaths.probeResults must be a folder below another folder than /"):
+    with pytest.raises(HelmRenderError, match=r"hostPaths\.probeResults must be a folder below another folder than /"):
         render({"hostPaths": {"probeResults": "/results"}})
     assert "initContainers" not in _pod({"hostPaths": {"probeResults": "/results"},
                                          "prepareProbeResults": {"enabled": False}})
 
 
 def test_probes_need_the_probe_collector() -> None:
-    with pytest.raises(HelmRenderError, match="probes.enabled needs collectors.probe"):
+    with pytest.raises(HelmRenderError, match=r"probes\.enabled needs collectors\.probe"):
         render({"probes": {"enabled": True}, "collectors": {"probe": False}})
 
 

@@ -218,25 +218,62 @@ def test_the_scheme_is_written_lowercase() -> None:
     assert one(objects, "PodMonitor")["spec"]["podMetricsEndpoints"][0]["scheme"] == "https"
 
 
-@pytest.mark.parametrize(("values", "complaint"), [
-    ({"web": {"tls": {"enabled": True}}}, "set web.configSecret"),
-    ({"web": {"configSecret": "w", "tls": {"clientAuthType": "RequireAndVerifyClientCert"}}},
-     "set web.tls.enabled too"),
-    ({"web": {"configSecret": "w", "tls": {"enabled": True}}}, "set podMonitor.tlsConfig"),
-    ({"web": {"configSecret": "w", "tls": {"enabled": True}},
-      "podMonitor": {"scheme": "http", "tlsConfig": TLS_CONFIG}}, "podMonitor.scheme is http"),
-    ({"web": {"configSecret": "w"}, "podMonitor": {"scheme": "https", "tlsConfig": TLS_CONFIG}},
-     "set web.tls.enabled"),
-    ({"web": {"configSecret": "w", "tls": {"enabled": True, "clientAuthType": "RequireAndVerifyClientCert"}},
-      "podMonitor": {"tlsConfig": TLS_CONFIG}}, "needs the client certificate and key"),
-    ({"web": {"configSecret": "w", "tls": {"enabled": True, "clientAuthType": "RequireAnyClientCert"}},
-      "podMonitor": {"tlsConfig": TLS_CONFIG}}, "RequireAnyClientCert: podMonitor.tlsConfig needs the client certificate"),
-    ({"web": {"configSecret": "w", "basicAuth": {"enabled": True}}}, "set podMonitor.basicAuth"),
-    ({"web": {"configSecret": "w", "basicAuth": {"enabled": True}}, "podMonitor": {"enabled": False},
-      "serviceMonitor": {"enabled": True}}, "set serviceMonitor.basicAuth"),
-], ids=["tls-without-secret", "mtls-without-tls", "tls-without-tls-config", "tls-scraped-over-http",
-        "https-without-tls", "mtls-without-client-certificate", "any-client-cert-without-one", "basic-auth-without-credentials",
-        "service-monitor-without-credentials"])
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        ({"web": {"tls": {"enabled": True}}}, "set web.configSecret"),
+        (
+            {"web": {"configSecret": "w", "tls": {"clientAuthType": "RequireAndVerifyClientCert"}}},
+            "set web.tls.enabled too",
+        ),
+        ({"web": {"configSecret": "w", "tls": {"enabled": True}}}, "set podMonitor.tlsConfig"),
+        (
+            {
+                "web": {"configSecret": "w", "tls": {"enabled": True}},
+                "podMonitor": {"scheme": "http", "tlsConfig": TLS_CONFIG},
+            },
+            "podMonitor.scheme is http",
+        ),
+        (
+            {"web": {"configSecret": "w"}, "podMonitor": {"scheme": "https", "tlsConfig": TLS_CONFIG}},
+            "set web.tls.enabled",
+        ),
+        (
+            {
+                "web": {"configSecret": "w", "tls": {"enabled": True, "clientAuthType": "RequireAndVerifyClientCert"}},
+                "podMonitor": {"tlsConfig": TLS_CONFIG},
+            },
+            "needs the client certificate and key",
+        ),
+        (
+            {
+                "web": {"configSecret": "w", "tls": {"enabled": True, "clientAuthType": "RequireAnyClientCert"}},
+                "podMonitor": {"tlsConfig": TLS_CONFIG},
+            },
+            "RequireAnyClientCert: podMonitor.tlsConfig needs the client certificate",
+        ),
+        ({"web": {"configSecret": "w", "basicAuth": {"enabled": True}}}, "set podMonitor.basicAuth"),
+        (
+            {
+                "web": {"configSecret": "w", "basicAuth": {"enabled": True}},
+                "podMonitor": {"enabled": False},
+                "serviceMonitor": {"enabled": True},
+            },
+            "set serviceMonitor.basicAuth",
+        ),
+    ],
+    ids=[
+        "tls-without-secret",
+        "mtls-without-tls",
+        "tls-without-tls-config",
+        "tls-scraped-over-http",
+        "https-without-tls",
+        "mtls-without-client-certificate",
+        "any-client-cert-without-one",
+        "basic-auth-without-credentials",
+        "service-monitor-without-credentials",
+    ],
+)
 def test_a_render_that_could_not_scrape_fails_with_the_way_out(values: dict[str, Any], complaint: str) -> None:
     with pytest.raises(HelmRenderError, match=re.escape(complaint)):
         render(values)

@@ -163,11 +163,15 @@ def test_webhook_values_render_the_webhook_overlay() -> None:
 def test_the_comparison_sees_a_changed_hook() -> None:
     overlay = overlay_objects(LIFECYCLE)
     with pytest.raises(AssertionError, match="ccl-exporter-lifecycle"):
-        assert_same_in_substance(overlay, compared_objects({"lifecycle": {"enabled": True, "hooks": ["readiness", "events"]}}))
+        assert_same_in_substance(
+            overlay, compared_objects({"lifecycle": {"enabled": True, "hooks": ["readiness", "events"]}})
+        )
     with pytest.raises(AssertionError):
         assert_same_in_substance(overlay, compared_objects({"lifecycle": {"enabled": True, "ownNodePolicy": False}}))
     with pytest.raises(AssertionError, match="DaemonSet"):
-        assert_same_in_substance(overlay, compared_objects({"lifecycle": {"enabled": True, "nodeCondition": {"interval": 5}}}))
+        assert_same_in_substance(
+            overlay, compared_objects({"lifecycle": {"enabled": True, "nodeCondition": {"interval": 5}}})
+        )
 
 
 def test_off_by_default() -> None:
@@ -224,7 +228,9 @@ def test_checkov_finds_nothing_unexplained_in_the_renders(tmp_path: Path) -> Non
     checked = {c["resource"].split(".")[0] for c in report["results"]["passed_checks"]}
     assert {"Deployment", "DaemonSet", "ClusterRole"} <= checked, "the scanner checked the webhook and the hooks"
     skipped = {(c["resource"], c["check_id"]) for c in report["results"]["skipped_checks"]}
-    assert ("Deployment.ccl-health.ccl-health-exporter-webhook", "CKV_K8S_43") in skipped, "the webhook's accepted findings, with reasons"
+    assert ("Deployment.ccl-health.ccl-health-exporter-webhook", "CKV_K8S_43") in skipped, (
+        "the webhook's accepted findings, with reasons"
+    )
 
 
 # ---- the arguments, through the real parsers ----
@@ -316,7 +322,9 @@ def test_exporter_args_turn_the_lifecycle_collector_on() -> None:
     assert "lifecycle" not in config_of({}).enabled_collectors
     # The readiness timeout: the exporter's default unless given (a duration Kueue's timeout must exceed).
     default = config_of(HOOKS_ON).collector_settings["lifecycle"].controller.readiness_timeout_seconds
-    assert not any(a.startswith("--collector.lifecycle.readiness-timeout") for a in container(chart_objects(HOOKS_ON))["args"])
+    assert not any(
+        a.startswith("--collector.lifecycle.readiness-timeout") for a in container(chart_objects(HOOKS_ON))["args"]
+    )
     given = config_of(_merged(HOOKS_ON, {"lifecycle": {"readinessTimeout": "90s"}}))
     assert given.collector_settings["lifecycle"].controller.readiness_timeout_seconds == 90 != default
 
@@ -435,8 +443,11 @@ def test_the_webhook_monitor_follows_the_exporters() -> None:
                                      "serverName": f"gpu-fabric-webhook.{NAMESPACE}.svc"}
     service_ports = {p["name"] for p in named(objects, "Service", "gpu-fabric-webhook")["spec"]["ports"]}
     assert endpoint["port"] in service_ports
-    assert not [o for o in chart_objects({"webhook": {"enabled": True, "monitor": {"enabled": False}}})
-                if o["metadata"]["name"] == "ccl-health-exporter-webhook" and o["kind"] in ("PodMonitor", "ServiceMonitor")]
+    assert not [
+        o
+        for o in chart_objects({"webhook": {"enabled": True, "monitor": {"enabled": False}}})
+        if o["metadata"]["name"] == "ccl-health-exporter-webhook" and o["kind"] in ("PodMonitor", "ServiceMonitor")
+    ]
     assert not [o for o in chart_objects({"webhook": {"enabled": True}, "podMonitor": {"enabled": False}})
                 if o["kind"] in ("PodMonitor", "ServiceMonitor")]
 
@@ -452,7 +463,10 @@ def test_the_webhook_certificate_names_the_service_the_api_server_calls() -> Non
     volumes = {v["name"]: v for v in one(objects, "Deployment")["spec"]["template"]["spec"]["volumes"]}
     assert volumes["tls"]["secret"]["secretName"] == certificate["spec"]["secretName"]
     issuer = named(objects, "Issuer", certificate["spec"]["issuerRef"]["name"])
-    assert named(objects, "Certificate", "gpu-fabric-webhook-ca")["spec"]["secretName"] == issuer["spec"]["ca"]["secretName"]
+    assert (
+        named(objects, "Certificate", "gpu-fabric-webhook-ca")["spec"]["secretName"]
+        == issuer["spec"]["ca"]["secretName"]
+    )
 
 
 def test_notes_mention_the_hooks_when_on() -> None:
@@ -496,6 +510,5 @@ def test_the_schema_accepts_the_test_values() -> None:
     ({"collectors": {"lifecycle": "yes"}}, "lifecycle"),
 ], ids=lambda v: str(v)[:50])
 def test_the_schema_rejects_bad_values(values: dict[str, Any], complaint: str) -> None:
-    with Chart.load(CHART) as chart:
-        with pytest.raises(HelmValuesError, match=re.escape(complaint)):
-            chart.validate_schema(values)
+    with Chart.load(CHART) as chart, pytest.raises(HelmValuesError, match=re.escape(complaint)):
+        chart.validate_schema(values)

@@ -92,8 +92,12 @@ async def test_a_body_sent_in_pieces_and_pipelined_requests_are_answered_in_orde
         (b"GET /nowhere HTTP/1.1\r\nHost: x\r\n\r\n", 404),
         (b"POST /-/sim HTTP/1.1\r\nHost: x\r\n\r\n", 404),  # the prefix itself is not under it
         (b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n", 413),
-        (b"POST /mutate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n7d0\r\n" + b"x" * 2000 + b"\r\n0\r\n\r\n",
-         413),
+        (
+            b"POST /mutate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n7d0\r\n"
+            + b"x" * 2000
+            + b"\r\n0\r\n\r\n",
+            413,
+        ),
         (b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n", 400),
         (b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Length: \xc2\xb2\r\n\r\n", 400),  # a superscript two
         (b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Length: +1\r\n\r\nx", 400),

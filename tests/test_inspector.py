@@ -452,7 +452,7 @@ def test_the_simulated_node_shows_each_jobs_bus_bandwidth_by_its_network(tmp_pat
     finally:
         node.close()
     busbw: dict[tuple[str, str], float] = {}
-    for (namespace, pod, job, kind, collective, scope, size), (ops, seconds, bus) in totals(c).items():
+    for (_namespace, _pod, job, _kind, collective, scope, size), (_ops, seconds, bus) in totals(c).items():
         if collective == "all_reduce" and size in ("100MB_1GB", "ge_1GB"):
             busbw[(job, scope)] = bus / seconds
     assert busbw[("llama-70b", "inter_node")] == pytest.approx(355e9, rel=0.05)

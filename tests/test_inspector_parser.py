@@ -26,8 +26,9 @@ def json_operations(name: str) -> list[Operation]:
 
 
 def bus_bytes(op: Operation) -> float:
-    return op.size_bytes * busbw_factor(op.collective if op.collective not in ("send", "recv", "reduce") else "broadcast",
-                                        op.nranks)
+    return op.size_bytes * busbw_factor(
+        op.collective if op.collective not in ("send", "recv", "reduce") else "broadcast", op.nranks
+    )
 
 
 @pytest.mark.parametrize("name", ["nccl-2.28-json.log", "nccl-2.30-json.log"])

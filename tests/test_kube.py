@@ -23,30 +23,77 @@ CONTROLLER = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "ll
 @pytest.mark.parametrize(
     ("labels", "owners", "annotations", "expected"),
     [
-        ({"training.kubeflow.org/job-name": "llama", "training.kubeflow.org/operator-name": "pytorchjob-controller"},
-         [], {}, ("llama", "PyTorchJob")),
+        (
+            {"training.kubeflow.org/job-name": "llama", "training.kubeflow.org/operator-name": "pytorchjob-controller"},
+            [],
+            {},
+            ("llama", "PyTorchJob"),
+        ),
         ({"training.kubeflow.org/job-name": "llama"}, [CONTROLLER], {}, ("llama", "PyTorchJob")),
-        ({"training.kubeflow.org/job-name": "pi", "training.kubeflow.org/operator-name": "mpi-operator",
-          "training.kubeflow.org/job-role": "launcher"}, [], {}, ("pi", "MPIJob")),
+        (
+            {
+                "training.kubeflow.org/job-name": "pi",
+                "training.kubeflow.org/operator-name": "mpi-operator",
+                "training.kubeflow.org/job-role": "launcher",
+            },
+            [],
+            {},
+            ("pi", "MPIJob"),
+        ),
         ({"training.kubeflow.org/job-name": "x"}, [], {}, ("x", "KubeflowJob")),
         # Kubeflow wins over the JobSet and batch labels a pod may also carry
-        ({"training.kubeflow.org/job-name": "a", "jobset.sigs.k8s.io/jobset-name": "b", "job-name": "c",
-          "training.kubeflow.org/operator-name": "tfjob-controller"}, [], {}, ("a", "TFJob")),
-        ({"jobset.sigs.k8s.io/jobset-name": "js", "batch.kubernetes.io/job-name": "js-node-0"}, [], {}, ("js", "JobSet")),
-        ({"jobset.sigs.k8s.io/jobset-name": "tj", "trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}, [], {},
-         ("tj", "TrainJob")),
+        (
+            {
+                "training.kubeflow.org/job-name": "a",
+                "jobset.sigs.k8s.io/jobset-name": "b",
+                "job-name": "c",
+                "training.kubeflow.org/operator-name": "tfjob-controller",
+            },
+            [],
+            {},
+            ("a", "TFJob"),
+        ),
+        (
+            {"jobset.sigs.k8s.io/jobset-name": "js", "batch.kubernetes.io/job-name": "js-node-0"},
+            [],
+            {},
+            ("js", "JobSet"),
+        ),
+        (
+            {"jobset.sigs.k8s.io/jobset-name": "tj", "trainer.kubeflow.org/trainjob-ancestor-step": "trainer"},
+            [],
+            {},
+            ("tj", "TrainJob"),
+        ),
         ({"leaderworkerset.sigs.k8s.io/name": "vllm", "job-name": "nope"}, [], {}, ("vllm", "LeaderWorkerSet")),
-        ({"volcano.sh/job-name": "vc", "volcano.sh/queue-name": "q"}, [], {"scheduling.k8s.io/group-name": "pg"},
-         ("vc", "VolcanoJob")),
-        ({"batch.kubernetes.io/job-name": "bj", "job-name": "bj"}, [{"kind": "Job", "name": "bj", "controller": True}],
-         {}, ("bj", "Job")),
+        (
+            {"volcano.sh/job-name": "vc", "volcano.sh/queue-name": "q"},
+            [],
+            {"scheduling.k8s.io/group-name": "pg"},
+            ("vc", "VolcanoJob"),
+        ),
+        (
+            {"batch.kubernetes.io/job-name": "bj", "job-name": "bj"},
+            [{"kind": "Job", "name": "bj", "controller": True}],
+            {},
+            ("bj", "Job"),
+        ),
         ({"job-name": "legacy"}, [], {}, ("legacy", "Job")),
         ({"scheduling.x-k8s.io/pod-group": "pg1"}, [], {}, ("pg1", "PodGroup")),
         ({}, [], {"scheduling.k8s.io/group-name": "pg2"}, ("pg2", "PodGroup")),
         ({"kueue.x-k8s.io/pod-group-name": "kg"}, [], {}, ("kg", "PodGroup")),
-        ({"app": "web"}, [{"kind": "ReplicaSet", "name": "web-5d9c", "controller": True}], {}, ("web-5d9c", "ReplicaSet")),
-        ({"app": "web"}, [{"kind": "Node", "name": "n1"}, {"kind": "StatefulSet", "name": "db", "controller": True}], {},
-         ("db", "StatefulSet")),
+        (
+            {"app": "web"},
+            [{"kind": "ReplicaSet", "name": "web-5d9c", "controller": True}],
+            {},
+            ("web-5d9c", "ReplicaSet"),
+        ),
+        (
+            {"app": "web"},
+            [{"kind": "Node", "name": "n1"}, {"kind": "StatefulSet", "name": "db", "controller": True}],
+            {},
+            ("db", "StatefulSet"),
+        ),
         ({}, [], {}, ("", "")),
         (None, None, None, ("", "")),
     ],
@@ -171,7 +218,10 @@ def test_a_static_pod_is_known_by_the_uid_its_log_folder_carries() -> None:
     from exporter.sources.kube import pod_metadata_from_object
 
     mirror = pod("kube-system", "gpu-burn-node-7", "3f1b0c2e-mirror", {}, "7")
-    mirror["metadata"]["annotations"] = {"kubernetes.io/config.mirror": "9a8b7c6d5e4f", "kubernetes.io/config.source": "file"}
+    mirror["metadata"]["annotations"] = {
+        "kubernetes.io/config.mirror": "9a8b7c6d5e4f",
+        "kubernetes.io/config.source": "file",
+    }
     record = pod_metadata_from_object(mirror)
     assert record is not None and record.uid == "9a8b7c6d5e4f"
     assert pod_metadata_from_object(LLAMA).uid == "u1"  # everyone else: the API's UID
@@ -184,7 +234,10 @@ def test_the_fabric_readiness_gate_and_its_condition_are_read_from_the_pod() -> 
     from exporter.sources.kube import FABRIC_READY_CONDITION, PodCondition, pod_metadata_from_object
 
     gated = pod("training", "llama-worker-1", "u9", {}, "8")
-    gated["spec"]["readinessGates"] = [{"conditionType": "example.com/other"}, {"conditionType": FABRIC_READY_CONDITION}]
+    gated["spec"]["readinessGates"] = [
+        {"conditionType": "example.com/other"},
+        {"conditionType": FABRIC_READY_CONDITION},
+    ]
     gated["status"]["conditions"] = [
         {"type": "Ready", "status": "False"},
         {"type": FABRIC_READY_CONDITION, "status": "False", "reason": "TcpFallback", "message": "on Socket",

@@ -30,7 +30,9 @@ def fabric(verdict: str, gdr_disabled: bool = False, reason: str = "", rdma: boo
     return PodFabric("ml", "w-0", verdict, rdma, gdr_disabled, reason, NO_GDR_LINE if gdr_disabled else "")
 
 
-FAILED = PreflightOutcome(False, "pre-flight failed: port_state: mlx5_0 port 1 is DOWN/Disabled (expected ACTIVE/LinkUp)")
+FAILED = PreflightOutcome(
+    False, "pre-flight failed: port_state: mlx5_0 port 1 is DOWN/Disabled (expected ACTIVE/LinkUp)"
+)
 PASSED = PreflightOutcome(True, "pre-flight passed (7 checks)")
 
 

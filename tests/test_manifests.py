@@ -206,7 +206,9 @@ def test_cluster_role_grants_only_the_reads_the_code_makes(objects: list[dict]) 
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "ccl-exporter", "namespace": "ccl-health"}]
 
 
-def test_network_policy_admits_only_prometheus_and_reaches_only_dns_the_api_server_and_the_kubelet(objects: list[dict]) -> None:  # type: ignore[type-arg]
+def test_network_policy_admits_only_prometheus_and_reaches_only_dns_the_api_server_and_the_kubelet(
+    objects: list[dict],
+) -> None:  # type: ignore[type-arg]
     policy = _one(objects, "NetworkPolicy")["spec"]
     daemonset = _one(objects, "DaemonSet")
     assert policy["podSelector"]["matchLabels"].items() <= daemonset["spec"]["template"]["metadata"]["labels"].items()
@@ -280,7 +282,9 @@ def test_daemonset_is_unprivileged_with_read_only_host_mounts(objects: list[dict
     for taint in (("nvidia.com/gpu", "NoSchedule"), ("nvidia.com/gpu", "NoExecute"),
                   ("ccl-health.io/fabric-degraded", "NoSchedule"), ("ccl-health.io/fabric-degraded", "NoExecute")):
         assert tolerates(pod["tolerations"], *taint), f"a node tainted {taint} loses its exporter"
-    assert not tolerates(pod["tolerations"], "example.com/maintenance", "NoExecute"), "other NoExecute taints clear the node"
+    assert not tolerates(pod["tolerations"], "example.com/maintenance", "NoExecute"), (
+        "other NoExecute taints clear the node"
+    )
 
 
 def tolerates(tolerations: list[dict], key: str, effect: str, value: str = "") -> bool:  # type: ignore[type-arg]
@@ -377,7 +381,7 @@ def test_the_scan_rejects_a_finding_accepted_without_a_reason(objects: list[dict
     (key,) = [k for k, v in annotations.items() if k.startswith("checkov.io/skip") and v.startswith("CKV_K8S_43=")]
     annotations[key] = "CKV_K8S_43"
     (tmp_path / "rendered.yaml").write_text(yaml.safe_dump_all(copies))
-    with pytest.raises(AssertionError, match="CKV_K8S_43 on DaemonSet.* has no reason"):
+    with pytest.raises(AssertionError, match=r"CKV_K8S_43 on DaemonSet.* has no reason"):
         scan(tmp_path)
 
 
@@ -485,7 +489,9 @@ def test_the_documented_release_overlay_sets_another_release_name(tmp_path: Path
     overlay["resources"] = [os.path.relpath(KUBE_PROMETHEUS_STACK, tmp_path)]
     (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
     rendered = _documents(_render(tmp_path))
-    releases = {(o["kind"], o["metadata"]["labels"].get("release")) for o in rendered if o["kind"] in SELECTED_BY_RELEASE}
+    releases = {
+        (o["kind"], o["metadata"]["labels"].get("release")) for o in rendered if o["kind"] in SELECTED_BY_RELEASE
+    }
     assert releases == {("PodMonitor", "monitoring-stack"), ("PrometheusRule", "monitoring-stack")}
     (scraper,) = _one(rendered, "NetworkPolicy")["spec"]["ingress"][0]["from"]
     assert scraper["podSelector"]["matchLabels"]["operator.prometheus.io/name"] == "monitoring-stack-prometheus"

@@ -8,9 +8,9 @@ import random
 import tracemalloc
 from pathlib import Path
 
-from prometheus_client.registry import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import CollectorRegistry
 
 from exporter.collectors.nccl import NcclCollector
 from exporter.nccl import Limits

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from exporter.collectors.rdma import RdmaCollector
 from tests.conftest import free_port, require_tool, wait_http
 from tests.metrics_text import samples, scrape_collectors
@@ -168,7 +169,9 @@ def test_parity_catches_a_difference(fixture_tree) -> None:  # type: ignore[no-u
     counter = sysfs / "devices/pci0000:00/0000:00:00.0/infiniband/mlx5_0/ports/1/counters/symbol_error"
     counter.write_text("2\n")
     problems = list(compare(node_text, our_metrics(sysfs)))
-    assert problems == ["node_infiniband_symbol_error_total{'device': 'mlx5_0', 'port': '1'}: node_exporter 1, ours 2.0"]
+    assert problems == [
+        "node_infiniband_symbol_error_total{'device': 'mlx5_0', 'port': '1'}: node_exporter 1, ours 2.0"
+    ]
 
 
 def test_rule_tests_use_the_labels_node_exporter_prints(fixture_tree) -> None:  # type: ignore[no-untyped-def]

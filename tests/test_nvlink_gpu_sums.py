@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collectors.nvml import NvlinkTotals, NvmlCollector, NvmlSettings, SPEC, settings_from_args
-from exporter.sources.nvml import GpuIdentity, GpuReading, NvLinkReading, NvmlReading
+from exporter.collectors.nvml import SPEC, NvlinkTotals, NvmlCollector, NvmlSettings, settings_from_args
 from exporter.sim.node import default_node
+from exporter.sources.nvml import GpuIdentity, GpuReading, NvLinkReading, NvmlReading
 from tests.conftest import require_tool
 
 
@@ -129,8 +129,14 @@ def test_per_gpu_series_in_both_modes_and_per_link_series_only_in_link_mode() ->
                  "ccl_nvlink_node_links_active", "ccl_nvlink_node_transmit_bytes", "ccl_nvlink_node_receive_bytes",
                  "ccl_nvlink_node_errors"}
     assert set(per_gpu) == gpu_names
-    assert set(per_link) == gpu_names | {"ccl_nvlink_state", "ccl_nvlink_speed_bytes_per_second", "ccl_nvlink_transmit_bytes",
-                                         "ccl_nvlink_receive_bytes", "ccl_nvlink_errors", "ccl_nvlink_remote_info"}
+    assert set(per_link) == gpu_names | {
+        "ccl_nvlink_state",
+        "ccl_nvlink_speed_bytes_per_second",
+        "ccl_nvlink_transmit_bytes",
+        "ccl_nvlink_receive_bytes",
+        "ccl_nvlink_errors",
+        "ccl_nvlink_remote_info",
+    }
     assert per_gpu["ccl_nvlink_gpu_links"] == [({"gpu": "0"}, 2.0)]
     assert per_gpu["ccl_nvlink_gpu_links_active"] == [({"gpu": "0"}, 1.0)]
     assert per_gpu["ccl_nvlink_gpu_transmit_bytes"] == [({"gpu": "0"}, 150.0)]
@@ -176,7 +182,9 @@ def test_promtool_accepts_the_per_gpu_page(tmp_path: Path) -> None:
 
     promtool = require_tool("promtool")
     registry = CollectorRegistry()
-    registry.register(NvmlCollector(Backend(NvmlReading([gpu(0, link(0, 100, replay=1))])), NvmlSettings(per_link=False)))
+    registry.register(
+        NvmlCollector(Backend(NvmlReading([gpu(0, link(0, 100, replay=1))])), NvmlSettings(per_link=False))
+    )
     page = generate_latest(registry)
     result = subprocess.run([promtool, "check", "metrics"], input=page, capture_output=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr

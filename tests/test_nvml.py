@@ -253,7 +253,7 @@ def test_field_value_decoding_from_raw_bytes_matches_the_struct_members() -> Non
     array = (pynvml.c_nvmlFieldValue_t * 6)()
     cases = [(0, "dVal", 2.5), (1, "uiVal", 4_000_000_000), (3, "ullVal", 2**63 + 5),
              (4, "sllVal", -7), (6, "usVal", 65535), (5, "siVal", -3)]
-    for entry, (value_type, member, number) in zip(array, cases):
+    for entry, (value_type, member, number) in zip(array, cases, strict=True):
         entry.fieldId, entry.scopeId, entry.valueType = 138, 17, value_type
         setattr(entry.value, member, number)
     array[5].nvmlReturn = 3  # NOT_SUPPORTED: no value whatever the union holds

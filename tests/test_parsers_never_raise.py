@@ -106,7 +106,7 @@ nccl_lines = st.one_of(
 
 @FUZZ
 @given(st.lists(nccl_lines, max_size=40))
-@example(["h:1:1 [٣] NCCL INFO comm 0x1 rank ² nRanks 1e400 nNodes " + "9" * 400 + " localRanks ١ localRank 0"])
+@example(["h:1:1 [٣] NCCL INFO comm 0x1 rank ² nRanks 1e400 nNodes " + "9" * 400 + " localRanks ١ localRank 0"])  # noqa: RUF001 - look-alike digits on purpose
 def test_nccl_lines_are_a_verdict_never_an_internal_error(lines: list[str]) -> None:
     analyzer = LogAnalyzer()
     for line in lines:
@@ -164,8 +164,10 @@ prom_texts = st.one_of(
          '"AllReduce",message_size="' + "1" * 400 + 'GB",version="v5.1"} 1\n')
 @example('nccl_bus_bandwidth_gbs{nranks="²",collective="AllReduce",message_size="1GB"} 1\n'
          'nccl_collective_exec_time_microseconds{nranks="²",collective="AllReduce",message_size="1GB"} 1\n')
-@example('nccl_bus_bandwidth_gbs{nranks="٣",n_nodes="١",collective="AllReduce",message_size="٣-٤GB"} ٣\n'
-         'nccl_collective_exec_time_microseconds{nranks="٣",n_nodes="١",collective="AllReduce",message_size="٣-٤GB"} ٣\n')
+@example(
+    'nccl_bus_bandwidth_gbs{nranks="٣",n_nodes="١",collective="AllReduce",message_size="٣-٤GB"} ٣\n'  # noqa: RUF001 - look-alike digits on purpose
+    'nccl_collective_exec_time_microseconds{nranks="٣",n_nodes="١",collective="AllReduce",message_size="٣-٤GB"} ٣\n'  # noqa: RUF001 - look-alike digits on purpose
+)
 def test_inspector_prom_files_are_operations_and_reasons(text: str) -> None:
     parsed = parse_prom(text)
     assert set(parsed.skipped) <= set(SKIP_REASONS)
@@ -181,15 +183,21 @@ class _Clock:
         return self.now
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(prom=st.one_of(prom_texts.map(str.encode), invalid_utf8), log=st.lists(st.one_of(invalid_utf8, json_values.map(
     lambda v: dumps(v).encode())), max_size=5))
 @example(prom=('nccl_bus_bandwidth_gbs{nranks="2",n_nodes="1",collective="AllReduce",message_size="' + "1" * 400
                + 'GB"} 1\nnccl_collective_exec_time_microseconds{nranks="2",n_nodes="1",collective="AllReduce",'
                'message_size="' + "1" * 400 + 'GB"} 1').encode(), log=[])
-@example(prom=('nccl_bus_bandwidth_gbs{nranks="²",collective="AllReduce",message_size="1GB"} 1\n'
-               'nccl_collective_exec_time_microseconds{nranks="²",collective="AllReduce",message_size="1GB"} 1').encode(),
-         log=[])
+@example(
+    prom=(
+        'nccl_bus_bandwidth_gbs{nranks="²",collective="AllReduce",message_size="1GB"} 1\n'
+        'nccl_collective_exec_time_microseconds{nranks="²",collective="AllReduce",message_size="1GB"} 1'
+    ).encode(),
+    log=[],
+)
 def test_the_inspector_collector_survives_any_file(tmp_path_factory: pytest.TempPathFactory, prom: bytes,
                                                    log: list[bytes]) -> None:
     """The files as the collector reads them: a .prom and a JSON Lines file of any bytes, through
@@ -264,7 +272,7 @@ def test_kubelet_summaries_are_pod_networks_or_a_typed_error(body: bytes) -> Non
     assert isinstance(networks, PodNetworks)
     assert networks.malformed >= 0
     for pod in networks.pods:
-        assert 0 <= pod.transmit_bytes and 0 <= pod.receive_bytes
+        assert pod.transmit_bytes >= 0 and pod.receive_bytes >= 0
 
 
 def test_a_summary_that_is_not_an_object_is_a_typed_error() -> None:
@@ -349,7 +357,9 @@ def test_result_files_are_a_result_or_malformed(text: str) -> None:
                                                           row.algbw_bytes_per_second))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(st.lists(st.one_of(invalid_utf8, mutated(RESULT).map(lambda d: dumps(d).encode())), min_size=1, max_size=4))
 def test_the_results_folder_reader_survives_any_file(tmp_path_factory: pytest.TempPathFactory,
                                                      files: list[bytes]) -> None:

@@ -68,24 +68,56 @@ def hgx_with_vfs(root: Path) -> Path:
 
 
 PODS = [
-    Pod("ml", "sriov-worker-0", [
-        Container("trainer", {"nvidia.com/gpu": [uuid(0), uuid(1)], "intel.com/sriov_rdma": ["0000:19:00.2"],
-                              "example.com/fpga": ["0000:19:00.2"]}),
-    ]),
+    Pod(
+        "ml",
+        "sriov-worker-0",
+        [
+            Container(
+                "trainer",
+                {
+                    "nvidia.com/gpu": [uuid(0), uuid(1)],
+                    "intel.com/sriov_rdma": ["0000:19:00.2"],
+                    "example.com/fpga": ["0000:19:00.2"],
+                },
+            ),
+        ],
+    ),
     Pod("ml", "shared-worker-0", [Container("trainer", {"rdma/hca_shared_devices_a": ["0", "1"]})]),
-    Pod("ml", "dra-worker-0", [
-        Container("trainer", claims=[
-            Claim("ml", "dra-worker-0-gpus", [
-                ClaimDevice("gpu.nvidia.com", "node-1", "gpu-7", ["k8s.gpu.nvidia.com/device=gpu-7"]),
-                ClaimDevice("gpu.nvidia.com", "node-1", "gpu-0-mig-9-0-1", ["k8s.gpu.nvidia.com/device=gpu-0-mig-9-0-1"]),
-            ]),
-            Claim("ml", "dra-worker-0-nics", [
-                ClaimDevice("dra.net", "node-1", "pci-0000-2b-00-0"),  # mlx5_1 by its PCI address
-                ClaimDevice("sriovnetwork.example.com", "node-1", "vf-3", ["sriov.example.com/vf=0000:19:00.2"]),
-                ClaimDevice("cpu.example.com", "node-1", "cpu-0"),  # not a NIC: no binding, not unresolved
-            ]),
-        ]),
-    ]),
+    Pod(
+        "ml",
+        "dra-worker-0",
+        [
+            Container(
+                "trainer",
+                claims=[
+                    Claim(
+                        "ml",
+                        "dra-worker-0-gpus",
+                        [
+                            ClaimDevice("gpu.nvidia.com", "node-1", "gpu-7", ["k8s.gpu.nvidia.com/device=gpu-7"]),
+                            ClaimDevice(
+                                "gpu.nvidia.com",
+                                "node-1",
+                                "gpu-0-mig-9-0-1",
+                                ["k8s.gpu.nvidia.com/device=gpu-0-mig-9-0-1"],
+                            ),
+                        ],
+                    ),
+                    Claim(
+                        "ml",
+                        "dra-worker-0-nics",
+                        [
+                            ClaimDevice("dra.net", "node-1", "pci-0000-2b-00-0"),  # mlx5_1 by its PCI address
+                            ClaimDevice(
+                                "sriovnetwork.example.com", "node-1", "vf-3", ["sriov.example.com/vf=0000:19:00.2"]
+                            ),
+                            ClaimDevice("cpu.example.com", "node-1", "cpu-0"),  # not a NIC: no binding, not unresolved
+                        ],
+                    ),
+                ],
+            ),
+        ],
+    ),
     Pod("kube-system", "coredns-1", [Container("coredns", {})]),
 ]
 
@@ -137,7 +169,9 @@ def test_device_plugin_dra_and_multus_nics_over_a_real_grpc_exchange(socket_dir:
         ("multus-worker-0", "mlx5_11", "multus", "ml/rdma-rail-1"),  # by rdma-device
         ("multus-worker-0", "mlx5_2", "multus", "ml/rdma-rail-2"),  # by pci-address alone
     ])
-    assert {r["job_name"] for r in rows(found, "ccl_pod_rdma_device_info") if r["pod"] == "multus-worker-0"} == {"llama"}
+    assert {r["job_name"] for r in rows(found, "ccl_pod_rdma_device_info") if r["pod"] == "multus-worker-0"} == {
+        "llama"
+    }
     assert found[("ccl_pod_rdma_devices_unresolved", ())] == 0.0
     gpus = [(r["pod"], r["gpu"], r["uuid"], r["resource"], r["source"]) for r in rows(found, "ccl_gpu_pod_info")]
     assert sorted(gpus) == sorted([
@@ -202,7 +236,9 @@ def test_rdma_resource_flags() -> None:
     settings = settings_from_args(Args())  # type: ignore[arg-type]
     assert settings.rdma_resources.matches("rdma/hca_shared_devices_a")
     assert settings.rdma_resources.matches("nvidia.com/hostdev")
-    assert not settings.rdma_resources.matches("nvidia.com/hostdevx") and not settings.rdma_resources.matches("intel.com/x")
+    assert not settings.rdma_resources.matches("nvidia.com/hostdevx") and not settings.rdma_resources.matches(
+        "intel.com/x"
+    )
     assert settings.rdma_resources.pools == {"rdma/a": ("mlx5_0", "mlx5_1")}
     Args.podresources_rdma_shared_devices = "rdma/a"
     with pytest.raises(SystemExit, match="RESOURCE=device"):
@@ -217,7 +253,11 @@ def exclusive_netns_tree(root: Path) -> Path:
     SimTopology().setup(root)
     sysfs = root / "sys"
     tree = PciTreeWriter(sysfs)
-    for bus, vf, on_host in ((0x18, "0000:19:00.2", None), (0x2A, "0000:2b:00.5", None), (0x18, "0000:19:00.4", "mlx5_12")):
+    for bus, vf, on_host in (
+        (0x18, "0000:19:00.2", None),
+        (0x2A, "0000:2b:00.5", None),
+        (0x18, "0000:19:00.4", "mlx5_12"),
+    ):
         chain = [PciFunction(f"0000:{bus - 3:02x}:01.0"), PciFunction(f"0000:{bus - 2:02x}:00.0"),
                  PciFunction(f"0000:{bus - 1:02x}:01.0"), PciFunction(vf, INFINIBAND_CLASS)]
         folder = tree.add(f"pci0000:{bus - 3:02x}", chain, 0)

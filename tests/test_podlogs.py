@@ -45,7 +45,9 @@ def append(path: Path, text: str) -> None:
         handle.write(text)
 
 
-def container_dir(root: Path, namespace: str = "training", pod: str = "llama-worker-0", container: str = "pytorch") -> Path:
+def container_dir(
+    root: Path, namespace: str = "training", pod: str = "llama-worker-0", container: str = "pytorch"
+) -> Path:
     return root / f"{namespace}_{pod}_{UID}" / container
 
 
@@ -708,7 +710,10 @@ def test_a_tailer_with_its_own_selection_reads_its_files_lines_and_state_only(tm
     )
     tailer = PodLogTailer(None, root, state, pod_known=None, selection=selection)
     batch = tailer.poll()
-    assert {k.name: v for k, v in batch.lines.items()} == {"llama-0-pid7.log": [record], "rank1/llama-0-pid8.log": [record]}
+    assert {k.name: v for k, v in batch.lines.items()} == {
+        "llama-0-pid7.log": [record],
+        "rank1/llama-0-pid8.log": [record],
+    }
     assert tailer.save_state()
     assert sorted(p.name for p in state.iterdir()) == ["inspector-state.json"]
     append(folder / "llama-0-pid7.log", f"{record}\n")

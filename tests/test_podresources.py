@@ -28,19 +28,71 @@ from tests.test_nvml import promtool_check, samples, series, uuid
 
 MIG = "MIG-5c6a2b1e-0000-4000-8000-000000000001"
 PODS = [
-    Pod("ml-training", "llama-worker-0", [
-        Container("trainer", {"nvidia.com/gpu": [uuid(0), uuid(1)], "example.com/nic": ["mlx5_0"]}, cpu_ids=[1, 2]),
-        Container("sidecar", {}),
-    ]),
-    Pod("ml-training", "llama-worker-1", [Container("trainer", {"nvidia.com/gpu.shared": [f"{uuid(2)}::0", f"{uuid(2)}::3"]})]),
+    Pod(
+        "ml-training",
+        "llama-worker-0",
+        [
+            Container("trainer", {"nvidia.com/gpu": [uuid(0), uuid(1)], "example.com/nic": ["mlx5_0"]}, cpu_ids=[1, 2]),
+            Container("sidecar", {}),
+        ],
+    ),
+    Pod(
+        "ml-training",
+        "llama-worker-1",
+        [Container("trainer", {"nvidia.com/gpu.shared": [f"{uuid(2)}::0", f"{uuid(2)}::3"]})],
+    ),
     Pod("inference", "llm-0", [Container("server", {"nvidia.com/mig-1g.18gb": [MIG]})]),
     Pod("kube-system", "coredns-1", [Container("coredns", {})]),
 ]
 EXPECTED = [
-    {"gpu": "0", "uuid": uuid(0), "namespace": "ml-training", "pod": "llama-worker-0", "container": "trainer", "resource": "nvidia.com/gpu", "job_name": "", "job_kind": "", "host_network": "", "source": "device_plugin"},
-    {"gpu": "1", "uuid": uuid(1), "namespace": "ml-training", "pod": "llama-worker-0", "container": "trainer", "resource": "nvidia.com/gpu", "job_name": "", "job_kind": "", "host_network": "", "source": "device_plugin"},
-    {"gpu": "2", "uuid": uuid(2), "namespace": "ml-training", "pod": "llama-worker-1", "container": "trainer", "resource": "nvidia.com/gpu.shared", "job_name": "", "job_kind": "", "host_network": "", "source": "device_plugin"},
-    {"gpu": "", "uuid": MIG, "namespace": "inference", "pod": "llm-0", "container": "server", "resource": "nvidia.com/mig-1g.18gb", "job_name": "", "job_kind": "", "host_network": "", "source": "device_plugin"},
+    {
+        "gpu": "0",
+        "uuid": uuid(0),
+        "namespace": "ml-training",
+        "pod": "llama-worker-0",
+        "container": "trainer",
+        "resource": "nvidia.com/gpu",
+        "job_name": "",
+        "job_kind": "",
+        "host_network": "",
+        "source": "device_plugin",
+    },
+    {
+        "gpu": "1",
+        "uuid": uuid(1),
+        "namespace": "ml-training",
+        "pod": "llama-worker-0",
+        "container": "trainer",
+        "resource": "nvidia.com/gpu",
+        "job_name": "",
+        "job_kind": "",
+        "host_network": "",
+        "source": "device_plugin",
+    },
+    {
+        "gpu": "2",
+        "uuid": uuid(2),
+        "namespace": "ml-training",
+        "pod": "llama-worker-1",
+        "container": "trainer",
+        "resource": "nvidia.com/gpu.shared",
+        "job_name": "",
+        "job_kind": "",
+        "host_network": "",
+        "source": "device_plugin",
+    },
+    {
+        "gpu": "",
+        "uuid": MIG,
+        "namespace": "inference",
+        "pod": "llm-0",
+        "container": "server",
+        "resource": "nvidia.com/mig-1g.18gb",
+        "job_name": "",
+        "job_kind": "",
+        "host_network": "",
+        "source": "device_plugin",
+    },
 ]
 
 
@@ -118,7 +170,9 @@ def test_absent_socket_and_failing_kubelet_never_fail_the_scrape(
     socket_dir: Path, exporter_process: type[ExporterProcess]
 ) -> None:
     sock = socket_dir / "kubelet.sock"
-    proc = exporter_process("--collector.disable-defaults", "--collector.podresources", "--path.pod-resources", str(sock))
+    proc = exporter_process(
+        "--collector.disable-defaults", "--collector.podresources", "--path.pod-resources", str(sock)
+    )
     for _ in range(3):
         status, body, _ = http_get(proc.url + "/metrics")
         assert status == 200
@@ -151,16 +205,25 @@ def test_gpu_pod_info_names_the_training_job() -> None:
             return True
 
     assignments = [
-        GpuAssignment(namespace="ml", pod="llama-worker-0", container="trainer", resource="nvidia.com/gpu", device_id="GPU-a"),
+        GpuAssignment(
+            namespace="ml", pod="llama-worker-0", container="trainer", resource="nvidia.com/gpu", device_id="GPU-a"
+        ),
         GpuAssignment(namespace="ml", pod="unknown-0", container="c", resource="nvidia.com/gpu", device_id="GPU-b"),
-        GpuAssignment(namespace="ml", pod="mpi-launcher-0", container="c", resource="nvidia.com/gpu", device_id="GPU-c"),
+        GpuAssignment(
+            namespace="ml", pod="mpi-launcher-0", container="c", resource="nvidia.com/gpu", device_id="GPU-c"
+        ),
     ]
     family = PodResourcesCollector.family(assignments, {"GPU-a": "0"}, Known())
-    labels = sorted((s.labels["pod"], s.labels["job_name"], s.labels["job_kind"], s.labels["gpu"], s.labels["host_network"])
-                    for s in family.samples)
+    labels = sorted(
+        (s.labels["pod"], s.labels["job_name"], s.labels["job_kind"], s.labels["gpu"], s.labels["host_network"])
+        for s in family.samples
+    )
     # host_network tells the rules that cAdvisor's network counters of that pod are the host's.
-    assert labels == [("llama-worker-0", "llama", "PyTorchJob", "0", "false"), ("mpi-launcher-0", "mpi", "MPIJob", "", "true"),
-                      ("unknown-0", "", "", "", "")]
+    assert labels == [
+        ("llama-worker-0", "llama", "PyTorchJob", "0", "false"),
+        ("mpi-launcher-0", "mpi", "MPIJob", "", "true"),
+        ("unknown-0", "", "", "", ""),
+    ]
 
 
 def test_per_pod_counts_summarise_the_per_device_series() -> None:

@@ -169,7 +169,9 @@ def test_peermem_found_in_proc_modules_only(node: Path) -> None:
     (node / "sys/module/nvidia_peermem").rmdir()
     code, lines, _ = preflight(node)
     assert code == 0, lines
-    assert any(line.startswith("ok   gpudirect_rdma: nvidia_peermem loaded") and "proc/modules" in line for line in lines)
+    assert any(
+        line.startswith("ok   gpudirect_rdma: nvidia_peermem loaded") and "proc/modules" in line for line in lines
+    )
 
 
 @pytest.mark.parametrize("port_down", [False, True], ids=["checks-pass", "a-check-fails"])
@@ -221,9 +223,17 @@ def test_gang_probe_requires_rdma_and_a_floor(node: Path) -> None:
 @pytest.mark.parametrize(("allow", "ok"), [(False, False), (True, True)])
 def test_a_transport_nccl_cannot_tell_fails_closed_unless_allowed(allow: bool, ok: bool) -> None:
     """NCCL's log of the probe did not show the transport: "cannot tell" is not a pass."""
-    unknown = ProbeResult(source="preflight", started_at=0.0, finished_at=1.0, world_size=16, nnodes=2,
-                          transport=Transport("unknown", "unknown", reasons=("the log shows no NCCL network selection",)))
-    (check,) = [c for c in probe_checks(unknown, "rdma", None, allow_unknown_transport=allow) if c.check == "probe_transport"]
+    unknown = ProbeResult(
+        source="preflight",
+        started_at=0.0,
+        finished_at=1.0,
+        world_size=16,
+        nnodes=2,
+        transport=Transport("unknown", "unknown", reasons=("the log shows no NCCL network selection",)),
+    )
+    (check,) = [
+        c for c in probe_checks(unknown, "rdma", None, allow_unknown_transport=allow) if c.check == "probe_transport"
+    ]
     assert check.ok is ok
     assert "cannot tell" in check.message and "the log shows no NCCL network selection" in check.message
     if not ok:

@@ -111,7 +111,8 @@ def test_a_message_cut_inside_the_header_is_malformed_not_a_verdict() -> None:
     "",
     "Sleep expired\n",  # another program's termination message
     "ccl-preflight/v2 passed finished_at=1 checks=0 failed=0\n",
-    "ccl-preflight/v1 passed finished_at=1 checks=1 failed=0\nFAIL port_state: down\n",  # says passed, lists a failure
+    # says passed, lists a failure
+    "ccl-preflight/v1 passed finished_at=1 checks=1 failed=0\nFAIL port_state: down\n",
     "ccl-preflight/v1 failed finished_at=1 checks=1 failed=1\nFAIL port_state: a\nFAIL port_rate: b\n",
     "ccl-preflight/v1 passed finished_at=1 checks=1 failed=0\nok bad name\n",
     "ccl-preflight/v1 passed finished_at=1 checks=1 failed=0\nhello\n",

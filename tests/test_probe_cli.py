@@ -99,7 +99,12 @@ def test_probe_json_matches_an_independent_timing_and_names_the_transport(tmp_pa
     document = probe_json(tmp_path)
     assert document["transport"]["name"] == "gloo/tcp"
     assert document["transport"]["kind"] == "tcp"
-    assert (document["backend"], document["world_size"], document["nnodes"], document["scope"]) == ("gloo", 2, 1, "intra_node")
+    assert (document["backend"], document["world_size"], document["nnodes"], document["scope"]) == (
+        "gloo",
+        2,
+        1,
+        "intra_node",
+    )
     assert len(list((tmp_path / "results").glob("job-*.json"))) == 1
     # Two cores shared with other work: one pair of timings can be thrown off by a burst of
     # load. Up to three pairs; a formula error is off in all of them. The comparison is at
@@ -157,7 +162,9 @@ def test_timeout_kills_the_workers_and_fails(tmp_path: Path) -> None:
     ],
 )
 def test_bad_flags_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
-    args = build_parser({}).parse_args(["probe", "--backend", "gloo", *argv] if "--backend" not in argv else ["probe", *argv])
+    args = build_parser({}).parse_args(
+        ["probe", "--backend", "gloo", *argv] if "--backend" not in argv else ["probe", *argv]
+    )
     assert run_probe_command(args, environ={}) == 2
     assert capsys.readouterr().err.startswith(f"ccl-exporter probe: {message}")
 

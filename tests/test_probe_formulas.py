@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.probe.formulas import align_size, algbw, busbw, busbw_factor, format_size, parse_size, size_sweep
+from exporter.probe.formulas import algbw, align_size, busbw, busbw_factor, format_size, parse_size, size_sweep
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,9 @@ validated as Pods, the CRD wrapper is checked for the fields used."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import kubernetes_validate
 import pytest
@@ -41,7 +42,9 @@ def pod_templates(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 def exporter_containers(template: dict[str, Any]) -> list[dict[str, Any]]:
     spec = template["spec"]
-    return [c for c in spec.get("initContainers", []) + spec["containers"] if c["image"].startswith("ccl-health-exporter")]
+    return [
+        c for c in spec.get("initContainers", []) + spec["containers"] if c["image"].startswith("ccl-health-exporter")
+    ]
 
 
 def test_examples_exist() -> None:

@@ -26,7 +26,7 @@ from tests.podresources_server import Container, Pod, TableLister, serve_pod_res
 
 GPU = "GPU-8f6c1f5e-0000-4000-8000-000000000001"
 TRAINING_POD = Pod("team-a", "llama-worker-0", [Container("trainer", {"nvidia.com/gpu": [GPU]})])
-SMALL = dict(backend="gloo", nprocs=2, min_bytes="64K", max_bytes="256K", iters=3, warmup_iters=1)
+SMALL = {"backend": "gloo", "nprocs": 2, "min_bytes": "64K", "max_bytes": "256K", "iters": 3, "warmup_iters": 1}
 
 
 def scheduler(tmp_path: Path, checks: list, timeout: float = 60.0, **settings: object) -> ProbeScheduler:  # type: ignore[type-arg]

@@ -311,7 +311,7 @@ def _lock(name: str) -> dict[str, Locked]:
     """requirements/<name>.txt as uv writes it: ``name==version \\``, hash lines, ``# via`` lines."""
     pins: dict[str, Locked] = {}
     current: str | None = None
-    hashes, via = 0, []
+    version, hashes, via = "", 0, []
     lines = (REPO / "requirements" / f"{name}.txt").read_text().splitlines()
     for line in [*lines, ""]:
         pin = _PIN.match(line)

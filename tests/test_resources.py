@@ -59,7 +59,9 @@ class CountingClient(PodResourcesClient):
 
 
 def paths(root: Path) -> HostPaths:
-    return HostPaths(root / "sys", root / "pods", root / "nccl", root / "state", root / "kubelet.sock", root / "results")
+    return HostPaths(
+        root / "sys", root / "pods", root / "nccl", root / "state", root / "kubelet.sock", root / "results"
+    )
 
 
 def resources(root: Path, pods: CountingPods, made: list[int] | None = None, **kw: object) -> NodeResources:
@@ -103,7 +105,16 @@ def test_closing_the_collectors_leaves_the_shared_resources_open(tmp_path: Path)
     pods = CountingPods()
     node = resources(tmp_path, pods)
     collectors = every_collector(node)
-    assert [c.name for c in collectors] == ["rdma", "nvml", "podresources", "podnetwork", "nccl", "inspector", "probe", "topology"]
+    assert [c.name for c in collectors] == [
+        "rdma",
+        "nvml",
+        "podresources",
+        "podnetwork",
+        "nccl",
+        "inspector",
+        "probe",
+        "topology",
+    ]
     for collector in collectors:
         close_collector(collector)
     assert pods.closed == 0 and node.nvml.closed == 0 and node.pod_resources.closed == 0  # type: ignore[attr-defined]

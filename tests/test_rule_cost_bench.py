@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bench import rule_cost
 from bench.rule_cost import (
     CADVISOR_PODS,
     MEASURED_PREFIX,
@@ -25,10 +26,9 @@ from bench.rule_cost import (
     node_template,
     range_reads,
     rules_in_sequence,
-    written_as,
     write_family,
+    written_as,
 )
-from bench import rule_cost
 from tests.conftest import REPO, require_tool
 from tests.promql_names import groups
 
@@ -68,8 +68,9 @@ def test_each_node_has_pods_of_its_own_in_jobs_of_four_nodes() -> None:
     kubelet = Node(5).stored_labels(TemplateSeries("container_network_receive_bytes_total", (("pod", "x-0"),), 1.0,
                                                    source="kubelet"))
     assert kubelet["job"] == "kubelet" and kubelet["pod"] == "x-0-0005"
-    host = Node(5).stored_labels(TemplateSeries("container_network_receive_bytes_total", (("id", "/"), ("pod", "")), 1.0,
-                                                source="kubelet"))
+    host = Node(5).stored_labels(
+        TemplateSeries("container_network_receive_bytes_total", (("id", "/"), ("pod", "")), 1.0, source="kubelet")
+    )
     assert host["pod"] == "" and host["node"] == "gpu-node-0005", "the host's own interfaces name no pod"
 
 
@@ -78,7 +79,9 @@ def test_cadvisor_reports_each_pod_once_for_its_sandbox_and_the_host_without_a_p
     kubelet = [s for s in node_template(exporter) if s.name == "container_network_transmit_bytes_total"]
     per_pod = [dict(s.labels) for s in kubelet if dict(s.labels)["pod"]]
     assert len(per_pod) == CADVISOR_PODS and {p["interface"] for p in per_pod} == {"eth0"}
-    assert {p["container"] for p in per_pod} == {""} and ("ml", "llama-worker-0") in {(p["namespace"], p["pod"]) for p in per_pod}
+    assert {p["container"] for p in per_pod} == {""} and ("ml", "llama-worker-0") in {
+        (p["namespace"], p["pod"]) for p in per_pod
+    }
     host = [dict(s.labels) for s in kubelet if not dict(s.labels)["pod"]]
     assert {h["id"] for h in host} == {"/"} and len(host) == CADVISOR_PODS + 1, "the node's NIC and a cali* per pod"
 
@@ -130,8 +133,14 @@ def test_only_the_records_of_groups_slower_than_the_default_interval_are_written
 
 def test_a_group_costs_the_sum_of_its_rules_per_cycle() -> None:
     owners = ["a", "a", "b"]
-    cycle = {"evaluationTime": 0.7, "rules": [{"name": "r1", "evaluationTime": 0.1}, {"name": "r2", "evaluationTime": 0.2},
-                                              {"name": "r1", "evaluationTime": 0.4}]}
+    cycle = {
+        "evaluationTime": 0.7,
+        "rules": [
+            {"name": "r1", "evaluationTime": 0.1},
+            {"name": "r2", "evaluationTime": 0.2},
+            {"name": "r1", "evaluationTime": 0.4},
+        ],
+    }
     costs = costs_of([cycle, cycle], owners)
     assert costs.groups == {"a": [0.1 + 0.2] * 2, "b": [0.4] * 2}
     assert costs.rules == {"a/r1": [0.1, 0.1], "a/r2": [0.2, 0.2], "b/r1": [0.4, 0.4]}

@@ -50,7 +50,9 @@ def test_every_aggregation_and_join_carries_cluster(path) -> None:  # type: igno
             if keyword == "on" and set(labels) <= THRESHOLD_KEYS and "ccl:threshold:" in expr:
                 continue
             missing.append(f"{_name(rule)}: {keyword} ({', '.join(labels)})")
-        assert "without" not in [k for k, _ in grouping_labels(expr)], f"{_name(rule)}: `without` would keep cluster implicitly"
+        assert "without" not in [k for k, _ in grouping_labels(expr)], (
+            f"{_name(rule)}: `without` would keep cluster implicitly"
+        )
     assert not missing, "\n".join(missing)
 
 

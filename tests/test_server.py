@@ -23,8 +23,8 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from exporter.build import read_build_info
 from exporter.collectors.base import CollectorUnavailable
 from exporter.collectors.rdma import RdmaCollector
-from exporter.registry import MAX_LABEL_VALUE_CHARS
 from exporter.http.connections import ConnectionGuard, ConnectionLimits
+from exporter.registry import MAX_LABEL_VALUE_CHARS
 from exporter.server import accepts_gzip, create_app, serving
 from tests.conftest import REPO
 from tests.metrics_text import samples, value
@@ -347,7 +347,9 @@ def test_web_flags_are_validated_before_anything_starts() -> None:
     for flags in (("--web.max-page-bytes", "100"), ("--web.max-connections", "0"), ("--web.keepalive-timeout", "0")):
         with pytest.raises(SystemExit):
             settings(*flags)
-    env_limits, env_page = _web_settings(build_parser(environ={"CCL_EXPORTER_WEB_MAX_PAGE_BYTES": "65536"}).parse_args(["serve"]))
+    env_limits, env_page = _web_settings(
+        build_parser(environ={"CCL_EXPORTER_WEB_MAX_PAGE_BYTES": "65536"}).parse_args(["serve"])
+    )
     assert env_page == 65536 and env_limits == ConnectionLimits()
 
 

@@ -76,8 +76,11 @@ async def test_bad_requests_are_refused_with_a_reason(controlled) -> None:  # ty
     assert bad_device.status == 400 and "mlx5_99" in (await bad_device.json())["error"]
     bad_seconds = await client.post("/-/sim/advance", params={"seconds": "-1"})
     assert bad_seconds.status == 400
-    for params in ({"transmit_bytes_per_second": "2e9"}, {"transmit_bytes_per_second": "fast", "receive_bytes_per_second": "1"},
-                   {"transmit_bytes_per_second": "-1", "receive_bytes_per_second": "1"}):
+    for params in (
+        {"transmit_bytes_per_second": "2e9"},
+        {"transmit_bytes_per_second": "fast", "receive_bytes_per_second": "1"},
+        {"transmit_bytes_per_second": "-1", "receive_bytes_per_second": "1"},
+    ):
         bad_traffic = await client.post("/-/sim/pod-traffic", params=params)
         assert bad_traffic.status == 400 and "bytes_per_second" in (await bad_traffic.json())["error"]
     listing = await client.get("/-/sim")
@@ -180,7 +183,7 @@ async def test_rdma_errors_bump_one_counter(controlled) -> None:  # type: ignore
 async def test_hw_counter_errors_and_garbage_attributes(controlled) -> None:  # type: ignore[no-untyped-def]
     from exporter.collectors.base import PartialCollection
 
-    client, control, collector = controlled
+    client, _, collector = controlled
     response = await client.post("/-/sim/rdma-errors", params={"device": "mlx5_2", "counter": "out_of_sequence",
                                                                 "count": "7"})
     assert response.status == 200 and (await response.json())["value"] >= 7
@@ -212,7 +215,7 @@ async def test_probe_result_lands_where_the_probe_collector_reads(controlled) ->
     {"namespace": "n" * 64, "pod": "p", "job_name": "j"},
 ])
 async def test_names_that_are_not_kubernetes_names_are_refused(controlled, params, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    client, control, _ = controlled
+    client, _, _ = controlled
     response = await client.post("/-/sim/nccl-job-start", params=params)
     assert response.status == 400 and "Kubernetes name" in (await response.json())["error"]
     assert not list(tmp_path.parent.glob("*escape*")), "nothing written outside the simulated tree"

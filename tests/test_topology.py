@@ -45,7 +45,9 @@ class StaticNvml:
         self.calls += 1
         if self.unavailable:
             raise NvmlUnavailable("libnvidia-ml.so.1 not found")
-        return [GpuIdentity(i, f"GPU-{i}", "NVIDIA H200", f"00000000:{bus:02X}:00.0") for i, bus in enumerate(self.buses)]
+        return [
+            GpuIdentity(i, f"GPU-{i}", "NVIDIA H200", f"00000000:{bus:02X}:00.0") for i, bus in enumerate(self.buses)
+        ]
 
 
 def hgx_tree(root: Path) -> Path:
@@ -263,8 +265,15 @@ def test_collector_exposes_the_matrix_the_nearest_nic_and_placements(tmp_path: P
                      if name == "ccl_topology_gpu_nearest_nic_info" for d in [dict(labels)])
     assert nearest == [(str(i), f"mlx5_{i}", "PIX") for i in range(8)]
     gpu_pci = [dict(labels) for (name, labels) in samples if name == "ccl_topology_gpu_pci_info"]
-    assert {"gpu": "0", "uuid": "GPU-0", "pci_address": "0000:18:00.0", "numa_node": "0", "host_bridge": "pci0000:15",
-            "pci_switches": "0000:16:00.0", "pci_path": "0000:15:01.0/0000:16:00.0/0000:17:00.0/0000:18:00.0"} in gpu_pci
+    assert {
+        "gpu": "0",
+        "uuid": "GPU-0",
+        "pci_address": "0000:18:00.0",
+        "numa_node": "0",
+        "host_bridge": "pci0000:15",
+        "pci_switches": "0000:16:00.0",
+        "pci_path": "0000:15:01.0/0000:16:00.0/0000:17:00.0/0000:18:00.0",
+    } in gpu_pci
     assert len([1 for (name, _) in samples if name == "ccl_topology_nic_pci_info"]) == 10
 
 
@@ -324,9 +333,14 @@ def synthetic_place(address: str, host_bridge: str = "pci0000:00") -> PciPlaceme
 def test_the_node_summary_counts_shared_and_far_nics_once() -> None:
     """Two GPUs beside one NIC (one local NIC for two GPUs), a GPU whose nearest NIC is across the host
     bridge (no local NIC), and a GPU whose nearest NIC is unknown (not counted as local)."""
-    gpus = tuple(GpuTopology(i, f"GPU-{i}", f"00000000:{0x18 + i:02x}:00.0", synthetic_place(f"0000:{0x18 + i:02x}:00.0"))
-                 for i in range(4))
-    nics = (NicTopology("mlx5_0", synthetic_place("0000:30:00.0")), NicTopology("mlx5_1", synthetic_place("0000:31:00.0")))
+    gpus = tuple(
+        GpuTopology(i, f"GPU-{i}", f"00000000:{0x18 + i:02x}:00.0", synthetic_place(f"0000:{0x18 + i:02x}:00.0"))
+        for i in range(4)
+    )
+    nics = (
+        NicTopology("mlx5_0", synthetic_place("0000:30:00.0")),
+        NicTopology("mlx5_1", synthetic_place("0000:31:00.0")),
+    )
     classes = {(0, "mlx5_0"): "PIX", (0, "mlx5_1"): "SYS", (1, "mlx5_0"): "PXB", (1, "mlx5_1"): "SYS",
                (2, "mlx5_0"): "PHB", (2, "mlx5_1"): "SYS", (3, "mlx5_1"): "PIX"}  # GPU 3 - mlx5_0: unknown
     families = TopologyCollector.node_families(Topology(gpus=gpus, nics=nics, classes=classes))

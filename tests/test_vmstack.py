@@ -7,10 +7,13 @@ import subprocess
 from pathlib import Path
 
 from devtools.stack import Intervals, ScrapeTarget
-from devtools.vmstack import VmAgent, VmAlert, VictoriaMetrics, scrape_config
+from devtools.vmstack import VictoriaMetrics, VmAgent, VmAlert, scrape_config
 from tests.conftest import require_tool
 
-TARGETS = [ScrapeTarget("127.0.0.1:19401", {"node": "gpu-node-01"}), ScrapeTarget("127.0.0.1:19402", {"node": "gpu-node-02"})]
+TARGETS = [
+    ScrapeTarget("127.0.0.1:19401", {"node": "gpu-node-01"}),
+    ScrapeTarget("127.0.0.1:19402", {"node": "gpu-node-02"}),
+]
 
 
 def _agent(tmp_path: Path, binary: str = "vmagent") -> VmAgent:
@@ -40,7 +43,7 @@ def test_command_lines_shard_label_and_stay_on_loopback(tmp_path: Path) -> None:
                     datasource_url="http://127.0.0.1:3", write_url="http://127.0.0.1:3",
                     notifier_url="http://127.0.0.1:4", intervals=Intervals())
     ruler_argv = ruler.argv()
-    assert ["-rule=a.yaml", "-rule=b.yaml"] == [a for a in ruler_argv if a.startswith("-rule=")]
+    assert [a for a in ruler_argv if a.startswith("-rule=")] == ["-rule=a.yaml", "-rule=b.yaml"]
     assert not [a for a in ruler_argv if a.startswith("-external.label")], "a global ruler adds no cluster"
     assert "-datasource.queryStep=5000ms" in ruler_argv
     store = VictoriaMetrics("victoria-metrics", tmp_path / "store")

@@ -22,9 +22,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import bcrypt
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-import pytest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from exporter.http.access import AUTH_CACHE_SIZE, AuthBusy
@@ -245,7 +245,9 @@ def test_client_allowed_sans_apply_only_when_a_certificate_is_asked_for(tmp_path
 
 
 def test_a_certificate_that_does_not_load_stops_the_start(tmp_path: Path, pki: Path) -> None:
-    config = _write_config(tmp_path, f"tls_server_config:\n  cert_file: {pki}/server.crt\n  key_file: {pki}/client.key\n")
+    config = _write_config(
+        tmp_path, f"tls_server_config:\n  cert_file: {pki}/server.crt\n  key_file: {pki}/client.key\n"
+    )
     with pytest.raises(WebConfigError, match="TLS:"):
         WebConfigSource.from_file(config)
 
@@ -278,7 +280,9 @@ basic_auth_users:
 
 
 async def test_plain_http_on_the_tls_port_gets_no_metrics(tmp_path: Path, pki: Path) -> None:
-    config = _write_config(tmp_path, f"tls_server_config:\n  cert_file: {pki}/server.crt\n  key_file: {pki}/server.key\n")
+    config = _write_config(
+        tmp_path, f"tls_server_config:\n  cert_file: {pki}/server.crt\n  key_file: {pki}/server.key\n"
+    )
     async with _serving(config) as port:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
@@ -440,7 +444,9 @@ def test_serve_refuses_a_bad_web_config_with_one_line(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60, cwd=REPO,
     )
     assert result.returncode == 1 and "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines() == [f"ccl-exporter: --web.config.file {config}: tls_server_config: missing one of key or key_file"]
+    assert result.stderr.strip().splitlines() == [
+        f"ccl-exporter: --web.config.file {config}: tls_server_config: missing one of key or key_file"
+    ]
 
 
 def test_a_real_prometheus_scrapes_over_tls_with_basic_auth(tmp_path: Path, pki: Path) -> None:

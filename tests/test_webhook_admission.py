@@ -16,7 +16,7 @@ import jsonpatch
 import pytest
 
 import exporter
-
+from exporter.sources.kube import FABRIC_READY_CONDITION
 from exporter.webhook.admission import (
     ERROR,
     INJECTED_ANNOTATION,
@@ -31,7 +31,6 @@ from exporter.webhook.admission import (
     review,
 )
 from exporter.webhook.body import parse_review
-from exporter.sources.kube import FABRIC_READY_CONDITION
 from tests.pod_rules import check_pod, validate_with_the_library
 
 CONFIG = WebhookConfig()
@@ -158,7 +157,10 @@ def test_readiness_gate_and_preflight_when_annotated() -> None:
     assert out["spec"]["readinessGates"] == [{"conditionType": FABRIC_READY_CONDITION}]
     (init,) = out["spec"]["initContainers"]
     assert init["name"] == PREFLIGHT_CONTAINER
-    assert init["image"] == f"ccl-health-exporter:{exporter.__version__}" and init["args"] == ["preflight", "--no-write"]
+    assert init["image"] == f"ccl-health-exporter:{exporter.__version__}" and init["args"] == [
+        "preflight",
+        "--no-write",
+    ]
     # Its result goes to the exporter as its termination message: no volume, no hostPath.
     assert (init["terminationMessagePath"], init["terminationMessagePolicy"]) == ("/dev/termination-log", "File")
     assert "volumeMounts" not in init and "volumes" not in out["spec"]

@@ -120,7 +120,7 @@ def test_something_else_mounted_at_our_path_keeps_that_container_on_stdout() -> 
     pod["spec"]["containers"].append(second)
     for path in (NCCL_DEBUG_MOUNT, NCCL_DEBUG_MOUNT + "/", "/var/run/ccl-health/./nccl", "//var/run/ccl-health/nccl"):
         pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "scratch", "mountPath": path}]
-        out, response, decision = patched(pod, DEBUG_FILE)
+        out, response, _ = patched(pod, DEBUG_FILE)
         first, _, other = out["spec"]["containers"]
         assert first["volumeMounts"] == [{"name": "scratch", "mountPath": path}], path
         assert "NCCL_DEBUG_FILE" not in env_of(first) and env_of(first)["NCCL_DEBUG"] == "INFO"

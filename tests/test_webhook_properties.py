@@ -124,7 +124,7 @@ def containers(draw: st.DrawFn, name: str, volumes: list[dict[str, Any]], gpu_of
 
 
 @st.composite
-def pods(draw: st.DrawFn, apps: st.SearchStrategy[int] = st.integers(1, 5)) -> dict[str, Any]:
+def pods(draw: st.DrawFn, apps: st.SearchStrategy[int] = st.integers(1, 5)) -> dict[str, Any]:  # noqa: B008 - a strategy is immutable
     volume_list = [{"name": n, **draw(sources)} for n in draw(st.lists(volume_names, max_size=4, unique=True))]
     apps_, inits = draw(apps), draw(st.integers(0, 3))
     drawn = draw(st.lists(container_names, min_size=min(apps_ + inits, 2), max_size=min(apps_ + inits, 8), unique=True))
@@ -206,7 +206,9 @@ def assert_identity_where_the_folder_is_mounted(pod: dict[str, Any], config: Web
 def assert_no_host_folder_is_lent(before: dict[str, Any], after: dict[str, Any]) -> None:
     """A volume the patch adds is mounted only where the patch mounts it: a pod that mounts a
     name it does not declare never gets a host folder under that name."""
-    added = {v["name"] for v in after["spec"].get("volumes", [])} - {v["name"] for v in before["spec"].get("volumes", [])}
+    added = {v["name"] for v in after["spec"].get("volumes", [])} - {
+        v["name"] for v in before["spec"].get("volumes", [])
+    }
     for _, _, container in containers_of(before):
         assert not [m for m in container.get("volumeMounts", ()) if m["name"] in added], container
 
@@ -220,10 +222,13 @@ def assert_the_pod_keeps_what_it_had(before: dict[str, Any], after: dict[str, An
     added = len(new_inits) - len(old_inits)
     assert added in (0, 1) and [c["name"] for c in new_inits[added:]] == [c["name"] for c in old_inits], \
         "the pod's init containers keep their order, after the pre-flight"
-    for was, now in [*zip(old["containers"], new["containers"]), *zip(old_inits, new_inits[added:])]:
+    for was, now in [
+        *zip(old["containers"], new["containers"], strict=True),
+        *zip(old_inits, new_inits[added:], strict=True),
+    ]:
         assert now.get("volumeMounts", [])[: len(was.get("volumeMounts", []))] == was.get("volumeMounts", [])
         assert now.get("envFrom") == was.get("envFrom") and now.get("resources") == was.get("resources")
-        for entry, kept in zip(was.get("env", []), now.get("env", [])):
+        for entry, kept in zip(was.get("env", []), now.get("env", []), strict=False):
             assert kept == entry or (kept["name"] == entry["name"] in IDENTITY), (entry, kept)
     for key, value in before["metadata"].get("annotations", {}).items():
         if key != "ccl-health.io/injected":
@@ -248,7 +253,7 @@ def assert_the_webhook_did_its_job(pod: dict[str, Any], out: dict[str, Any], dec
     if decision in (NO_GPU, OVERSIZED):
         assert out == pod
         return
-    for was, now in zip(pod["spec"]["containers"], out["spec"]["containers"]):
+    for was, now in zip(pod["spec"]["containers"], out["spec"]["containers"], strict=True):
         if requests_gpus(was) and "NCCL_DEBUG" not in {e["name"] for e in was.get("env", [])} and \
                 not was.get("envFrom"):
             assert effective_env(now)["NCCL_DEBUG"] == {"name": "NCCL_DEBUG", "value": "INFO"}

@@ -163,13 +163,15 @@ async def test_the_server_reads_and_decides_a_few_reviews_at_a_time() -> None:
             return Answer(200, b"{}", "application/json")
 
     service = SlowService()
-    async with serving_webhook(service, "127.0.0.1", 0, None, 1 << 20) as server:
-        async with aiohttp.ClientSession() as session:
+    async with (
+        serving_webhook(service, "127.0.0.1", 0, None, 1 << 20) as server,
+        aiohttp.ClientSession() as session,
+    ):
 
-            async def post() -> int:
-                async with session.post(f"http://127.0.0.1:{server.port}/mutate", data=b"{}") as answer:
-                    return answer.status
+        async def post() -> int:
+            async with session.post(f"http://127.0.0.1:{server.port}/mutate", data=b"{}") as answer:
+                return answer.status
 
-            statuses = await asyncio.gather(*(post() for _ in range(3 * MAX_CONCURRENT_REVIEWS)))
+        statuses = await asyncio.gather(*(post() for _ in range(3 * MAX_CONCURRENT_REVIEWS)))
     assert statuses == [200] * (3 * MAX_CONCURRENT_REVIEWS)
     assert service.most == MAX_CONCURRENT_REVIEWS

@@ -75,7 +75,9 @@ def compress_time(rules_text: str, factor: float, shortest_interval: float = 1.0
         return match.group(1) + _format(seconds)
 
     text = re.sub(rf"\[({_DURATION})(:({_DURATION})?)?\]", window, rules_text)
-    text = re.sub(rf"\boffset ({_DURATION})\b", lambda m: "offset " + _format(duration_seconds(m.group(1)) / factor), text)
+    text = re.sub(
+        rf"\boffset ({_DURATION})\b", lambda m: "offset " + _format(duration_seconds(m.group(1)) / factor), text
+    )
     return re.sub(rf"(?m)^(\s+(for|interval):\s*)({_DURATION})\s*$", clause, text)
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from exporter.sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
 from devtools.stack import Intervals, SimulatedExporter, make_healthy
+from exporter.sim.nvml import TRAINING_NAMESPACE, TRAINING_POD
 
 
 def test_exporter_killed_raises_absent_and_names_the_node(start_cluster) -> None:  # type: ignore[no-untyped-def]
@@ -150,7 +150,10 @@ def probe_history(node: str, peak: float, minutes: int, now: float) -> str:
     medians the daily group recorded from them (compressed: one every 24 minutes; the compressed
     rules' baseline reads 7 days -> 168 minutes of those)."""
     labels = f'{{node="{node}",collective="all_reduce",scope="inter_node",source="job"}}'
-    hourly, daily = "node:ccl_probe_bus_bandwidth_bytes_per_second:max1h", "node:ccl_probe_bus_bandwidth_bytes_per_second:median1d"
+    hourly, daily = (
+        "node:ccl_probe_bus_bandwidth_bytes_per_second:max1h",
+        "node:ccl_probe_bus_bandwidth_bytes_per_second:median1d",
+    )
     lines = [f"# TYPE {hourly} gauge"]
     lines += [f"{hourly}{labels} {peak:.6e} {int(now) - 60 * i}" for i in range(minutes, 1, -1)]
     lines += [f"# TYPE {daily} gauge"]
@@ -162,11 +165,16 @@ def test_probe_below_its_baseline_fires_for_that_node(start_cluster) -> None:  #
     """Three hours of probe history at ~350 GB/s (backfilled: the real rule wants a 7-day median),
     then a probe Job result peaking at 150 GB/s: 43 % of the baseline, under the 80 % threshold,
     above the 20 GB/s floor."""
-    cluster = start_cluster(nodes=2, intervals=Intervals(), backfill=probe_history("gpu-node-01", 350e9, 180, time.time()))
+    cluster = start_cluster(
+        nodes=2, intervals=Intervals(), backfill=probe_history("gpu-node-01", 350e9, 180, time.time())
+    )
     prometheus = cluster.prometheus
     baseline = prometheus.wait_until(
-        lambda: prometheus.values('node:ccl_probe_bus_bandwidth_bytes_per_second:median7d{node="gpu-node-01",source="job"}'),
-        timeout=90, what="the probe baseline (an hourly group: up to a compressed hour)",
+        lambda: prometheus.values(
+            'node:ccl_probe_bus_bandwidth_bytes_per_second:median7d{node="gpu-node-01",source="job"}'
+        ),
+        timeout=90,
+        what="the probe baseline (an hourly group: up to a compressed hour)",
     )
     assert baseline[0] > 300e9
     cluster.node("gpu-node-01").act("probe-result", busbw_gbps=150)

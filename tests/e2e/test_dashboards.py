@@ -40,8 +40,12 @@ def panels(items: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
 
 
 def panel_queries(dashboard: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
-    return [(panel, target["expr"])
-            for panel in panels(dashboard.get("panels", [])) for target in panel.get("targets", []) if target.get("expr")]
+    return [
+        (panel, target["expr"])
+        for panel in panels(dashboard.get("panels", []))
+        for target in panel.get("targets", [])
+        if target.get("expr")
+    ]
 
 
 def mapped_values(panel: dict[str, Any]) -> dict[str, set[str]]:

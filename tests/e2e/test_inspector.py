@@ -85,8 +85,10 @@ def test_bus_bandwidth_through_prometheus_matches_the_records(tmp_path: Path) ->
                 written += lines
                 time.sleep(0.5)
             # A .prom file (v5.1) of another pod: one bucket at 200 GB/s, settled when read.
-            labels = ('version="v5.1",slurm_job_id="unknown",node="eval-0",gpu="GPU0",comm_name="eval",n_nodes="1",'
-                      f'nranks="8",collective="AllReduce",message_size="{size_range(512 << 20)}",algo_proto="NVLS_Simple"')
+            labels = (
+                'version="v5.1",slurm_job_id="unknown",node="eval-0",gpu="GPU0",comm_name="eval",n_nodes="1",'
+                f'nranks="8",collective="AllReduce",message_size="{size_range(512 << 20)}",algo_proto="NVLS_Simple"'
+            )
             prom = inspector / f"ml_eval-0_{UID}" / "nccl_inspector_metrics_1a2b.prom"
             prom.write_text("\n".join(prom_bucket_lines(labels, [4697], [200.0])) + "\n")
             os.utime(prom, (time.time() - 5, time.time() - 5))

@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 import yaml
 
 from devtools.stack import Intervals, SimulatedExporter, make_healthy, start_exporters, stop_all

@@ -135,7 +135,7 @@ def test_a_line_longer_than_memory_should_hold_is_skipped_not_loaded(tmp_path: P
     with log.open("w") as f:
         f.write("x" * (20 * 1024 * 1024) + "\n")
         f.write(FALLBACK.read_text())
-    code, out, _ = run(capsys, "--json", str(log))
+    code, _, _ = run(capsys, "--json", str(log))
     assert code == 3
 
 

@@ -14,7 +14,7 @@ node0:100:110 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [receive] via NET/Socket
 node0:100:110 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/Socket/0
 node0:100:110 [0] NCCL INFO comm 0x1 rank 0 nranks 2 cudaDev 0 nvmlDev 0 busId 1b000 commId 0xabc - Init COMPLETE
 node0:100:120 [0] transport/net_socket.cc:400 NCCL WARN NET/Socket : socketProgress: Connection closed by remote peer node1<4242>
-"""
+"""  # noqa: E501 - NCCL log lines, whole as NCCL writes them
 
 
 def feed(text: str, limits: Limits | None = None) -> LogAnalyzer:

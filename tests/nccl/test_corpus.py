@@ -88,7 +88,7 @@ def _run_all() -> dict[str, tuple[int, dict[str, Any] | None, str]]:
     """Every log of the corpus, two runs at a time (the command is CPU-bound; the machine is shared)."""
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(lambda case: _run(case[1]), ALL_CASES))
-    return {case[0]: result for case, result in zip(ALL_CASES, results)}
+    return {case[0]: result for case, result in zip(ALL_CASES, results, strict=True)}
 
 
 def _mismatches(label: dict[str, Any], code: int, got: dict[str, Any] | None) -> list[str]:
@@ -153,7 +153,9 @@ def test_corpus_covers_the_shapes_it_claims() -> None:
 # --- the command against the corpus --------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("case", "label"), [(case, label) for case, _, label in CASES], ids=[case for case, _, _ in CASES])
+@pytest.mark.parametrize(
+    ("case", "label"), [(case, label) for case, _, label in CASES], ids=[case for case, _, _ in CASES]
+)
 def test_each_log_gets_its_label(case: str, label: dict[str, Any]) -> None:
     _require_analyze()
     code, got, stderr = _run_all()[case]

@@ -12,10 +12,14 @@ def _socket_pair(host_a: str, host_b: str, extra_a: str = "", extra_b: str = "")
         if extra:
             lines.append(f"{host}:{pid}:{pid} [0] NCCL INFO {extra}")
         lines.append(f"{host}:{pid}:{pid} [0] NCCL INFO Using network Socket")
-        lines.append(f"{host}:{pid}:{pid} [0] NCCL INFO Channel 00/0 : {rank}[{rank + 1}000] -> {1 - rank}[{2 - rank}000] "
-                     f"[send] via NET/Socket/0")
-        lines.append(f"{host}:{pid}:{pid} [0] NCCL INFO comm 0x{rank} rank {rank} nranks 2 cudaDev 0 busId {rank + 1}000 "
-                     f"- Init COMPLETE")
+        lines.append(
+            f"{host}:{pid}:{pid} [0] NCCL INFO Channel 00/0 : {rank}[{rank + 1}000] -> {1 - rank}[{2 - rank}000] "
+            f"[send] via NET/Socket/0"
+        )
+        lines.append(
+            f"{host}:{pid}:{pid} [0] NCCL INFO comm 0x{rank} rank {rank} nranks 2 cudaDev 0 busId {rank + 1}000 "
+            f"- Init COMPLETE"
+        )
     return "\n".join(lines)
 
 
@@ -201,7 +205,8 @@ def test_rdma_connection_lines_decide_a_communicator_that_shows_no_network() -> 
     the excerpt lacks: the job's network is RDMA."""
     log = "\n".join([
         "h:1:1 [0] NCCL INFO Channel 00/0 : 32[0] -> 33[1] via P2P/CUMEM",
-        "h:1:1 [0] NCCL INFO comm 0x1 rank 32 nranks 64 cudaDev 0 nvmlDev 0 busId 18000 commId 0xbb - Init COMPLETE",
+        "h:1:1 [0] NCCL INFO comm 0x1 rank 32 nranks 64 cudaDev 0 nvmlDev 0 busId 18000 "
+        "commId 0xbb - Init COMPLETE",
         "h:2:2 [1] NCCL INFO Channel 00/0 : 33[1] -> 41[1] [send] via NET/IBext_v8/4",
     ])
     verdict = analyze_text(log).result()
