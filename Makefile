@@ -43,10 +43,10 @@ $(SCAN_VENV)/.installed: Makefile
 	$(SCAN_VENV)/bin/python -m pip install -q '$(CHECKOV_PIN)'
 	touch $@
 
-# Settings in pyproject.toml. tests/ is not linted yet.
+# Settings in pyproject.toml.
 lint: venv
-	$(BIN)/ruff check exporter devtools bench
-	$(BIN)/ruff format --check exporter devtools bench
+	$(BIN)/ruff check exporter devtools bench tests
+	$(BIN)/ruff format --check exporter devtools bench tests
 	$(BIN)/mypy
 
 test: venv $(SCAN_VENV)/.installed lint

@@ -106,8 +106,11 @@ def vector_selectors(expr: str) -> list[tuple[str, str]]:
             continue
         if token.startswith("{"):
             found.append(("", token))
-        elif (re.fullmatch(r"[A-Za-z_:][A-Za-z0-9_:]*", token) and token not in _OPERATOR_WORDS
-              and following not in ("(", "by", "without")):  # a call or an aggregation, not a selector
+        elif (
+            re.fullmatch(r"[A-Za-z_:][A-Za-z0-9_:]*", token)
+            and token not in _OPERATOR_WORDS
+            and following not in ("(", "by", "without")
+        ):  # a call or an aggregation, not a selector
             if following.startswith("{"):
                 found.append((token, following))
                 i += 1

@@ -50,8 +50,10 @@ def test_bad_values_are_clear_errors() -> None:
         config([], {env_name("--simulate"): "maybe"})
 
 
-@pytest.mark.parametrize(("address", "expected"), [("0.0.0.0:19400", ("0.0.0.0", 19400)), (":80", ("0.0.0.0", 80)),
-                                                    ("[::1]:19400", ("::1", 19400))])
+@pytest.mark.parametrize(
+    ("address", "expected"),
+    [("0.0.0.0:19400", ("0.0.0.0", 19400)), (":80", ("0.0.0.0", 80)), ("[::1]:19400", ("::1", 19400))],
+)
 def test_parse_listen_address(address: str, expected: tuple[str, int]) -> None:
     assert parse_listen_address(address) == expected
 

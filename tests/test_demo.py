@@ -18,7 +18,11 @@ def _demo(port: int, *args: str, path: str = "") -> subprocess.Popen[str]:
     env = {**os.environ, "PATH": path}  # no prometheus, no prometheus-alertmanager
     return subprocess.Popen(
         [sys.executable, "-m", "devtools.demo", "--port", str(port), *args],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
 
 

@@ -16,8 +16,13 @@ import pytest
 from exporter.sources.kube import KubePodCache, PodMetadata, attribute_job
 from tests.kube_api import ApiState, RecordedApiServer, api_for, wait_for
 
-CONTROLLER = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "llama", "controller": True,
-              "uid": "6f1e2d3c-0000-4000-8000-000000000001"}
+CONTROLLER = {
+    "apiVersion": "kubeflow.org/v1",
+    "kind": "PyTorchJob",
+    "name": "llama",
+    "controller": True,
+    "uid": "6f1e2d3c-0000-4000-8000-000000000001",
+}
 
 
 @pytest.mark.parametrize(
@@ -106,8 +111,14 @@ def pod(namespace: str, name: str, uid: str, labels: dict[str, str], rv: str, ow
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "uid": uid, "labels": labels, "resourceVersion": rv,
-                     "ownerReferences": owners or []},
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": uid,
+            "labels": labels,
+            "resourceVersion": rv,
+            "ownerReferences": owners or [],
+        },
         "spec": {"nodeName": "gpu-node-7", "containers": [{"name": "pytorch", "image": "pytorch:2"}]},
         "status": {"phase": "Running"},
     }
@@ -124,16 +135,20 @@ NAMESPACES = [{"metadata": {"name": "research", "labels": {"ccl-health.io/expect
 
 
 MODIFIED_BERT = pod("research", "bert-0", "u2", {"volcano.sh/job-name": "bert-v2"}, "104")
-WATCH_EVENTS = [{"type": "ADDED", "object": RESNET}, {"type": "MODIFIED", "object": MODIFIED_BERT},
-                {"type": "DELETED", "object": LLAMA}]
+WATCH_EVENTS = [
+    {"type": "ADDED", "object": RESNET},
+    {"type": "MODIFIED", "object": MODIFIED_BERT},
+    {"type": "DELETED", "object": LLAMA},
+]
 
 
 @pytest.fixture
 def recorded_api():  # type: ignore[no-untyped-def]
     """The recorded API (tests/kube_api.py): the list holds LLAMA, BERT and ETL, the watch then adds
     RESNET, relabels BERT and deletes LLAMA."""
-    server = RecordedApiServer(ApiState(pods=[LLAMA, BERT, ETL], namespaces=NAMESPACES,
-                                        watch_events=WATCH_EVENTS)).start()
+    server = RecordedApiServer(
+        ApiState(pods=[LLAMA, BERT, ETL], namespaces=NAMESPACES, watch_events=WATCH_EVENTS)
+    ).start()
     yield server
     server.stop()
 
@@ -146,10 +161,12 @@ def test_cache_lists_and_watches_this_nodes_pods(recorded_api: RecordedApiServer
         assert wait_for(lambda: cache.lookup("training", "llama-worker-0") is None)
         assert cache.is_authoritative()
         # research declares TCP for its pods: the namespace label reaches the pod's record.
-        assert cache.lookup("research", "bert-0") == PodMetadata("research", "bert-0", "u2", "bert-v2", "VolcanoJob",
-                                                                 "socket", False)
-        assert cache.lookup("vision", "resnet-0") == PodMetadata("vision", "resnet-0", "u3", "resnet", "VolcanoJob",
-                                                                 "", False)
+        assert cache.lookup("research", "bert-0") == PodMetadata(
+            "research", "bert-0", "u2", "bert-v2", "VolcanoJob", "socket", False
+        )
+        assert cache.lookup("vision", "resnet-0") == PodMetadata(
+            "vision", "resnet-0", "u3", "resnet", "VolcanoJob", "", False
+        )
         assert cache.lookup("data", "etl-0") == PodMetadata("data", "etl-0", "u4", "etl", "Job", "socket", True)
         assert [p.name for p in cache.pods()] == ["etl-0", "bert-0", "resnet-0"]
     finally:
@@ -240,8 +257,13 @@ def test_the_fabric_readiness_gate_and_its_condition_are_read_from_the_pod() -> 
     ]
     gated["status"]["conditions"] = [
         {"type": "Ready", "status": "False"},
-        {"type": FABRIC_READY_CONDITION, "status": "False", "reason": "TcpFallback", "message": "on Socket",
-         "lastTransitionTime": "2026-06-01T10:00:00Z"},
+        {
+            "type": FABRIC_READY_CONDITION,
+            "status": "False",
+            "reason": "TcpFallback",
+            "message": "on Socket",
+            "lastTransitionTime": "2026-06-01T10:00:00Z",
+        },
     ]
     record = pod_metadata_from_object(gated)
     assert record is not None and record.fabric_ready_gate
@@ -255,8 +277,14 @@ def test_the_fabric_readiness_gate_and_its_condition_are_read_from_the_pod() -> 
 
 
 def _preflight_status(state: dict, last_state: dict | None = None, name: str = "ccl-preflight") -> dict:
-    entry = {"name": name, "image": "ccl-health-exporter:0.1.0", "imageID": "", "ready": False, "restartCount": 1,
-             "state": state}
+    entry = {
+        "name": name,
+        "image": "ccl-health-exporter:0.1.0",
+        "imageID": "",
+        "ready": False,
+        "restartCount": 1,
+        "state": state,
+    }
     if last_state is not None:
         entry["lastState"] = last_state
     return entry
@@ -267,15 +295,18 @@ FAILED_REPORT = "ccl-preflight/v1 failed finished_at=1764457100.000 checks=1 fai
 
 
 def test_start_time_and_the_preflights_termination_message_through_the_real_client(
-        recorded_api: RecordedApiServer) -> None:
+    recorded_api: RecordedApiServer,
+) -> None:
     """What the watch hands the cache are the client's objects (datetimes, snake_case): the pod's
     start and its ccl-preflight init container's message read the same as from JSON."""
     gated = pod("training", "gpt-worker-0", "u9", {"job-name": "gpt"}, "106")
     gated["status"]["startTime"] = "2026-11-30T10:00:00Z"
     gated["status"]["initContainerStatuses"] = [
         _preflight_status({"terminated": {"exitCode": 0, "message": "other\n"}}, name="setup"),
-        _preflight_status({"terminated": {"exitCode": 0, "message": PASSED_REPORT,
-                                          "finishedAt": "2026-11-30T10:00:31Z"}})]
+        _preflight_status(
+            {"terminated": {"exitCode": 0, "message": PASSED_REPORT, "finishedAt": "2026-11-30T10:00:31Z"}}
+        ),
+    ]
     recorded_api.state.watch_events.append({"type": "ADDED", "object": gated})
     cache = KubePodCache("gpu-node-7", api_factory=recorded_api.api_factory(), watch_seconds=5)
     cache.start()
@@ -285,30 +316,60 @@ def test_start_time_and_the_preflights_termination_message_through_the_real_clie
         assert record is not None and record.start_time == 1796032800.0
         assert record.preflight is not None and record.preflight.status == "valid"
         result = record.preflight.result
-        assert result is not None and result.success and (result.namespace, result.pod, result.pod_uid,
-                                                           result.job_name) == ("training", "gpt-worker-0", "u9", "gpt")
+        assert (
+            result is not None
+            and result.success
+            and (result.namespace, result.pod, result.pod_uid, result.job_name)
+            == ("training", "gpt-worker-0", "u9", "gpt")
+        )
         assert cache.lookup("research", "bert-0").preflight is None  # type: ignore[union-attr]
     finally:
         cache.close()
 
 
-@pytest.mark.parametrize(("entry", "expected"), [
-    (_preflight_status({"terminated": {"exitCode": 1, "message": FAILED_REPORT}}), "port_state"),
-    # waiting to restart after a failed run: the run before speaks
-    (_preflight_status({"waiting": {"reason": "CrashLoopBackOff"}},
-                       {"terminated": {"exitCode": 1, "message": FAILED_REPORT}}), "port_state"),
-    # running again: still the run before, until this one ends
-    (_preflight_status({"running": {"startedAt": "2026-11-30T10:01:00Z"}},
-                       {"terminated": {"exitCode": 1, "message": FAILED_REPORT}}), "port_state"),
-    # the current run ended: it wins over the one before
-    (_preflight_status({"terminated": {"exitCode": 0, "message": PASSED_REPORT}},
-                       {"terminated": {"exitCode": 1, "message": FAILED_REPORT}}), "rdma_devices"),
-    (_preflight_status({"running": {}}), None),
-    (_preflight_status({"terminated": {"exitCode": 137, "reason": "OOMKilled"}}), None),  # ended without one
-    (_preflight_status({"terminated": {"exitCode": 0, "message": ["not", "text"]}}), None),
-    (_preflight_status({"terminated": {"exitCode": 1, "message": FAILED_REPORT}}, name="ccl-preflight-2"), None),
-], ids=["failed", "crash-loop", "running-again", "passed-after-failing", "running", "no-message", "not-text",
-        "other-container"])
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        (_preflight_status({"terminated": {"exitCode": 1, "message": FAILED_REPORT}}), "port_state"),
+        # waiting to restart after a failed run: the run before speaks
+        (
+            _preflight_status(
+                {"waiting": {"reason": "CrashLoopBackOff"}}, {"terminated": {"exitCode": 1, "message": FAILED_REPORT}}
+            ),
+            "port_state",
+        ),
+        # running again: still the run before, until this one ends
+        (
+            _preflight_status(
+                {"running": {"startedAt": "2026-11-30T10:01:00Z"}},
+                {"terminated": {"exitCode": 1, "message": FAILED_REPORT}},
+            ),
+            "port_state",
+        ),
+        # the current run ended: it wins over the one before
+        (
+            _preflight_status(
+                {"terminated": {"exitCode": 0, "message": PASSED_REPORT}},
+                {"terminated": {"exitCode": 1, "message": FAILED_REPORT}},
+            ),
+            "rdma_devices",
+        ),
+        (_preflight_status({"running": {}}), None),
+        (_preflight_status({"terminated": {"exitCode": 137, "reason": "OOMKilled"}}), None),  # ended without one
+        (_preflight_status({"terminated": {"exitCode": 0, "message": ["not", "text"]}}), None),
+        (_preflight_status({"terminated": {"exitCode": 1, "message": FAILED_REPORT}}, name="ccl-preflight-2"), None),
+    ],
+    ids=[
+        "failed",
+        "crash-loop",
+        "running-again",
+        "passed-after-failing",
+        "running",
+        "no-message",
+        "not-text",
+        "other-container",
+    ],
+)
 def test_which_termination_message_is_the_pods_preflight(entry: dict, expected: str | None) -> None:
     from exporter.sources.kube import pod_metadata_from_object
 

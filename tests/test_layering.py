@@ -20,8 +20,21 @@ from tests.conftest import REPO
 PACKAGE = REPO / "exporter"
 MAX_LINES = 600
 # What reading, writing, waiting or the clock would need: none of it belongs in nccl/.
-IO_MODULES = {"os", "io", "pathlib", "shutil", "tempfile", "glob", "socket", "subprocess", "time", "datetime",
-              "asyncio", "threading", "logging"}
+IO_MODULES = {
+    "os",
+    "io",
+    "pathlib",
+    "shutil",
+    "tempfile",
+    "glob",
+    "socket",
+    "subprocess",
+    "time",
+    "datetime",
+    "asyncio",
+    "threading",
+    "logging",
+}
 
 
 def _module_name(path: Path) -> str:
@@ -83,7 +96,7 @@ def find_cycle(graph: dict[str, frozenset[str]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return [*path[path.index(nxt):], nxt]
+                return [*path[path.index(nxt) :], nxt]
             if nxt not in state and (cycle := visit(nxt)):
                 return cycle
         path.pop()
@@ -132,13 +145,21 @@ def test_no_import_cycle_in_exporter() -> None:
 @pytest.mark.parametrize(
     ("prefixes", "forbidden", "why"),
     [
-        (("exporter.sources", "exporter.collectors", "exporter.nccl"), ("exporter.sim",),
-         "the simulator stands in for the host; the code it feeds must not know it"),
-        (("exporter.sources",), ("exporter.probe", "exporter.collectors", "prometheus_client"),
-         "sources read the world and return plain records"),
-        (("exporter.nccl",), ("prometheus_client", "exporter.sources", "exporter.collectors", "exporter.probe",
-                              *sorted(IO_MODULES)),
-         "nccl/ is pure: text in, events and verdicts out"),
+        (
+            ("exporter.sources", "exporter.collectors", "exporter.nccl"),
+            ("exporter.sim",),
+            "the simulator stands in for the host; the code it feeds must not know it",
+        ),
+        (
+            ("exporter.sources",),
+            ("exporter.probe", "exporter.collectors", "prometheus_client"),
+            "sources read the world and return plain records",
+        ),
+        (
+            ("exporter.nccl",),
+            ("prometheus_client", "exporter.sources", "exporter.collectors", "exporter.probe", *sorted(IO_MODULES)),
+            "nccl/ is pure: text in, events and verdicts out",
+        ),
     ],
 )
 def test_layers_import_only_downwards(prefixes: tuple[str, ...], forbidden: tuple[str, ...], why: str) -> None:
@@ -146,8 +167,12 @@ def test_layers_import_only_downwards(prefixes: tuple[str, ...], forbidden: tupl
 
 
 def test_nccl_imports_nothing_of_the_exporter_outside_itself() -> None:
-    outside = [f"{name} -> {target}" for name in _under("exporter.nccl") for target in sorted(_imports(name))
-               if target.startswith("exporter") and not (target + ".").startswith("exporter.nccl.")]
+    outside = [
+        f"{name} -> {target}"
+        for name in _under("exporter.nccl")
+        for target in sorted(_imports(name))
+        if target.startswith("exporter") and not (target + ".").startswith("exporter.nccl.")
+    ]
     assert not outside
 
 

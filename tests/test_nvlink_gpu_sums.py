@@ -124,10 +124,19 @@ def test_per_gpu_series_in_both_modes_and_per_link_series_only_in_link_mode() ->
     reading = NvmlReading([gpu(0, link(0, 100, replay=1), link(1, 50, replay=2, active=False))])
     per_link = _families(NvmlCollector(Backend(reading), NvmlSettings(per_link=True)))
     per_gpu = _families(NvmlCollector(Backend(reading)))  # the default
-    gpu_names = {"ccl_gpu_info", "ccl_nvlink_gpu_links", "ccl_nvlink_gpu_links_active", "ccl_nvlink_gpu_transmit_bytes",
-                 "ccl_nvlink_gpu_receive_bytes", "ccl_nvlink_gpu_errors", "ccl_nvlink_node_links",
-                 "ccl_nvlink_node_links_active", "ccl_nvlink_node_transmit_bytes", "ccl_nvlink_node_receive_bytes",
-                 "ccl_nvlink_node_errors"}
+    gpu_names = {
+        "ccl_gpu_info",
+        "ccl_nvlink_gpu_links",
+        "ccl_nvlink_gpu_links_active",
+        "ccl_nvlink_gpu_transmit_bytes",
+        "ccl_nvlink_gpu_receive_bytes",
+        "ccl_nvlink_gpu_errors",
+        "ccl_nvlink_node_links",
+        "ccl_nvlink_node_links_active",
+        "ccl_nvlink_node_transmit_bytes",
+        "ccl_nvlink_node_receive_bytes",
+        "ccl_nvlink_node_errors",
+    }
     assert set(per_gpu) == gpu_names
     assert set(per_link) == gpu_names | {
         "ccl_nvlink_state",

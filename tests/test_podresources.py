@@ -144,8 +144,14 @@ def test_pod_info_joined_to_nvml_gpu_index(
 ) -> None:
     sock = socket_dir / "kubelet.sock"
     with serve_pod_resources(sock, TableLister(PODS)):
-        proc = exporter_process("--collector.disable-defaults", "--collector.nvml", "--collector.podresources",
-                                "--path.pod-resources", str(sock), env=fake_nvml_env(fake_lib))
+        proc = exporter_process(
+            "--collector.disable-defaults",
+            "--collector.nvml",
+            "--collector.podresources",
+            "--path.pod-resources",
+            str(sock),
+            env=fake_nvml_env(fake_lib),
+        )
         body = proc.metrics()
         promtool_check(body)
         m = samples(body)
@@ -160,8 +166,14 @@ def test_pod_info_without_nvml_has_empty_gpu(socket_dir: Path, exporter_process:
         pytest.skip("a real libnvidia-ml is installed on this machine")
     sock = socket_dir / "kubelet.sock"
     with serve_pod_resources(sock, TableLister(PODS)):
-        proc = exporter_process("--collector.disable-defaults", "--collector.nvml", "--collector.podresources",
-                                "--path.pod-resources", str(sock), env={"LD_LIBRARY_PATH": str(socket_dir)})
+        proc = exporter_process(
+            "--collector.disable-defaults",
+            "--collector.nvml",
+            "--collector.podresources",
+            "--path.pod-resources",
+            str(sock),
+            env={"LD_LIBRARY_PATH": str(socket_dir)},
+        )
         m = samples(proc.metrics())
         assert by_uuid(series(m, "ccl_gpu_pod_info")) == by_uuid([{**row, "gpu": ""} for row in EXPECTED])
 
@@ -243,9 +255,11 @@ def test_per_pod_counts_summarise_the_per_device_series() -> None:
     info = PodResourcesCollector.family(assignments, {})
     gpus = PodResourcesCollector.pod_gpus_family(info)
     assert sorted((s.labels["pod"], s.value) for s in gpus.samples) == [("mig-0", 0.0), ("w-0", 2.0)]
-    bindings = [RdmaBinding("ml", "w-0", "mlx5_0", "device_plugin", "nvidia.com/hostdev"),
-                RdmaBinding("ml", "w-0", "mlx5_1", "multus", "ml/rail-1"),
-                RdmaBinding("ml", "w-0", "mlx5_1", "device_plugin", "nvidia.com/hostdev")]
+    bindings = [
+        RdmaBinding("ml", "w-0", "mlx5_0", "device_plugin", "nvidia.com/hostdev"),
+        RdmaBinding("ml", "w-0", "mlx5_1", "multus", "ml/rail-1"),
+        RdmaBinding("ml", "w-0", "mlx5_1", "device_plugin", "nvidia.com/hostdev"),
+    ]
     rdma = PodResourcesCollector.rdma_families(bindings, 0)
     devices = PodResourcesCollector.pod_rdma_devices_family(rdma[0])
     assert [(s.labels["pod"], s.value) for s in devices.samples] == [("w-0", 2.0)]
@@ -259,16 +273,47 @@ def test_dra_gpus_are_attributed_like_device_plugin_ones(
     index by the minor number (which the fake numbers backwards: minor 6 is NVML index 1 of 8)."""
     from tests.podresources_server import Claim, ClaimDevice
 
-    pods = [Pod("ml", "dra-worker-0", [Container("trainer", claims=[
-        Claim("ml", "gpus", [ClaimDevice("gpu.nvidia.com", "node-1", "gpu-6", ["k8s.gpu.nvidia.com/device=gpu-6"])]),
-    ])])]
+    pods = [
+        Pod(
+            "ml",
+            "dra-worker-0",
+            [
+                Container(
+                    "trainer",
+                    claims=[
+                        Claim(
+                            "ml",
+                            "gpus",
+                            [ClaimDevice("gpu.nvidia.com", "node-1", "gpu-6", ["k8s.gpu.nvidia.com/device=gpu-6"])],
+                        ),
+                    ],
+                )
+            ],
+        )
+    ]
     sock = socket_dir / "kubelet.sock"
     with serve_pod_resources(sock, TableLister(pods)):
-        proc = exporter_process("--collector.disable-defaults", "--collector.nvml", "--collector.podresources",
-                                "--path.pod-resources", str(sock), env=fake_nvml_env(fake_lib))
+        proc = exporter_process(
+            "--collector.disable-defaults",
+            "--collector.nvml",
+            "--collector.podresources",
+            "--path.pod-resources",
+            str(sock),
+            env=fake_nvml_env(fake_lib),
+        )
         body = proc.metrics()
         promtool_check(body)
         assert series(samples(body), "ccl_gpu_pod_info") == [
-            {"gpu": "1", "uuid": uuid(1), "namespace": "ml", "pod": "dra-worker-0", "container": "trainer",
-             "resource": "gpu.nvidia.com", "job_name": "", "job_kind": "", "host_network": "", "source": "dra"},
+            {
+                "gpu": "1",
+                "uuid": uuid(1),
+                "namespace": "ml",
+                "pod": "dra-worker-0",
+                "container": "trainer",
+                "resource": "gpu.nvidia.com",
+                "job_name": "",
+                "job_kind": "",
+                "host_network": "",
+                "source": "dra",
+            },
         ]

@@ -25,19 +25,31 @@ def wait_for(exporter, predicate, timeout: float) -> list[tuple[str, dict[str, s
         if predicate(current):
             return current
         if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s; probe series: "
-                                 f"{[s for s in current if s[0].startswith('ccl_probe')]}")
+            raise AssertionError(
+                f"condition not met within {timeout}s; probe series: "
+                f"{[s for s in current if s[0].startswith('ccl_probe')]}"
+            )
         time.sleep(0.5)
 
 
 def test_scheduled_probe_skips_while_gpus_are_held_then_runs(exporter_process) -> None:  # type: ignore[no-untyped-def]
-    exporter = exporter_process("--simulate", "--probe.interval", "1", "--probe.iters", "3",
-                                "--simulate.job-ends-after", "4", "--collector.disable-defaults",
-                                "--collector.probe")
+    exporter = exporter_process(
+        "--simulate",
+        "--probe.interval",
+        "1",
+        "--probe.iters",
+        "3",
+        "--simulate.job-ends-after",
+        "4",
+        "--collector.disable-defaults",
+        "--collector.probe",
+    )
 
     def skipped_for_pod(current: list) -> bool:  # type: ignore[type-arg]
-        return any(n == "ccl_probe_skipped_total" and labels["reason"] == "gpu_held_by_pod" and v >= 1
-                   for n, labels, v in current)
+        return any(
+            n == "ccl_probe_skipped_total" and labels["reason"] == "gpu_held_by_pod" and v >= 1
+            for n, labels, v in current
+        )
 
     wait_for(exporter, skipped_for_pod, timeout=20)
 

@@ -70,8 +70,9 @@ def resources(root: Path, pods: CountingPods, made: list[int] | None = None, **k
             made.append(1)
         return pods
 
-    return NodeResources(paths(root), nvml=CountingNvml(), pod_resources=CountingClient(root / "kubelet.sock"),
-                         pod_metadata=make, **kw)  # type: ignore[arg-type]
+    return NodeResources(
+        paths(root), nvml=CountingNvml(), pod_resources=CountingClient(root / "kubelet.sock"), pod_metadata=make, **kw
+    )  # type: ignore[arg-type]
 
 
 def every_collector(node: NodeResources, *flags: str) -> list:  # type: ignore[type-arg]
@@ -167,7 +168,13 @@ with real_node_resources(config.paths, config.node_name) as node:
 
 def test_a_node_without_kubelet_socket_or_api_server_loads_neither_client(tmp_path: Path) -> None:
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}  # no KUBERNETES_SERVICE_HOST: not in a cluster
-    done = subprocess.run([sys.executable, "-c", REAL_NODE_SCRAPE, str(tmp_path)], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", REAL_NODE_SCRAPE, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1]) == []

@@ -181,8 +181,10 @@ def test_unwritten_reasons_say_what_to_do(tmp_path: Path) -> None:
         folder, PermissionError(errno.EPERM, "Operation not permitted", "tmp", None, str(folder / "x.json"))
     )
     assert sticky.startswith(f"x.json in {folder} belongs to another user; the folder's sticky bit")
-    assert unwritten_reason(folder, OSError(errno.EROFS, "Read-only file system")) == \
-        f"{folder} is on a read-only filesystem in this container (mount the probe-results hostPath there)"
+    assert (
+        unwritten_reason(folder, OSError(errno.EROFS, "Read-only file system"))
+        == f"{folder} is on a read-only filesystem in this container (mount the probe-results hostPath there)"
+    )
     assert unwritten_reason(folder, OSError(errno.ENOSPC, "No space left on device")).endswith(
         "No space left on device"
     )
@@ -239,9 +241,19 @@ def as_user(uid: int, work: Callable[[], Any]) -> Any:
 
 def preflight_as(uid: int, node: Path, results: Path) -> dict[str, Any]:
     """``ccl-exporter preflight`` of pod team-a/llama-worker-0, run as ``uid``."""
-    args = build_parser({}).parse_args([
-        "preflight", "--path.sysfs", str(node / "sys"), "--path.dev", str(node / "dev"),
-        "--path.procfs", str(node / "proc"), "--path.probe-results", str(results)])
+    args = build_parser({}).parse_args(
+        [
+            "preflight",
+            "--path.sysfs",
+            str(node / "sys"),
+            "--path.dev",
+            str(node / "dev"),
+            "--path.procfs",
+            str(node / "proc"),
+            "--path.probe-results",
+            str(results),
+        ]
+    )
     env = {"POD_NAMESPACE": "team-a", "POD_NAME": "llama-worker-0", "POD_UID": POD_UID, "JOB_NAME": "llama"}
 
     def run() -> dict[str, Any]:
@@ -306,8 +318,9 @@ def test_a_prepared_folder_takes_results_from_other_users_but_keeps_each_users_f
         "from replacing it"
     )
     assert parse_result(scheduled.read_text()).finished_at == 2.0 and written.exists()
-    assert sorted(p.name for p in results.iterdir()) == [written.name, "scheduled.json"], \
+    assert sorted(p.name for p in results.iterdir()) == [written.name, "scheduled.json"], (
         "no temporary file left behind"
+    )
     # What the sticky bit cannot stop: a writer of the pre-flights' own numeric UID may replace
     # another pod's file (docs/probe.md: mount the folder only into the injected pre-flight, which
     # writes only its own pod's identity). The reader still uses it for that pod only if it names
@@ -328,9 +341,21 @@ def test_root_without_capabilities_prepares_kubelets_folder_and_no_other_owners(
 
     def prepare(folder: Path) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [setpriv, "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs", sys.executable, "-m", "exporter",
-             "prepare-results", f"--path.probe-results={folder}"],
-            capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)},
+            [
+                setpriv,
+                "--bounding-set=-all",
+                "--inh-caps=-all",
+                "--no-new-privs",
+                sys.executable,
+                "-m",
+                "exporter",
+                "prepare-results",
+                f"--path.probe-results={folder}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
         )
 
     kubelets, users, ready = tmp_path / "kubelets", tmp_path / "users", tmp_path / "ready"

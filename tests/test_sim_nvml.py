@@ -79,7 +79,8 @@ def test_pod_resources_served_over_grpc_follow_assign_and_release(node: Simulate
         node.nvml.assign("team-b", "bert-0", "main", [sim_gpu_uuid(2), sim_gpu_uuid(5)])
         family = PodResourcesCollector(client, node.nvml).family(client.list_gpus(), {sim_gpu_uuid(2): "2"})
         assert sorted((s.labels["gpu"], s.labels["pod"], s.labels["container"]) for s in family.samples) == [
-            ("", "bert-0", "main"), ("2", "bert-0", "main")
+            ("", "bert-0", "main"),
+            ("2", "bert-0", "main"),
         ]
         with pytest.raises(KeyError):
             node.nvml.assign("x", "y", "z", ["GPU-nope"])

@@ -38,13 +38,17 @@ def test_tier_follows_what_a_test_starts(module: str, test: str, fixtures: list[
 def test_a_process_behind_two_helpers_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     folder = tmp_path / "tests"
     folder.mkdir()
-    (folder / "conftest.py").write_text("import pytest\n\n@pytest.fixture\ndef served():\n    return start()\n\n"
-                                        "def start():\n    return ExporterProcess()\n")
-    (folder / "test_x.py").write_text("def test_served(served):\n    pass\n\n"
-                                      "def test_helper():\n    outer()\n\n"
-                                      "def outer():\n    return inner()\n\n"
-                                      "def inner():\n    import subprocess\n    return subprocess.run\n\n"
-                                      "def test_plain():\n    assert len(\"ab\") == 2\n")
+    (folder / "conftest.py").write_text(
+        "import pytest\n\n@pytest.fixture\ndef served():\n    return start()\n\n"
+        "def start():\n    return ExporterProcess()\n"
+    )
+    (folder / "test_x.py").write_text(
+        "def test_served(served):\n    pass\n\n"
+        "def test_helper():\n    outer()\n\n"
+        "def outer():\n    return inner()\n\n"
+        "def inner():\n    import subprocess\n    return subprocess.run\n\n"
+        'def test_plain():\n    assert len("ab") == 2\n'
+    )
     monkeypatch.setattr("tests.tiers.TESTS", folder)
     test_file = folder / "test_x.py"
     assert tier(test_file, "test_served", ["served"]) == "tool"

@@ -23,8 +23,9 @@ E2E = TESTS / "e2e"
 # Names that start a process or need a real tool: a system tool found on PATH, a subprocess, the
 # exporter as a process, the fake NVML library compiled with gcc, the probe's worker processes
 # (torch.distributed with gloo) started by the scheduler and the runner.
-PROCESS_NAMES = frozenset({"require_tool", "subprocess", "ExporterProcess", "build_fake_nvml", "ProbeScheduler",
-                           "run_probe"})
+PROCESS_NAMES = frozenset(
+    {"require_tool", "subprocess", "ExporterProcess", "build_fake_nvml", "ProbeScheduler", "run_probe"}
+)
 
 
 @dataclass

@@ -35,8 +35,18 @@ def test_verdict_types_and_json_shape() -> None:
     assert comm.comm_id == "0xabc" and comm.nranks == 2
     assert comm.transports == {("net_socket", "inter_node", "0"): 2}
     assert all(isinstance(w, NcclWarning) for w in verdict.warnings)
-    assert set(verdict.to_json()) == {"verdict", "inter_node_tcp", "network", "gdr", "nccl_version", "nodes",
-                                      "nranks", "communicators", "warnings", "reasons"}
+    assert set(verdict.to_json()) == {
+        "verdict",
+        "inter_node_tcp",
+        "network",
+        "gdr",
+        "nccl_version",
+        "nodes",
+        "nranks",
+        "communicators",
+        "warnings",
+        "reasons",
+    }
     assert dataclasses.is_dataclass(verdict) and dataclasses.fields(CommunicatorSummary)[0].name == "comm_id"
 
 

@@ -9,40 +9,125 @@ from exporter.nccl import grammar as g
 PREFIX_CASES = [
     # (physical line, host, pid, tid, cudaDev, level, message)
     ("node1:123:456 [3] NCCL INFO Using network IB", "node1", 123, 456, 3, "INFO", "Using network IB"),
-    ("[1,26]<stdout>:ip-172-32-36-209:8716:9558 [2] NCCL INFO Using network Socket",
-     "ip-172-32-36-209", 8716, 9558, 2, "INFO", "Using network Socket"),
+    (
+        "[1,26]<stdout>:ip-172-32-36-209:8716:9558 [2] NCCL INFO Using network Socket",
+        "ip-172-32-36-209",
+        8716,
+        9558,
+        2,
+        "INFO",
+        "Using network Socket",
+    ),
     ("[155] crow-a:5330:5330 [3] NCCL INFO Using network IB", "crow-a", 5330, 5330, 3, "INFO", "Using network IB"),
-    ("gpu1505: gpu1505:22060:22174 [0] NCCL INFO Using network IB", "gpu1505", 22060, 22174, 0, "INFO",
-     "Using network IB"),
-    ("104.171.201.171: lambda-scalar02:77:78 [1] NCCL INFO Using network IB", "lambda-scalar02", 77, 78, 1, "INFO",
-     "Using network IB"),
+    (
+        "gpu1505: gpu1505:22060:22174 [0] NCCL INFO Using network IB",
+        "gpu1505",
+        22060,
+        22174,
+        0,
+        "INFO",
+        "Using network IB",
+    ),
+    (
+        "104.171.201.171: lambda-scalar02:77:78 [1] NCCL INFO Using network IB",
+        "lambda-scalar02",
+        77,
+        78,
+        1,
+        "INFO",
+        "Using network IB",
+    ),
     ("        [1,0]<stdout>:h:1:2 [0] NCCL INFO Using network IB", "h", 1, 2, 0, "INFO", "Using network IB"),
-    ("[2026-05-05 06:16:47] node-01:189884:189884 [3] plugin/net.cc:334 NCCL WARN "
-     "Failed to initialize any NET plugin",
-     "node-01", 189884, 189884, 3, "WARN", "Failed to initialize any NET plugin"),
-    ("  | 2025-05-16T16:39:51.208-07:00 | ip-10-0-0-1:79:79 [0] NCCL INFO Using network Libfabric",
-     "ip-10-0-0-1", 79, 79, 0, "INFO", "Using network Libfabric"),
-    ("  | 2025-05-16T16:39:51.208-07:00ip-10-0-0-1:79:79 [0] NCCL INFO Using network Libfabric |",
-     "ip-10-0-0-1", 79, 79, 0, "INFO", "Using network Libfabric"),
-    ("<cluster_name>:922:1158 [3] proxy.cc:1485 NCCL WARN [Service thread] Error encountered progressing",
-     "<cluster_name>", 922, 1158, 3, "WARN", "[Service thread] Error encountered progressing"),
-    ("h:1:2 [0] transport/net_ib.cc:1295 (ncclIbTest) NCCL WARN NET/IB: Got completion from peer 10.0.0.2<1>",
-     "h", 1, 2, 0, "WARN", "NET/IB: Got completion from peer 10.0.0.2<1>"),
+    (
+        "[2026-05-05 06:16:47] node-01:189884:189884 [3] plugin/net.cc:334 NCCL WARN "
+        "Failed to initialize any NET plugin",
+        "node-01",
+        189884,
+        189884,
+        3,
+        "WARN",
+        "Failed to initialize any NET plugin",
+    ),
+    (
+        "  | 2025-05-16T16:39:51.208-07:00 | ip-10-0-0-1:79:79 [0] NCCL INFO Using network Libfabric",
+        "ip-10-0-0-1",
+        79,
+        79,
+        0,
+        "INFO",
+        "Using network Libfabric",
+    ),
+    (
+        "  | 2025-05-16T16:39:51.208-07:00ip-10-0-0-1:79:79 [0] NCCL INFO Using network Libfabric |",
+        "ip-10-0-0-1",
+        79,
+        79,
+        0,
+        "INFO",
+        "Using network Libfabric",
+    ),
+    (
+        "<cluster_name>:922:1158 [3] proxy.cc:1485 NCCL WARN [Service thread] Error encountered progressing",
+        "<cluster_name>",
+        922,
+        1158,
+        3,
+        "WARN",
+        "[Service thread] Error encountered progressing",
+    ),
+    (
+        "h:1:2 [0] transport/net_ib.cc:1295 (ncclIbTest) NCCL WARN NET/IB: Got completion from peer 10.0.0.2<1>",
+        "h",
+        1,
+        2,
+        0,
+        "WARN",
+        "NET/IB: Got completion from peer 10.0.0.2<1>",
+    ),
     ("h:1:2 [0] 12.345678 net.cc:10 NCCL TRACE x", "h", 1, 2, 0, "TRACE", "x"),
     # a terminal log viewer: a frame bar in front, padding and a closing bar behind
-    ("\u2502 pod-a:73:73 [1] NCCL INFO Using network AWS Libfabric" + " " * 120 + "\u2502",
-     "pod-a", 73, 73, 1, "INFO", "Using network AWS Libfabric"),
+    (
+        "\u2502 pod-a:73:73 [1] NCCL INFO Using network AWS Libfabric" + " " * 120 + "\u2502",
+        "pod-a",
+        73,
+        73,
+        1,
+        "INFO",
+        "Using network AWS Libfabric",
+    ),
     ("\x1b[32mh:1:2 [0] NCCL INFO Using network IB\x1b[0m", "h", 1, 2, 0, "INFO", "Using network IB"),  # ANSI colours
     ("h:1:2 [0] NCCL INFO Using network IB\r", "h", 1, 2, 0, "INFO", "Using network IB"),  # CRLF
     ("12: h:1:2 [0] NCCL INFO Using network IB", "h", 1, 2, 0, "INFO", "Using network IB"),  # srun --label
     ("trainer-1  | h:1:2 [0] NCCL INFO Using network IB", "h", 1, 2, 0, "INFO", "Using network IB"),  # compose
-    ("2024-05-01T10:00:00.123456789Z h:1:2 [0] NCCL INFO Using network IB",  # kubectl logs --timestamps
-     "h", 1, 2, 0, "INFO", "Using network IB"),
-    ("(EngineCore pid=1088) (RayWorkerWrapper pid=285, ip=10.0.0.2) h:285:285 [0] NCCL INFO Using network IB "
-     "[repeated 3x across cluster]", "h", 285, 285, 0, "INFO", "Using network IB"),  # Ray, deduplicated
-    ("(RayWorkerWrapper pid=285) h:285:285 [0] NCCL INFO Using network IB [repeated 12x across cluster] (Ray "
-     "deduplicates logs by default. Set RAY_DEDUP_LOGS=0 to disable log deduplication.)      [615/4138]",
-     "h", 285, 285, 0, "INFO", "Using network IB"),
+    (
+        "2024-05-01T10:00:00.123456789Z h:1:2 [0] NCCL INFO Using network IB",  # kubectl logs --timestamps
+        "h",
+        1,
+        2,
+        0,
+        "INFO",
+        "Using network IB",
+    ),
+    (
+        "(EngineCore pid=1088) (RayWorkerWrapper pid=285, ip=10.0.0.2) h:285:285 [0] NCCL INFO Using network IB "
+        "[repeated 3x across cluster]",
+        "h",
+        285,
+        285,
+        0,
+        "INFO",
+        "Using network IB",
+    ),  # Ray, deduplicated
+    (
+        "(RayWorkerWrapper pid=285) h:285:285 [0] NCCL INFO Using network IB [repeated 12x across cluster] (Ray "
+        "deduplicates logs by default. Set RAY_DEDUP_LOGS=0 to disable log deduplication.)      [615/4138]",
+        "h",
+        285,
+        285,
+        0,
+        "INFO",
+        "Using network IB",
+    ),
 ]
 
 
@@ -62,16 +147,26 @@ def test_warn_location_is_kept() -> None:
 
 def test_two_records_on_one_line() -> None:
     records = g.split_records("a:1:1 [0] NCCL INFO Using network IB b:2:2 [1] NCCL INFO Using network Socket")
-    assert [(r.prefix.host, r.message) for r in records if r.prefix] == [("a", "Using network IB"),
-                                                                        ("b", "Using network Socket")]
+    assert [(r.prefix.host, r.message) for r in records if r.prefix] == [
+        ("a", "Using network IB"),
+        ("b", "Using network Socket"),
+    ]
 
 
-@pytest.mark.parametrize("line", ["Using network IBext_v8", "[1,0]<stdout>:Using network IBext_v8",
-                                  "2024-01-01T00:00:00Z Using network IBext_v8", "[12] Using network IBext_v8",
-                                  "0: Using network IBext_v8", "trainer-1  | Using network IBext_v8",
-                                  "(RayTrainWorker pid=285, ip=10.0.0.2) Using network IBext_v8",
-                                  "\u2502 Using network IBext_v8     \u2502",
-                                  "[pod/train-worker-0/pytorch] Using network IBext_v8\r"])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "Using network IBext_v8",
+        "[1,0]<stdout>:Using network IBext_v8",
+        "2024-01-01T00:00:00Z Using network IBext_v8",
+        "[12] Using network IBext_v8",
+        "0: Using network IBext_v8",
+        "trainer-1  | Using network IBext_v8",
+        "(RayTrainWorker pid=285, ip=10.0.0.2) Using network IBext_v8",
+        "\u2502 Using network IBext_v8     \u2502",
+        "[pod/train-worker-0/pytorch] Using network IBext_v8\r",
+    ],
+)
 def test_bare_bodies(line: str) -> None:
     (record,) = g.split_records(line)
     assert record.prefix is None and record.level is None
@@ -229,12 +324,29 @@ CONNECTION_CASES = [
 
 
 @pytest.mark.parametrize("message,kind,network,src,dst,direction,gdr,ids,mnnvl", CONNECTION_CASES)
-def test_connections(message: str, kind: str, network: str | None, src: int, dst: int, direction: str | None,
-                     gdr: bool, ids: bool, mnnvl: bool) -> None:
+def test_connections(
+    message: str,
+    kind: str,
+    network: str | None,
+    src: int,
+    dst: int,
+    direction: str | None,
+    gdr: bool,
+    ids: bool,
+    mnnvl: bool,
+) -> None:
     event = g.parse_message(message)
     assert isinstance(event, g.ConnectionEvent)
-    assert (event.kind, event.network, event.src, event.dst, event.direction, event.gdr, event.ids_are_devices,
-            event.mnnvl) == (kind, network, src, dst, direction, gdr, ids, mnnvl)
+    assert (
+        event.kind,
+        event.network,
+        event.src,
+        event.dst,
+        event.direction,
+        event.gdr,
+        event.ids_are_devices,
+        event.mnnvl,
+    ) == (kind, network, src, dst, direction, gdr, ids, mnnvl)
 
 
 def test_receive_line_is_logged_by_its_destination() -> None:

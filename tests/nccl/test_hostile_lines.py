@@ -107,5 +107,6 @@ def test_log_derived_names_are_capped() -> None:
     analyzer.feed(f"NCCL version 2.18.3+{huge}")
     verdict = analyzer.result()
     labels = [verdict.network, verdict.nccl_version] + [
-        value for c in verdict.communicators for value in (c.comm_id, c.network, c.nccl_version)]
+        value for c in verdict.communicators for value in (c.comm_id, c.network, c.nccl_version)
+    ]
     assert all(value is None or len(value) <= g.MAX_NAME_CHARS for value in labels), [len(v or "") for v in labels]

@@ -73,6 +73,9 @@ def test_device_lists_with_rails_and_planes_are_read() -> None:
     )
     assert isinstance(event, IbDevicesEvent)
     assert [(d.index, d.device, d.port, d.link) for d in event.devices] == [
-        (0, "mlx5_0", 1, "IB"), (1, "mlx5_1", 1, "RoCE"), (2, "mlx5_2", 1, "IB")]
+        (0, "mlx5_0", 1, "IB"),
+        (1, "mlx5_1", 1, "RoCE"),
+        (2, "mlx5_2", 1, "IB"),
+    ]
     line = parse_message("Channel 02/1 : 7[7] -> 8[0] [send] via NET/IB/3(5)/GDRDMA(PCI)/Shared")
     assert isinstance(line, ConnectionEvent) and (line.net_device, line.proxy_rank, line.gdr) == (3, 5, True)
