@@ -24,7 +24,7 @@ from alerts.sync import RUNBOOK_BASE_URL
 from exporter.collectors.nccl.families import VERDICTS
 from exporter.sources.rdma import PHYSICAL_PORT_STATES, PORT_STATES
 from tests.conftest import REPO, require_tool
-from tests.promql_names import grouping_labels, rules, unknown_names, vector_selectors
+from tests.promql_names import grouping_labels, known_names, rules, unknown_names, vector_selectors
 
 # In the order Grafana resolves them: a variable's query may use the ones before it.
 EXPECTED_VARIABLES = {
@@ -106,8 +106,9 @@ def test_every_query_parses_as_promql(tmp_path: Path) -> None:
 
 
 def test_queries_use_only_known_metrics() -> None:
+    known = known_names()
     for query in dashboards.queries():
-        unknown = unknown_names(query.expr)
+        unknown = unknown_names(query.expr, known)
         assert not unknown, f"{query.dashboard} / {query.panel}: unknown metrics {sorted(unknown)}"
 
 

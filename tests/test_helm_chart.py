@@ -28,6 +28,7 @@ from helm_python import Chart, HelmRenderError, HelmValuesError, lint
 
 from devtools import chart_files
 from devtools.stack import pod_monitor_endpoint
+from tests import yaml_docs
 from tests.conftest import REPO
 from tests.test_manifests import (
     _STR,
@@ -105,7 +106,7 @@ def objects_of(rendered: dict[str, str], *, tests: bool = False) -> list[dict[st
     for path, text in sorted(rendered.items()):
         if path.endswith(".txt"):
             continue
-        found.extend(doc for doc in yaml.safe_load_all(text) if doc and (tests or not is_test_hook(doc)))
+        found.extend(doc for doc in yaml_docs.load_all(text) if doc and (tests or not is_test_hook(doc)))
     return found
 
 
@@ -118,7 +119,7 @@ def base_named(obj: dict[str, Any]) -> dict[str, Any]:
     text = yaml.safe_dump(obj)
     for chart_name, base_name in BASE_NAMES:
         text = text.replace(chart_name, base_name)
-    renamed: dict[str, Any] = yaml.safe_load(text)
+    renamed: dict[str, Any] = yaml_docs.load(text)
     key = (renamed["kind"], renamed["metadata"]["name"])
     renamed["metadata"]["name"] = BASE_NAMES_BY_KIND.get(key, key[1])
     return renamed

@@ -22,6 +22,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tests import yaml_docs
 from tests.conftest import IN_CI, REPO
 
 MANIFESTS = REPO / "manifests"
@@ -111,7 +112,7 @@ def _render(folder: Path) -> str:
 
 
 def _documents(text: str) -> list[dict]:  # type: ignore[type-arg]
-    return [doc for doc in yaml.safe_load_all(text) if doc]
+    return [doc for doc in yaml_docs.load_all(text) if doc]
 
 
 @pytest.fixture(scope="module")

@@ -312,8 +312,10 @@ def test_a_noisy_pod_does_not_delay_another_pods_fallback(tmp_path: Path) -> Non
     """Fair share, counted in polls and lines rather than timed: with a neighbour whose backlog
     would fill 40 polls, the victim's fallback shows at the same poll as on a quiet node, and no
     poll feeds more than ``tick_lines`` lines to the analyzers (what a poll costs)."""
-    quiet_polls, quiet_fed, _ = polls_until_fallback_is_shown(tmp_path / "quiet", 0)
-    noisy_polls, noisy_fed, waiting = polls_until_fallback_is_shown(tmp_path / "noisy", 80_000)
+    # short folder names: the simulated kubelet's socket path must fit in 107 bytes, under a
+    # pytest-xdist worker's longer tmp_path too
+    quiet_polls, quiet_fed, _ = polls_until_fallback_is_shown(tmp_path / "q", 0)
+    noisy_polls, noisy_fed, waiting = polls_until_fallback_is_shown(tmp_path / "n", 80_000)
     assert noisy_polls == quiet_polls == 1
     assert waiting > 4 << 20  # the neighbour still had most of its backlog
     assert max(noisy_fed) <= 2000 and min(noisy_fed) >= 1900, noisy_fed

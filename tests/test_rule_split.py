@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from devtools.stack import pod_monitor_endpoint
+from tests import yaml_docs
 from tests.conftest import REPO, require_tool
 from tests.promql_names import GLOBAL_RULES_FILE, RULE_FILES, RULES_FILE, grouping_labels, groups, referenced_names
 
@@ -32,7 +33,7 @@ _MARK = re.compile(r'label_replace\(.*?"(evidence|compared_to)", "([a-z_]+)", ""
 
 
 def _rules(path):  # type: ignore[no-untyped-def]
-    return [rule for group in yaml.safe_load(path.read_text())["groups"] for rule in group["rules"]]
+    return [rule for group in yaml_docs.load(path.read_text())["groups"] for rule in group["rules"]]
 
 
 def _name(rule) -> str:  # type: ignore[no-untyped-def]

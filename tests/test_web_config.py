@@ -431,8 +431,9 @@ async def test_basic_auth_checks_bcrypt_once_per_credentials(tmp_path: Path) -> 
 
 
 async def test_a_reload_that_would_leave_no_user_keeps_the_last_good_config(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(WebConfigSource, "RECHECK_SECONDS", 0.2)  # eight rechecks: no need to wait seconds each
     config = _write_config(tmp_path, f"basic_auth_users:\n  prometheus: {HASH}\n")
     async with _serving(config) as port:
         assert (await _get(port, "/metrics", None))[0] == 401
