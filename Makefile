@@ -1,5 +1,5 @@
 # Two commands a newcomer needs: `make demo` and `make test`. Everything installs into .venv.
-# While working: `make lint` (ruff + mypy) and `make test-fast` (no end-to-end or tool-driving tests).
+# While working: `make lint` (ruff + mypy) and `make test-fast` (no end-to-end, tool-driving or slow tests).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
@@ -43,18 +43,19 @@ $(SCAN_VENV)/.installed: Makefile
 	$(SCAN_VENV)/bin/python -m pip install -q '$(CHECKOV_PIN)'
 	touch $@
 
-# Settings in pyproject.toml. tests/ is not linted yet.
+# Settings in pyproject.toml.
 lint: venv
-	$(BIN)/ruff check exporter sim devtools bench
-	$(BIN)/ruff format --check exporter sim devtools bench
+	$(BIN)/ruff check exporter sim devtools bench tests
+	$(BIN)/ruff format --check exporter sim devtools bench tests
 	$(BIN)/mypy
 
 test: venv $(SCAN_VENV)/.installed lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# Everything but the end-to-end (e2e) and tool-driving (tool) tests; tests/tiers.py says which is which.
+# Everything but the end-to-end (e2e), tool-driving (tool) and slow tests (tests/tiers.py says which is
+# which), on every core, each Hypothesis property with a tenth of its examples (tests/conftest.py).
 test-fast: venv
-	$(BIN)/python -m pytest -m "not e2e and not tool" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not e2e and not tool and not slow" -n auto --hypothesis-profile=fast $(PYTEST_ARGS)
 
 bench: venv
 	$(BIN)/python -m bench.run_all

@@ -10,10 +10,11 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import is_hypothesis_test, settings
 
 from tests.fixturetree import unpack
 from tests.tiers import tier
@@ -21,6 +22,14 @@ from tests.tiers import tier
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+# Hypothesis profiles: `make test` (CI) runs every property with the examples its @settings asks
+# for (Hypothesis' default profile); `make test-fast` (--hypothesis-profile=fast) runs a tenth of
+# them, at least FAST_MIN_EXAMPLES, and keeps no example database.
+FAST_PROFILE = "fast"
+FAST_EXAMPLE_SHARE = 10
+FAST_MIN_EXAMPLES = 10
+settings.register_profile(FAST_PROFILE, max_examples=FAST_MIN_EXAMPLES, database=None)
 
 
 def require_tool(name: str) -> str:
@@ -40,12 +49,42 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark each test with its tier (``e2e``, ``tool``, or none: fast); see tests/tiers.py."""
+    """Mark each test with its tier (``e2e``, ``tool``, ``slow``, or none: fast; see tests/tiers.py),
+    and under the fast Hypothesis profile give each property a tenth of its examples."""
+    fast_examples = settings.get_current_profile_name() == FAST_PROFILE
+    properties = {}  # id -> the function: a parametrized property is one function for all its items
     for item in items:
         if isinstance(item, pytest.Function):
             name = tier(item.path, item.originalname, item.fixturenames)
             if name:
                 item.add_marker(name)
+            if fast_examples and is_hypothesis_test(item.obj):
+                properties[id(item.obj)] = item.obj
+    for test in properties.values():
+        fewer_examples(test)
+
+
+def fewer_examples(test: object) -> None:
+    """A tenth of the examples an @settings asks for (which a profile cannot lower). Hypothesis keeps
+    a test's settings in this attribute (hypothesis.core), and reads it when the test runs."""
+    declared = test._hypothesis_internal_use_settings  # type: ignore[attr-defined]
+    wanted = max(FAST_MIN_EXAMPLES, declared.max_examples // FAST_EXAMPLE_SHARE)
+    if wanted < declared.max_examples:
+        test._hypothesis_internal_use_settings = settings(declared, max_examples=wanted)  # type: ignore[attr-defined]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Captured output as UTF-8 can carry it: a test of undecodable input (a device name that is
+    not UTF-8) logs lone surrogates, which pytest-xdist cannot send from its worker (it would stop
+    the whole run); they are kept as backslash escapes."""
+    report: pytest.TestReport = yield
+    report.sections = [
+        (title, text.encode("utf-8", "backslashreplace").decode("utf-8")) for title, text in report.sections
+    ]
+    return report
 
 
 @pytest.fixture

@@ -35,7 +35,7 @@ def unpack(text: str, root: Path) -> Path:
         if line.startswith(HEADER):
             flush()
             current, body = None, []
-            spec = line[len(HEADER):]
+            spec = line[len(HEADER) :]
             if " -> " in spec:
                 name, target = spec.split(" -> ", 1)
                 link = root / name

@@ -1,7 +1,7 @@
 """Hypothesis strategies for what a hostile tenant (or a broken writer) can hand a parser: bytes
 that are not UTF-8, numbers no parser expects (a 400-digit integer, ``1e400``, NaN, digits that
 are not ASCII: ``٣``, ``²``, ``１``), valid JSON of the wrong shape, JSON nested deeper than a
-recursive parser goes, and valid documents with any one part swapped for any of the above."""
+recursive parser goes, and valid documents with any one part swapped for any of the above."""  # noqa: RUF002 - the look-alike digits are the subject
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ NUMBER_TEXTS = (
     "٣",  # ARABIC-INDIC DIGIT THREE: isdigit(), int() takes it
     "١٢٣٤",
     "²",  # SUPERSCRIPT TWO: isdigit(), int() refuses it
-    "１２",  # FULLWIDTH digits
-    "𝟗",  # MATHEMATICAL BOLD DIGIT NINE
+    "１２",  # noqa: RUF001 - FULLWIDTH digits, a look-alike on purpose
+    "𝟗",  # noqa: RUF001 - MATHEMATICAL BOLD DIGIT NINE, a look-alike on purpose
     "1e400",
     "-1e400",
     "1e-400",
@@ -32,7 +32,7 @@ NUMBER_TEXTS = (
     "0x10",
     "1_000",
     "1.5",
-    "−1",  # MINUS SIGN
+    "−1",  # noqa: RUF001 - MINUS SIGN, a look-alike on purpose
     "",
     " 7 ",
 )

@@ -64,8 +64,9 @@ class ApiState:
         return done
 
     def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return next((p for p in self.pods if p["metadata"]["namespace"] == namespace
-                     and p["metadata"]["name"] == name), None)
+        return next(
+            (p for p in self.pods if p["metadata"]["namespace"] == namespace and p["metadata"]["name"] == name), None
+        )
 
     def condition(self, obj: dict[str, Any] | None, condition_type: str) -> dict[str, Any] | None:
         if obj is None:
@@ -98,8 +99,14 @@ def _handler(state: ApiState) -> type[BaseHTTPRequestHandler]:
 
         def _record(self, body: Any = None) -> Recorded:
             url = urlparse(self.path)
-            record = Recorded(self.command, url.path, parse_qs(url.query),
-                              self.headers.get("Content-Type", ""), body, time.monotonic())
+            record = Recorded(
+                self.command,
+                url.path,
+                parse_qs(url.query),
+                self.headers.get("Content-Type", ""),
+                body,
+                time.monotonic(),
+            )
             with state.lock:
                 state.requests.append(record)
             return record
@@ -115,17 +122,29 @@ def _handler(state: ApiState) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(body)
 
         def send_status(self, code: int, reason: str, record: Recorded) -> None:
-            self.send_json({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": reason,
-                            "reason": reason, "code": code}, code, record)
+            self.send_json(
+                {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "status": "Failure",
+                    "message": reason,
+                    "reason": reason,
+                    "code": code,
+                },
+                code,
+                record,
+            )
 
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        def do_GET(self) -> None:
             record = self._record()
             path, query = record.path, record.query
             if path == "/api/v1/namespaces":
                 selector = query.get("labelSelector", [""])[0]
                 items = [n for n in state.namespaces if not selector or selector in n["metadata"].get("labels", {})]
-                self.send_json({"kind": "NamespaceList", "apiVersion": "v1", "metadata": {"resourceVersion": "9"},
-                                "items": items}, record=record)
+                self.send_json(
+                    {"kind": "NamespaceList", "apiVersion": "v1", "metadata": {"resourceVersion": "9"}, "items": items},
+                    record=record,
+                )
             elif path.startswith("/api/v1/nodes/") and path.endswith("/status"):
                 node = state.nodes.get(path.split("/")[4])
                 if node is None:
@@ -135,8 +154,10 @@ def _handler(state: ApiState) -> type[BaseHTTPRequestHandler]:
             elif path == "/api/v1/pods" and query.get("watch") != ["true"]:
                 with state.lock:
                     items = copy.deepcopy(state.pods)
-                self.send_json({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "100"},
-                                "items": items}, record=record)
+                self.send_json(
+                    {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "100"}, "items": items},
+                    record=record,
+                )
             elif path == "/api/v1/pods":
                 record.status = 200
                 self.send_response(200)
@@ -165,7 +186,7 @@ def _handler(state: ApiState) -> type[BaseHTTPRequestHandler]:
                 return False
             return True
 
-        def do_PATCH(self) -> None:  # noqa: N802 - http.server's name
+        def do_PATCH(self) -> None:
             record = self._record(self._body())
             if not self._write_allowed(record):
                 return
@@ -188,7 +209,7 @@ def _handler(state: ApiState) -> type[BaseHTTPRequestHandler]:
             else:
                 self.send_json(answer, record=record)
 
-        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        def do_POST(self) -> None:
             record = self._record(self._body())
             if not self._write_allowed(record):
                 return

@@ -39,19 +39,30 @@ class NoNvml:
         pass
 
 
-def api_pod(job: SimJob, gated: bool = True, started_at: float | None = None,
-            preflight_message: str | None = None) -> dict[str, Any]:
+def api_pod(
+    job: SimJob, gated: bool = True, started_at: float | None = None, preflight_message: str | None = None
+) -> dict[str, Any]:
     """The pod as the API server lists it: on this node, kubelet's conditions, the gate when ``gated``;
     ``status.startTime`` (RFC 3339, whole seconds, as the API writes it) when ``started_at`` is given,
     and a ``ccl-preflight`` init container that ended with ``preflight_message``."""
     pod: dict[str, Any] = {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": job.pod, "namespace": job.namespace, "uid": job.uid, "labels": job.labels,
-                     "resourceVersion": "10"},
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": job.pod,
+            "namespace": job.namespace,
+            "uid": job.uid,
+            "labels": job.labels,
+            "resourceVersion": "10",
+        },
         "spec": {"nodeName": NODE, "containers": [{"name": "pytorch", "image": "train:1"}]},
-        "status": {"phase": "Running", "conditions": [
-            {"type": "Ready", "status": "False", "reason": "ReadinessGatesNotReady"},
-            {"type": "ContainersReady", "status": "True"}]},
+        "status": {
+            "phase": "Running",
+            "conditions": [
+                {"type": "Ready", "status": "False", "reason": "ReadinessGatesNotReady"},
+                {"type": "ContainersReady", "status": "True"},
+            ],
+        },
     }
     if gated:
         pod["spec"]["readinessGates"] = [{"conditionType": FABRIC_READY_CONDITION}]
@@ -59,13 +70,25 @@ def api_pod(job: SimJob, gated: bool = True, started_at: float | None = None,
         pod["status"]["startTime"] = rfc3339(started_at)
     if preflight_message is not None:
         pod["spec"]["initContainers"] = [{"name": PREFLIGHT_CONTAINER, "image": "ccl-health-exporter:0.1.0"}]
-        pod["status"]["initContainerStatuses"] = [{
-            "name": PREFLIGHT_CONTAINER, "image": "ccl-health-exporter:0.1.0", "imageID": "", "ready": True,
-            "restartCount": 0, "started": False,
-            "state": {"terminated": {"exitCode": 0 if preflight_message.split(" ")[1:2] == ["passed"] else 1,
-                                     "reason": "Completed", "message": preflight_message,
-                                     "startedAt": rfc3339(time.time() - 60), "finishedAt": rfc3339(time.time())}},
-        }]
+        pod["status"]["initContainerStatuses"] = [
+            {
+                "name": PREFLIGHT_CONTAINER,
+                "image": "ccl-health-exporter:0.1.0",
+                "imageID": "",
+                "ready": True,
+                "restartCount": 0,
+                "started": False,
+                "state": {
+                    "terminated": {
+                        "exitCode": 0 if preflight_message.split(" ")[1:2] == ["passed"] else 1,
+                        "reason": "Completed",
+                        "message": preflight_message,
+                        "startedAt": rfc3339(time.time() - 60),
+                        "finishedAt": rfc3339(time.time()),
+                    }
+                },
+            }
+        ]
     return pod
 
 
@@ -105,8 +128,11 @@ class LifecycleNode:
         return [w for w in self.state.writes("pods/status") if f"/pods/{job.pod}/" in w.path]
 
     def events(self, job: SimJob) -> list[dict[str, Any]]:
-        return [e for (ns, _), e in list(self.state.events.items())
-                if ns == job.namespace and e["involvedObject"]["name"] == job.pod]
+        return [
+            e
+            for (ns, _), e in list(self.state.events.items())
+            if ns == job.namespace and e["involvedObject"]["name"] == job.pod
+        ]
 
     def start(self) -> LifecycleNode:
         loop = asyncio.new_event_loop()
@@ -137,8 +163,12 @@ class LifecycleNode:
         self.api.stop()
 
 
-def lifecycle_node(root: Path, hooks: LifecycleSettings, node_object: dict[str, Any] | None = None,
-                   pods: tuple[dict[str, Any], ...] = ()) -> LifecycleNode:
+def lifecycle_node(
+    root: Path,
+    hooks: LifecycleSettings,
+    node_object: dict[str, Any] | None = None,
+    pods: tuple[dict[str, Any], ...] = (),
+) -> LifecycleNode:
     """A started node whose pod list is synced (close it)."""
     paths = simulated_paths(root)
     rdma = SimRdma(rng=random.Random(3))
@@ -147,9 +177,12 @@ def lifecycle_node(root: Path, hooks: LifecycleSettings, node_object: dict[str, 
     state = ApiState(pods=[*pods], nodes={NODE: node_object or {"metadata": {"name": NODE}, "status": {}}})
     api = RecordedApiServer(state).start()
     resources = NodeResources(
-        paths, nvml=NoNvml(), pod_resources=PodResourcesClient(root / "no-kubelet.sock"),  # type: ignore[arg-type]
+        paths,
+        nvml=NoNvml(),
+        pod_resources=PodResourcesClient(root / "no-kubelet.sock"),  # type: ignore[arg-type]
         pod_metadata=lambda: KubePodCache(NODE, api_factory=api.api_factory(), watch_seconds=5),
-        kube=KubeNode(NODE, api.api_factory()), nvml_collected=False,
+        kube=KubeNode(NODE, api.api_factory()),
+        nvml_collected=False,
     )
     nccl = build_nccl(NcclSettings(300.0, NcclLimits()), resources)
     lifecycle = build_lifecycle(LifecycleCollectorSettings(hooks), resources)

@@ -30,8 +30,10 @@ from referencing import Registry, Resource
 KUBERNETES_VERSION = "1.30.0"
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
-FIELD_PATHS = re.compile(r"^(metadata\.(name|namespace|uid)|metadata\.(labels|annotations)\['[^']+'\]|"
-                         r"spec\.(nodeName|serviceAccountName)|status\.(hostIP|hostIPs|podIP|podIPs))$")
+FIELD_PATHS = re.compile(
+    r"^(metadata\.(name|namespace|uid)|metadata\.(labels|annotations)\['[^']+'\]|"
+    r"spec\.(nodeName|serviceAccountName)|status\.(hostIP|hostIPs|podIP|podIPs))$"
+)
 CONTAINER_KINDS = ("containers", "initContainers", "ephemeralContainers")
 
 

@@ -20,16 +20,42 @@ from typing import Any
 BASELINE, RESTRICTED = "baseline", "restricted"
 CONTAINER_KINDS = ("containers", "initContainers", "ephemeralContainers")
 # check_capabilities_baseline.go
-BASELINE_CAPABILITIES = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
-                         "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}
+BASELINE_CAPABILITIES = {
+    "AUDIT_WRITE",
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "MKNOD",
+    "NET_BIND_SERVICE",
+    "SETFCAP",
+    "SETGID",
+    "SETPCAP",
+    "SETUID",
+    "SYS_CHROOT",
+}
 # check_sysctls.go (the 1.0 set)
-SAFE_SYSCTLS = {"kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range", "net.ipv4.tcp_syncookies",
-                "net.ipv4.ping_group_range", "net.ipv4.ip_unprivileged_port_start"}
+SAFE_SYSCTLS = {
+    "kernel.shm_rmid_forced",
+    "net.ipv4.ip_local_port_range",
+    "net.ipv4.tcp_syncookies",
+    "net.ipv4.ping_group_range",
+    "net.ipv4.ip_unprivileged_port_start",
+}
 # check_seLinuxOptions.go
 SELINUX_TYPES = {"", "container_t", "container_init_t", "container_kvm_t"}
 # check_restrictedVolumes.go: the only volume sources restricted allows
-RESTRICTED_VOLUME_SOURCES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
-                             "projected", "secret"}
+RESTRICTED_VOLUME_SOURCES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
 APPARMOR_ANNOTATION = "container.apparmor.security.beta.kubernetes.io/"
 
 Pod = Mapping[str, Any]
@@ -62,6 +88,7 @@ def _names(pod: Pod, bad: Callable[[Mapping[str, Any]], bool]) -> list[str]:
 
 # ---- baseline ----
 
+
 def host_namespaces(pod: Pod) -> str | None:
     """check_hostNamespaces.go: hostNetwork, hostPID, hostIPC unset or false."""
     spec = _map(pod, "spec")
@@ -89,24 +116,32 @@ def host_path_volumes(pod: Pod) -> str | None:
 
 def host_ports(pod: Pod) -> str | None:
     """check_hostPorts.go: containers' ports[].hostPort unset or 0."""
-    bad = _names(pod, lambda c: any(isinstance(p, Mapping) and p.get("hostPort") not in (None, 0)
-                                    for p in c.get("ports") or []))
+    bad = _names(
+        pod, lambda c: any(isinstance(p, Mapping) and p.get("hostPort") not in (None, 0) for p in c.get("ports") or [])
+    )
     return f"containers {bad} use host ports" if bad else None
 
 
 def app_armor(pod: Pod) -> str | None:
     """check_appArmorProfile.go: no Unconfined profile (field or annotation)."""
     annotations = _map(_map(pod, "metadata"), "annotations")
-    bad_annotations = [k for k, v in annotations.items() if str(k).startswith(APPARMOR_ANNOTATION)
-                       and v not in ("", "runtime/default") and not str(v).startswith("localhost/")]
+    bad_annotations = [
+        k
+        for k, v in annotations.items()
+        if str(k).startswith(APPARMOR_ANNOTATION)
+        and v not in ("", "runtime/default")
+        and not str(v).startswith("localhost/")
+    ]
     contexts = [_pod_context(pod), *(_context(c) for c in containers(pod))]
-    bad_fields = [c for c in contexts if _map(c, "appArmorProfile").get("type") not in (None, "RuntimeDefault",
-                                                                                         "Localhost")]
+    bad_fields = [
+        c for c in contexts if _map(c, "appArmorProfile").get("type") not in (None, "RuntimeDefault", "Localhost")
+    ]
     return "AppArmor profile Unconfined" if bad_annotations or bad_fields else None
 
 
 def se_linux_options(pod: Pod) -> str | None:
     """check_seLinuxOptions.go: type from the allowed set, no user, no role."""
+
     def bad(context: Mapping[str, Any]) -> bool:
         options = _map(context, "seLinuxOptions")
         return options.get("type", "") not in SELINUX_TYPES or bool(options.get("user")) or bool(options.get("role"))
@@ -130,8 +165,11 @@ def seccomp_baseline(pod: Pod) -> str | None:
 
 def sysctls(pod: Pod) -> str | None:
     """check_sysctls.go: only the safe sysctls."""
-    bad = [s.get("name") for s in _pod_context(pod).get("sysctls") or []
-           if isinstance(s, Mapping) and s.get("name") not in SAFE_SYSCTLS]
+    bad = [
+        s.get("name")
+        for s in _pod_context(pod).get("sysctls") or []
+        if isinstance(s, Mapping) and s.get("name") not in SAFE_SYSCTLS
+    ]
     return f"forbidden sysctls {bad}" if bad else None
 
 
@@ -143,6 +181,7 @@ def windows_host_process(pod: Pod) -> str | None:
 
 def host_probes_and_lifecycle(pod: Pod) -> str | None:
     """check_hostProbesAndhostLifecycle.go (1.34): no host in probes' or lifecycle handlers' httpGet/tcpSocket."""
+
     def hosts(c: Mapping[str, Any]) -> bool:
         handlers = [_map(c, probe) for probe in ("livenessProbe", "readinessProbe", "startupProbe")]
         handlers += [_map(_map(c, "lifecycle"), hook) for hook in ("postStart", "preStop")]
@@ -154,10 +193,14 @@ def host_probes_and_lifecycle(pod: Pod) -> str | None:
 
 # ---- restricted ----
 
+
 def restricted_volumes(pod: Pod) -> str | None:
     """check_restrictedVolumes.go: only configMap, csi, downwardAPI, emptyDir, ephemeral, PVC, projected, secret."""
-    bad = [v.get("name") for v in _map(pod, "spec").get("volumes") or []
-           if isinstance(v, Mapping) and not (set(v) - {"name"}) & RESTRICTED_VOLUME_SOURCES]
+    bad = [
+        v.get("name")
+        for v in _map(pod, "spec").get("volumes") or []
+        if isinstance(v, Mapping) and not (set(v) - {"name"}) & RESTRICTED_VOLUME_SOURCES
+    ]
     return f"volumes {bad} have restricted types" if bad else None
 
 
@@ -202,21 +245,40 @@ def seccomp_restricted(pod: Pod) -> str | None:
 
 def capabilities_restricted(pod: Pod) -> str | None:
     """check_capabilities_restricted.go: every container drops ALL and adds at most NET_BIND_SERVICE."""
+
     def bad(c: Mapping[str, Any]) -> bool:
         capabilities = _map(_context(c), "capabilities")
         return "ALL" not in (capabilities.get("drop") or []) or bool(
-            set(capabilities.get("add") or []) - {"NET_BIND_SERVICE"})
+            set(capabilities.get("add") or []) - {"NET_BIND_SERVICE"}
+        )
 
     found = _names(pod, bad)
     return f"containers {found} must drop ALL capabilities" if found else None
 
 
 CHECKS: dict[str, tuple[Callable[[Pod], str | None], ...]] = {
-    BASELINE: (host_namespaces, privileged, capabilities_baseline, host_path_volumes, host_ports, app_armor,
-               se_linux_options, proc_mount, seccomp_baseline, sysctls, windows_host_process,
-               host_probes_and_lifecycle),
-    RESTRICTED: (restricted_volumes, allow_privilege_escalation, run_as_non_root, run_as_user, seccomp_restricted,
-                 capabilities_restricted),
+    BASELINE: (
+        host_namespaces,
+        privileged,
+        capabilities_baseline,
+        host_path_volumes,
+        host_ports,
+        app_armor,
+        se_linux_options,
+        proc_mount,
+        seccomp_baseline,
+        sysctls,
+        windows_host_process,
+        host_probes_and_lifecycle,
+    ),
+    RESTRICTED: (
+        restricted_volumes,
+        allow_privilege_escalation,
+        run_as_non_root,
+        run_as_user,
+        seccomp_restricted,
+        capabilities_restricted,
+    ),
 }
 
 

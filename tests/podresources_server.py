@@ -52,7 +52,9 @@ class TableLister(api_pb2_grpc.PodResourcesListerServicer):
         self.fail_with = fail_with
         self.calls = 0
 
-    def List(self, request: api_pb2.ListPodResourcesRequest, context: grpc.ServicerContext) -> api_pb2.ListPodResourcesResponse:
+    def List(  # noqa: N802 - the gRPC method's name, from api.proto
+        self, request: api_pb2.ListPodResourcesRequest, context: grpc.ServicerContext
+    ) -> api_pb2.ListPodResourcesResponse:
         self.calls += 1
         if self.fail_with is not None:
             context.abort(self.fail_with, "kubelet is restarting")
@@ -64,7 +66,10 @@ class TableLister(api_pb2_grpc.PodResourcesListerServicer):
                     containers=[
                         api_pb2.ContainerResources(
                             name=c.name,
-                            devices=[api_pb2.ContainerDevices(resource_name=r, device_ids=ids) for r, ids in c.devices.items()],
+                            devices=[
+                                api_pb2.ContainerDevices(resource_name=r, device_ids=ids)
+                                for r, ids in c.devices.items()
+                            ],
                             cpu_ids=list(c.cpu_ids),
                             dynamic_resources=[
                                 api_pb2.DynamicResource(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import yaml
+from tests import yaml_docs
 
 REPO = Path(__file__).resolve().parent.parent
 RULES_FILE = REPO / "alerts" / "ccl-health-rules.yaml"  # node-level rules
@@ -63,7 +63,7 @@ def documented_metric_names() -> set[str]:
 
 def groups() -> list[dict]:  # type: ignore[type-arg]
     """Every rule group of both rule files, in file order."""
-    return [group for path in RULE_FILES for group in yaml.safe_load(path.read_text())["groups"]]
+    return [group for path in RULE_FILES for group in yaml_docs.load(path.read_text())["groups"]]
 
 
 def rules() -> list[dict]:  # type: ignore[type-arg]
@@ -74,9 +74,15 @@ def recording_rule_names() -> set[str]:
     return {rule["record"] for rule in rules() if "record" in rule}
 
 
-def unknown_names(expr: str) -> set[str]:
-    known = documented_metric_names() | recording_rule_names() | set(EXTERNAL_METRICS)
-    return referenced_names(expr) - known
+def known_names() -> set[str]:
+    """What an expression may read: documented metrics, recording rules, the external metrics."""
+    return documented_metric_names() | recording_rule_names() | set(EXTERNAL_METRICS)
+
+
+def unknown_names(expr: str, known: set[str] | None = None) -> set[str]:
+    """The names ``expr`` reads that are not ``known`` (by default ``known_names()``: pass it in when
+    checking many expressions, it reads the docs and both rule files)."""
+    return referenced_names(expr) - (known_names() if known is None else known)
 
 
 # A PromQL expression as tokens: strings, range/subquery brackets, label-matcher braces, numbers
@@ -106,8 +112,11 @@ def vector_selectors(expr: str) -> list[tuple[str, str]]:
             continue
         if token.startswith("{"):
             found.append(("", token))
-        elif (re.fullmatch(r"[A-Za-z_:][A-Za-z0-9_:]*", token) and token not in _OPERATOR_WORDS
-              and following not in ("(", "by", "without")):  # a call or an aggregation, not a selector
+        elif (
+            re.fullmatch(r"[A-Za-z_:][A-Za-z0-9_:]*", token)
+            and token not in _OPERATOR_WORDS
+            and following not in ("(", "by", "without")
+        ):  # a call or an aggregation, not a selector
             if following.startswith("{"):
                 found.append((token, following))
                 i += 1

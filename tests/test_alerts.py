@@ -23,6 +23,7 @@ from tests.promql_names import (
     RULES_FILE,
     documented_metric_names,
     grouping_labels,
+    known_names,
     recording_rule_names,
     referenced_names,
     rules,
@@ -59,8 +60,9 @@ def test_promtool_check_rules_is_clean() -> None:
     static labels in a file (rules split between groups carry their group's empty-valued label,
     tests/test_rule_split.py)."""
     promtool = require_tool("promtool")
-    result = subprocess.run([promtool, "check", "rules", "--lint-fatal", *map(str, RULE_FILES)], capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(
+        [promtool, "check", "rules", "--lint-fatal", *map(str, RULE_FILES)], capture_output=True, text=True, timeout=60
+    )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     assert "WARNING" not in output.upper() and "FAILED" not in output
@@ -72,16 +74,24 @@ def test_promtool_lint_sees_rules_split_between_groups_without_their_group_label
     promtool = require_tool("promtool")
     in_several_groups = set()
     for path in RULE_FILES:
-        stripped = re.sub(r'^\s+labels: \{ccl_group_[a-z0-9_]+: ""\}\n|^\s+ccl_group_[a-z0-9_]+: ""\n', "",
-                          path.read_text(), flags=re.MULTILINE)
+        stripped = re.sub(
+            r'^\s+labels: \{ccl_group_[a-z0-9_]+: ""\}\n|^\s+ccl_group_[a-z0-9_]+: ""\n',
+            "",
+            path.read_text(),
+            flags=re.MULTILINE,
+        )
         (tmp_path / path.name).write_text(stripped)
         owners: dict[str, set[str]] = {}
         for group in yaml.safe_load(stripped)["groups"]:
             for rule in group["rules"]:
                 owners.setdefault(rule.get("record") or rule["alert"], set()).add(group["name"])
         in_several_groups |= {name for name, found in owners.items() if len(found) > 1}
-    result = subprocess.run([promtool, "check", "rules", "--lint-fatal", *(str(tmp_path / p.name) for p in RULE_FILES)],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [promtool, "check", "rules", "--lint-fatal", *(str(tmp_path / p.name) for p in RULE_FILES)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert set(re.findall(r"^Metric: (\S+)$", output, re.MULTILINE)) == in_several_groups != set()
@@ -91,8 +101,9 @@ def test_promtool_unit_tests_pass() -> None:
     promtool = require_tool("promtool")
     files = sorted(TESTS_DIR.glob("*.yaml"))
     assert files
-    result = subprocess.run([promtool, "test", "rules", *map(str, files)], capture_output=True, text=True,
-                            timeout=300, cwd=TESTS_DIR)
+    result = subprocess.run(
+        [promtool, "test", "rules", *map(str, files)], capture_output=True, text=True, timeout=300, cwd=TESTS_DIR
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -108,8 +119,9 @@ def test_a_broken_rule_fails_its_unit_test(tmp_path: Path) -> None:
     (tmp_path / "alerts" / "tests").mkdir()
     test_file = tmp_path / "alerts" / "tests" / "nccl-test.yaml"
     test_file.write_text((TESTS_DIR / "nccl-test.yaml").read_text())
-    result = subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True, text=True,
-                            timeout=60, cwd=test_file.parent)
+    result = subprocess.run(
+        [promtool, "test", "rules", str(test_file)], capture_output=True, text=True, timeout=60, cwd=test_file.parent
+    )
     assert result.returncode != 0
     assert "CclNcclTcpFallback" in result.stdout + result.stderr
 
@@ -123,9 +135,15 @@ def _unit_test_cases() -> dict[str, list[list[dict]]]:  # type: ignore[type-arg]
     return cases
 
 
+@pytest.fixture(scope="module")
+def unit_test_cases() -> dict[str, list[list[dict]]]:  # type: ignore[type-arg]
+    """The promtool unit tests' alert cases, read once for every alert."""
+    return _unit_test_cases()
+
+
 @pytest.mark.parametrize("alert", ALERTS, ids=[a["alert"] for a in ALERTS])
-def test_every_alert_is_tested_firing_and_silent(alert: dict) -> None:  # type: ignore[type-arg]
-    cases = _unit_test_cases().get(alert["alert"], [])
+def test_every_alert_is_tested_firing_and_silent(alert: dict, unit_test_cases: dict) -> None:  # type: ignore[type-arg]
+    cases = unit_test_cases.get(alert["alert"], [])
     assert any(expected for expected in cases), f"{alert['alert']}: no case where it fires"
     assert any(not expected for expected in cases), f"{alert['alert']}: no case where it stays silent"
     for expected in cases:
@@ -170,11 +188,14 @@ def test_the_webhook_rules_select_the_webhook_by_its_name_in_the_manifests() -> 
     names = set()
     for path in WEBHOOK_CONFIGURATIONS:
         text = path.read_text()
-        webhooks = text[text.index("\nwebhooks:\n"):]
+        webhooks = text[text.index("\nwebhooks:\n") :]
         names |= set(re.findall(r"^  - name: (\S+)$", webhooks, re.MULTILINE))
-    selected = [re.findall(r'name="([^"]*)"', selector)
-                for rule in rules() for metric, selector in vector_selectors(rule["expr"])
-                if metric.startswith("apiserver_admission_webhook_")]
+    selected = [
+        re.findall(r'name="([^"]*)"', selector)
+        for rule in rules()
+        for metric, selector in vector_selectors(rule["expr"])
+        if metric.startswith("apiserver_admission_webhook_")
+    ]
     assert len(selected) >= 3 and all(found == [*names] for found in selected), (names, selected)
     assert names == {"pods.ccl-health.io"}
 
@@ -195,8 +216,12 @@ def test_tcp_fallback_is_critical_and_fast() -> None:
     for fallback in fallbacks:
         assert fallback["labels"]["severity"] == "critical"
         assert fallback["for"] in ("0s", "15s")
-    homes = [(path, group) for path in RULE_FILES for group in yaml.safe_load(path.read_text())["groups"]
-             if any(r.get("alert") == "CclNcclTcpFallback" for r in group["rules"])]
+    homes = [
+        (path, group)
+        for path in RULE_FILES
+        for group in yaml.safe_load(path.read_text())["groups"]
+        if any(r.get("alert") == "CclNcclTcpFallback" for r in group["rules"])
+    ]
     assert [path for path, _ in homes] == [RULES_FILE, GLOBAL_RULES_FILE]
     for _, group in homes:
         assert group.get("interval") == "15s"
@@ -205,14 +230,17 @@ def test_tcp_fallback_is_critical_and_fast() -> None:
 
 def test_rules_reference_only_known_metrics() -> None:
     assert documented_metric_names(), "docs/metrics.md lists no ccl_ metric"
+    known = known_names()
     for rule in rules():
-        unknown = unknown_names(rule["expr"])
+        unknown = unknown_names(rule["expr"], known)
         assert not unknown, f"{rule.get('alert') or rule.get('record')}: unknown metrics {sorted(unknown)}"
 
 
 def test_name_extraction_sees_what_it_must() -> None:
-    expr = ('sum by (node) (rate(ccl_rdma_port_transmit_bytes_total{counter="ccl_not_a_metric"}[5m]))'
-            ' > on (node) node:ccl_rdma_ports:count and max_over_time(x:y:z[7d:1h]) unless up{job="a"}')
+    expr = (
+        'sum by (node) (rate(ccl_rdma_port_transmit_bytes_total{counter="ccl_not_a_metric"}[5m]))'
+        ' > on (node) node:ccl_rdma_ports:count and max_over_time(x:y:z[7d:1h]) unless up{job="a"}'
+    )
     assert referenced_names(expr) == {"ccl_rdma_port_transmit_bytes_total", "node:ccl_rdma_ports:count", "x:y:z", "up"}
     assert "x:y:z" in unknown_names(expr)
     # a label named ccl_*, in any matcher, is no metric; a ccl_ metric compared is one
@@ -231,8 +259,9 @@ def test_recording_rules_follow_level_metric_operations() -> None:
 
 
 def test_runbook_urls_and_prometheus_rule_are_in_sync() -> None:
-    result = subprocess.run([sys.executable, str(REPO / "alerts" / "sync.py"), "--check"],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "alerts" / "sync.py"), "--check"], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -260,7 +289,9 @@ def test_alerts_doc_lists_every_alert() -> None:
 def test_example_alertmanager_config_is_valid_and_pages_fast() -> None:
     """The route we document: amtool accepts it, and the critical route waits at most 10 s."""
     amtool = require_tool("amtool")
-    result = subprocess.run([amtool, "check-config", str(ALERTMANAGER_CONFIG)], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [amtool, "check-config", str(ALERTMANAGER_CONFIG)], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     from devtools.stack import Intervals
 
@@ -270,18 +301,43 @@ def test_example_alertmanager_config_is_valid_and_pages_fast() -> None:
 
 # One TCP-fallback incident as Alertmanager sees it: the exact page of job ml/llama and the alerts
 # around it, each with the labels its rule gives it. ``True``: the shipped inhibitions mute it.
-_FALLBACK = {"alertname": "CclNcclTcpFallback", "severity": "critical", "evidence": "log", "namespace": "ml",
-             "pod": "llama-worker-0", "job_name": "llama", "job_kind": "PyTorchJob", "node": "gpu-a"}
-_SUSPECTED = {"alertname": "CclSuspectedTcpFallback", "severity": "warning", "evidence": "pod_network",
-              "namespace": "ml", "pod": "llama-worker-1", "job_name": "llama", "node": "gpu-b"}
+_FALLBACK = {
+    "alertname": "CclNcclTcpFallback",
+    "severity": "critical",
+    "evidence": "log",
+    "namespace": "ml",
+    "pod": "llama-worker-0",
+    "job_name": "llama",
+    "job_kind": "PyTorchJob",
+    "node": "gpu-a",
+}
+_SUSPECTED = {
+    "alertname": "CclSuspectedTcpFallback",
+    "severity": "warning",
+    "evidence": "pod_network",
+    "namespace": "ml",
+    "pod": "llama-worker-1",
+    "job_name": "llama",
+    "node": "gpu-b",
+}
 _INCIDENT: list[tuple[dict[str, str], bool]] = [
     (_FALLBACK, False),
     # The same job's other signals: the page already names the job.
     ({**_FALLBACK, "evidence": "placement", "pod": "llama-worker-2", "node": "gpu-c"}, False),  # same page, grouped
     (_SUSPECTED, True),
     ({**_SUSPECTED, "evidence": "host_network", "pod": "", "node": "gpu-d"}, True),
-    ({"alertname": "CclNcclGdrDisabled", "severity": "warning", "namespace": "ml", "pod": "llama-worker-3",
-      "job_name": "llama", "job_kind": "PyTorchJob", "node": "gpu-d"}, True),
+    (
+        {
+            "alertname": "CclNcclGdrDisabled",
+            "severity": "warning",
+            "namespace": "ml",
+            "pod": "llama-worker-3",
+            "job_name": "llama",
+            "job_kind": "PyTorchJob",
+            "node": "gpu-d",
+        },
+        True,
+    ),
     # Not the same job: another job, the same job name in another namespace or another cluster.
     ({**_SUSPECTED, "job_name": "gpt", "pod": "gpt-worker-0"}, False),
     ({**_SUSPECTED, "namespace": "research"}, False),
@@ -290,8 +346,16 @@ _INCIDENT: list[tuple[dict[str, str], bool]] = [
     ({"alertname": "CclRdmaPortDown", "severity": "critical", "node": "gpu-a"}, False),
     # A fallback without a job name mutes nothing, not even another unnamed pod's warning.
     ({**_FALLBACK, "job_name": "", "job_kind": "", "namespace": "batch", "pod": "bare-0"}, False),
-    ({"alertname": "CclNcclGdrDisabled", "severity": "warning", "namespace": "batch", "pod": "bare-1", "node": "gpu-a"},
-     False),
+    (
+        {
+            "alertname": "CclNcclGdrDisabled",
+            "severity": "warning",
+            "namespace": "batch",
+            "pod": "bare-1",
+            "node": "gpu-a",
+        },
+        False,
+    ),
 ]
 
 
@@ -336,8 +400,9 @@ def _suppressed_and_active(amtool: str, url: str, how: str) -> tuple[set[frozens
     return _queried(amtool, url, f"--{how}") - active, active
 
 
-def _settled(read: Callable[[], tuple[set[frozenset[tuple[str, str]]], ...]], want: tuple[object, ...],
-             timeout: float = 20.0) -> tuple[set[frozenset[tuple[str, str]]], ...]:
+def _settled(
+    read: Callable[[], tuple[set[frozenset[tuple[str, str]]], ...]], want: tuple[object, ...], timeout: float = 20.0
+) -> tuple[set[frozenset[tuple[str, str]]], ...]:
     """``read()`` once it returns ``want``, or its last answer after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
@@ -356,15 +421,29 @@ def test_one_fallback_incident_pages_once_with_the_job_named(shipped_alertmanage
         _amtool(amtool, url, "alert", "add", *(f"{k}={v}" for k, v in labels.items() if v))
     want_inhibited = {_label_set(labels) for labels, muted in _INCIDENT if muted}
     want_active = {_label_set(labels) for labels, muted in _INCIDENT if not muted}
-    inhibited, active = _settled(lambda: _suppressed_and_active(amtool, url, "inhibited"), (want_inhibited, want_active))
+    inhibited, active = _settled(
+        lambda: _suppressed_and_active(amtool, url, "inhibited"), (want_inhibited, want_active)
+    )
     assert inhibited == want_inhibited
     assert active == want_active
 
     # Why CclRdmaPortDown is not a target: a silenced source still inhibits (docs/alerts.md).
-    _amtool(amtool, url, "silence", "add", "--comment=restart planned", "--author=test",
-            "alertname=CclNcclTcpFallback", "namespace=ml", "job_name=llama")
-    pages = {_label_set(labels) for labels, _ in _INCIDENT
-             if labels["alertname"] == "CclNcclTcpFallback" and labels["job_name"] == "llama"}
+    _amtool(
+        amtool,
+        url,
+        "silence",
+        "add",
+        "--comment=restart planned",
+        "--author=test",
+        "alertname=CclNcclTcpFallback",
+        "namespace=ml",
+        "job_name=llama",
+    )
+    pages = {
+        _label_set(labels)
+        for labels, _ in _INCIDENT
+        if labels["alertname"] == "CclNcclTcpFallback" and labels["job_name"] == "llama"
+    }
     silenced, _ = _settled(lambda: _suppressed_and_active(amtool, url, "silenced"), (pages, want_active - pages))
     assert silenced == pages
     assert _suppressed_and_active(amtool, url, "inhibited")[0] == want_inhibited
@@ -387,10 +466,17 @@ def test_one_base_url_moves_every_runbook_link(tmp_path: Path) -> None:
         rules_text += text
     for test in sorted(TESTS_DIR.glob("*.yaml")):
         (tmp_path / "tests" / test.name).write_text(sync.with_expected_runbook_urls(test.read_text(), base))
-    urls = re.findall(r"runbook_url: (\S+)", rules_text + "".join(p.read_text() for p in (tmp_path / "tests").iterdir()))
+    urls = re.findall(
+        r"runbook_url: (\S+)", rules_text + "".join(p.read_text() for p in (tmp_path / "tests").iterdir())
+    )
     assert urls and all(re.fullmatch(re.escape(base) + r"Ccl[A-Za-z]+\.md", url) for url in urls)
     shipped = "".join(path.read_text() for path in RULE_FILES)
     assert all(url.startswith(sync.RUNBOOK_BASE_URL) for url in re.findall(r"runbook_url: (\S+)", shipped))
-    result = subprocess.run([promtool, "test", "rules", *sorted(p.name for p in (tmp_path / "tests").iterdir())],
-                            capture_output=True, text=True, timeout=300, cwd=tmp_path / "tests")
+    result = subprocess.run(
+        [promtool, "test", "rules", *sorted(p.name for p in (tmp_path / "tests").iterdir())],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path / "tests",
+    )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -47,8 +47,9 @@ def test_supervise_restarts_with_the_backoff_and_resets_after_a_long_run() -> No
         slept.append(seconds)
         now[0] += seconds
 
-    asyncio.run(supervise("inspector", run, RestartBackoff(healthy_after_seconds=60.0), clock=lambda: now[0],
-                          sleep=sleep))
+    asyncio.run(
+        supervise("inspector", run, RestartBackoff(healthy_after_seconds=60.0), clock=lambda: now[0], sleep=sleep)
+    )
     assert slept == [1.0, 2.0, 4.0, 1.0, 2.0]
 
 

@@ -85,8 +85,11 @@ def test_detached_head(tmp_path: Path) -> None:
 
 def test_packed_ref(tmp_path: Path) -> None:
     package = _package(tmp_path)
-    _git(tmp_path, "ref: refs/heads/release", packed=f"# pack-refs with: peeled fully-peeled sorted\n"
-                                                      f"{OTHER} refs/heads/main\n{COMMIT} refs/heads/release\n")
+    _git(
+        tmp_path,
+        "ref: refs/heads/release",
+        packed=f"# pack-refs with: peeled fully-peeled sorted\n{OTHER} refs/heads/main\n{COMMIT} refs/heads/release\n",
+    )
     assert read_build_info({}, package).revision == COMMIT
 
 
@@ -137,8 +140,11 @@ def test_the_revision_is_read_once_not_per_scrape(monkeypatch: pytest.MonkeyPatc
 def test_docs_name_the_labels_served() -> None:
     """Both tables of docs/metrics.md list the labels the exporter serves on ccl_exporter_build_info."""
     served = {"version", "revision", "python_version"}
-    rows = [line for line in (REPO / "docs" / "metrics.md").read_text().splitlines()
-            if line.startswith("| `ccl_exporter_build_info` |")]
+    rows = [
+        line
+        for line in (REPO / "docs" / "metrics.md").read_text().splitlines()
+        if line.startswith("| `ccl_exporter_build_info` |")
+    ]
     assert len(rows) == 2
     for row in rows:
         assert {label.strip() for label in row.split("|")[3].split(",")} == served, row

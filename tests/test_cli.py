@@ -29,8 +29,9 @@ def test_serve_has_no_simulate_mode() -> None:
     """The simulated node is a development package (``python -m ccl_sim serve``), not a mode of serve."""
     with pytest.raises(SystemExit):
         build_parser({}).parse_args(["serve", "--simulate"])
-    out = subprocess.run([sys.executable, "-m", "exporter", "serve", "--help"], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "exporter", "serve", "--help"], capture_output=True, text=True, check=True
+    ).stdout
     assert "--web.listen-address" in out and "simulat" not in out.lower()
 
 
@@ -76,13 +77,17 @@ def test_bad_values_are_clear_errors() -> None:
         config([], {env_name("--collector.disable-defaults"): "maybe"})
 
 
-@pytest.mark.parametrize(("address", "expected"), [("0.0.0.0:19400", ("0.0.0.0", 19400)), (":80", ("0.0.0.0", 80)),
-                                                    ("[::1]:19400", ("::1", 19400))])
+@pytest.mark.parametrize(
+    ("address", "expected"),
+    [("0.0.0.0:19400", ("0.0.0.0", 19400)), (":80", ("0.0.0.0", 80)), ("[::1]:19400", ("::1", 19400))],
+)
 def test_parse_listen_address(address: str, expected: tuple[str, int]) -> None:
     assert parse_listen_address(address) == expected
 
 
 def test_help_is_readable() -> None:
-    out = subprocess.run([sys.executable, "-m", "exporter", "serve", "--help"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "exporter", "serve", "--help"], capture_output=True, text=True, check=True
+    ).stdout
     assert "--web.listen-address" in out and "CCL_EXPORTER_WEB_LISTEN_ADDRESS" in out
     assert "--collector.rdma, --no-collector.rdma" in out and "--path.sysfs" in out

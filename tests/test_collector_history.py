@@ -97,13 +97,24 @@ def test_a_broken_history_file_is_ignored_and_said_so(tmp_path: Path, content: b
 def test_impossible_entries_are_dropped_and_the_rest_kept(tmp_path: Path) -> None:
     clock = Clock()
     path = tmp_path / FILE_NAME
-    entries = {"rdma": clock.now - 10, "future": clock.now + 10 * 86400, "nan": float("nan"), "flag": True,
-               "x" * 100: clock.now - 10, "zero": 0}
+    entries = {
+        "rdma": clock.now - 10,
+        "future": clock.now + 10 * 86400,
+        "nan": float("nan"),
+        "flag": True,
+        "x" * 100: clock.now - 10,
+        "zero": 0,
+    }
     path.write_text(json.dumps({"last_success": entries}))
     history = CollectorHistory(path, clock=clock)
     statuses = history.observe([(name, False) for name in ("rdma", "future", "nan", "flag", "zero")])
-    assert statuses == {"rdma": "failing", "future": "unavailable", "nan": "unavailable", "flag": "unavailable",
-                        "zero": "unavailable"}
+    assert statuses == {
+        "rdma": "failing",
+        "future": "unavailable",
+        "nan": "unavailable",
+        "flag": "unavailable",
+        "zero": "unavailable",
+    }
 
 
 def test_a_symlinked_history_is_not_followed(tmp_path: Path) -> None:
@@ -144,8 +155,11 @@ class Working:
 
 def test_the_umbrella_labels_each_collector_with_its_status() -> None:
     text = scrape_collectors(Working(), Failing())
-    status = {dict(labels)["collector"]: dict(labels)["status"] for (name, labels) in samples(text)
-              if name == "ccl_exporter_collector_status"}
+    status = {
+        dict(labels)["collector"]: dict(labels)["status"]
+        for (name, labels) in samples(text)
+        if name == "ccl_exporter_collector_status"
+    }
     assert status == {"nvml": "ok", "rdma": "unavailable"}
 
 

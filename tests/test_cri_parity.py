@@ -37,9 +37,13 @@ CASES: dict[str, tuple[bytes, list[str]]] = {
     "full records": (rec(NCCL) + rec(b"epoch 1 loss 2.3") + rec(NCCL + b" 2", stream=b"stderr"), [LINE, LINE + " 2"]),
     "partial pieces": (rec(b"host-0:41:41 [0] NC", b"P") + rec(b"CL INFO Using network IB"), [JOINED]),
     "stdout and stderr interleaved": (
-        rec(PIECE, b"P") + rec(b"host-0:41:41 [0] NCCL WARN x", stream=b"stderr")
-        + rec(b"host-1:9:9 [1] NC", b"P", b"stderr") + rec(b"work IB") + rec(b"CL INFO y", stream=b"stderr"),
-        ["host-0:41:41 [0] NCCL WARN x", JOINED, "host-1:9:9 [1] NCCL INFO y"]),
+        rec(PIECE, b"P")
+        + rec(b"host-0:41:41 [0] NCCL WARN x", stream=b"stderr")
+        + rec(b"host-1:9:9 [1] NC", b"P", b"stderr")
+        + rec(b"work IB")
+        + rec(b"CL INFO y", stream=b"stderr"),
+        ["host-0:41:41 [0] NCCL WARN x", JOINED, "host-1:9:9 [1] NCCL INFO y"],
+    ),
     "plain line, no framing": (NCCL + b"\n", [LINE]),
     "a line without NCCL that is not a record": (b"epoch 1 loss 2.3\n" + rec(NCCL), [LINE]),
     "no timestamp": (b"stdout F " + NCCL + b"\n", ["stdout F " + LINE]),
@@ -56,8 +60,10 @@ CASES: dict[str, tuple[bytes, list[str]]] = {
     "CRLF partial pieces": (rec(PIECE, b"P", end=b"\r\n") + rec(b"work IB", end=b"\r\n"), [JOINED]),
     "CRLF plain line": (NCCL + b"\r\n", [LINE]),
     "a record over the cap": (rec(NCCL + b" " + b"x" * 100), [(LINE + " " + "x" * 100)[:CAP]]),
-    "partials over the cap": (rec(b"host-0:41:41 [0] NCCL INFO ", b"P") + rec(b"y" * 30, b"P") * 5 + rec(b"end"),
-                              [("host-0:41:41 [0] NCCL INFO " + "y" * 150)[:CAP]]),
+    "partials over the cap": (
+        rec(b"host-0:41:41 [0] NCCL INFO ", b"P") + rec(b"y" * 30, b"P") * 5 + rec(b"end"),
+        [("host-0:41:41 [0] NCCL INFO " + "y" * 150)[:CAP]],
+    ),
     "NCCL only beyond the cap": (rec(b"z" * 70, b"P") + rec(b" NCCL INFO late"), []),
 }
 

@@ -24,7 +24,7 @@ from alerts.sync import RUNBOOK_BASE_URL
 from exporter.collectors.nccl.families import VERDICTS
 from exporter.sources.rdma import PHYSICAL_PORT_STATES, PORT_STATES
 from tests.conftest import REPO, require_tool
-from tests.promql_names import grouping_labels, rules, unknown_names, vector_selectors
+from tests.promql_names import grouping_labels, known_names, rules, unknown_names, vector_selectors
 
 # In the order Grafana resolves them: a variable's query may use the ones before it.
 EXPECTED_VARIABLES = {
@@ -40,8 +40,12 @@ def _load(path: Path) -> dict:  # type: ignore[type-arg]
 
 
 def test_committed_json_is_what_the_generator_makes() -> None:
-    result = subprocess.run([sys.executable, str(REPO / "dashboards" / "generate.py"), "--check"],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "dashboards" / "generate.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -88,8 +92,10 @@ def test_queries_list_every_panel_query() -> None:
 def test_every_query_parses_as_promql(tmp_path: Path) -> None:
     """promtool parses each substituted query as a recording rule's expression."""
     promtool = require_tool("promtool")
-    rules = [{"record": f"dashboard:query_{i}:check", "expr": dashboards.substitute(q.expr, SAMPLE_VALUES)}
-             for i, q in enumerate(dashboards.queries())]
+    rules = [
+        {"record": f"dashboard:query_{i}:check", "expr": dashboards.substitute(q.expr, SAMPLE_VALUES)}
+        for i, q in enumerate(dashboards.queries())
+    ]
     path = tmp_path / "queries.yaml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard-queries", "rules": rules}]}))
     result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
@@ -100,8 +106,9 @@ def test_every_query_parses_as_promql(tmp_path: Path) -> None:
 
 
 def test_queries_use_only_known_metrics() -> None:
+    known = known_names()
     for query in dashboards.queries():
-        unknown = unknown_names(query.expr)
+        unknown = unknown_names(query.expr, known)
         assert not unknown, f"{query.dashboard} / {query.panel}: unknown metrics {sorted(unknown)}"
 
 
@@ -132,8 +139,9 @@ STATE_PANELS: dict[tuple[str, str, str | None], set[int] | set[str]] = {
     ("ccl-training-job.json", "TCP fallback", None): BOOLEAN,
     ("ccl-training-job.json", "GPUDirect RDMA disabled", None): BOOLEAN,
     # ccl_nccl_tcp_fallback + 2 x ccl_nccl_gdr_disabled, and the pod's ccl_nccl_verdict
-    ("ccl-training-job.json", "Pods and nodes (TCP fallback, GPUDirect off)", "Transport"):
-        {fallback + 2 * gdr for fallback in BOOLEAN for gdr in BOOLEAN},
+    ("ccl-training-job.json", "Pods and nodes (TCP fallback, GPUDirect off)", "Transport"): {
+        fallback + 2 * gdr for fallback in BOOLEAN for gdr in BOOLEAN
+    },
     ("ccl-training-job.json", "Pods and nodes (TCP fallback, GPUDirect off)", "verdict"): set(VERDICTS),
     ("ccl-training-job.json", "Probe success", None): BOOLEAN,
     ("ccl-training-job.json", "Transport verdict", "verdict"): set(VERDICTS),
@@ -141,10 +149,18 @@ STATE_PANELS: dict[tuple[str, str, str | None], set[int] | set[str]] = {
     ("ccl-node-fabric.json", "NVLink state", "State"): BOOLEAN,
     ("ccl-node-fabric.json", "Collectors", "Status"): BOOLEAN,
 }
-STATE_METRICS = {"ccl_rdma_port_state_id", "ccl_rdma_port_physical_state_id", "ccl_nvlink_state",
-                 "ccl_exporter_collector_success", "ccl_probe_success", "ccl_nccl_tcp_fallback",
-                 "ccl_nccl_gdr_disabled", "ccl_nccl_verdict", "job_name:ccl_nccl_tcp_fallback:max",
-                 "job_name:ccl_nccl_gdr_disabled:max"}
+STATE_METRICS = {
+    "ccl_rdma_port_state_id",
+    "ccl_rdma_port_physical_state_id",
+    "ccl_nvlink_state",
+    "ccl_exporter_collector_success",
+    "ccl_probe_success",
+    "ccl_nccl_tcp_fallback",
+    "ccl_nccl_gdr_disabled",
+    "ccl_nccl_verdict",
+    "job_name:ccl_nccl_tcp_fallback:max",
+    "job_name:ccl_nccl_gdr_disabled:max",
+}
 
 
 def _boards() -> dict[str, dict]:  # type: ignore[type-arg]
@@ -178,11 +194,18 @@ def _mappings(panel: dict) -> dict[str | None, dict]:  # type: ignore[type-arg]
 
 def test_selector_scanner_finds_every_selector() -> None:
     """The helper the cluster test relies on: a selector without the matcher cannot hide from it."""
-    expr = ('sum by (cluster, node) (rate(a{cluster=~"$cluster", x="}"}[5m])) and on (node) b'
-            ' + on (cluster) group_left () 2 * max(c:d:e) by (x)')
+    expr = (
+        'sum by (cluster, node) (rate(a{cluster=~"$cluster", x="}"}[5m])) and on (node) b'
+        " + on (cluster) group_left () 2 * max(c:d:e) by (x)"
+    )
     assert vector_selectors(expr) == [("a", '{cluster=~"$cluster", x="}"}'), ("b", ""), ("c:d:e", "")]
-    assert grouping_labels(expr) == [("by", ["cluster", "node"]), ("on", ["node"]), ("on", ["cluster"]),
-                                     ("group_left", []), ("by", ["x"])]
+    assert grouping_labels(expr) == [
+        ("by", ["cluster", "node"]),
+        ("on", ["node"]),
+        ("on", ["cluster"]),
+        ("group_left", []),
+        ("by", ["x"]),
+    ]
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_VARIABLES))
@@ -227,7 +250,7 @@ def test_panels_link_the_runbooks_of_their_alerts() -> None:
         for link in panel.get("links", []):
             url = link["url"]
             assert url.startswith(RUNBOOK_BASE_URL) and url.endswith(".md"), f"{name} / {panel['title']}: {url}"
-            alert = url[len(RUNBOOK_BASE_URL):-len(".md")]
+            alert = url[len(RUNBOOK_BASE_URL) : -len(".md")]
             assert alert in alerts, f"{name} / {panel['title']}: no alert {alert}"
             assert (REPO / "docs" / "runbooks" / f"{alert}.md").is_file(), alert
             assert link["title"] == f"Runbook: {alert}" and link["targetBlank"]
@@ -255,8 +278,11 @@ def test_data_links_open_an_existing_dashboard_with_its_variables() -> None:
 
 
 def test_state_panels_map_every_value_the_exporter_emits() -> None:
-    mapped = {(name, panel["title"], column): options
-              for name, panel in _panels() for column, options in _mappings(panel).items()}
+    mapped = {
+        (name, panel["title"], column): options
+        for name, panel in _panels()
+        for column, options in _mappings(panel).items()
+    }
     assert set(mapped) == set(STATE_PANELS)
     for key, values in STATE_PANELS.items():
         options = mapped[key]

@@ -18,7 +18,11 @@ def _demo(port: int, *args: str, path: str = "") -> subprocess.Popen[str]:
     env = {**os.environ, "PATH": path}  # no prometheus, no prometheus-alertmanager
     return subprocess.Popen(
         [sys.executable, "-m", "devtools.demo", "--port", str(port), *args],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
 
 
@@ -39,7 +43,7 @@ def test_ctrl_c_stops_the_exporter_it_started() -> None:
         body = wait_http(f"http://127.0.0.1:{port}/metrics", timeout=30)
         assert "ccl_rdma_port_state_id" in body
         deadline = time.monotonic() + 20
-        while "Ctrl-C stops it" not in (line := demo.stdout.readline() if demo.stdout else ""):  # noqa: B023
+        while "Ctrl-C stops it" not in (line := demo.stdout.readline() if demo.stdout else ""):
             assert line and time.monotonic() < deadline, "the demo never said it was ready"
         demo.send_signal(signal.SIGINT)
         assert demo.wait(20) == 0

@@ -94,8 +94,12 @@ def test_a_family_that_cannot_be_encoded_is_left_out_not_the_page(accept: str, c
         parsed = {s.name: s for f in parse_openmetrics(text) for s in f.samples}
         assert text.endswith("# EOF\n") and text.count("# EOF") == 1
         assert parsed["ccl_test_before"].value == 1.0 and parsed["ccl_test_after_total"].value == 2.0
-        omitted = {s.labels["reason"]: s.value for f in parse_openmetrics(text) for s in f.samples
-                   if s.name == OMITTED_FAMILIES}
+        omitted = {
+            s.labels["reason"]: s.value
+            for f in parse_openmetrics(text)
+            for s in f.samples
+            if s.name == OMITTED_FAMILIES
+        }
     else:
         assert value(text, "ccl_test_before", x="a") == 1.0 and value(text, "ccl_test_after_total", x="b") == 2.0
         omitted = {reason: value(text, OMITTED_FAMILIES, reason=reason) for reason in ("page_size", "render_error")}
@@ -170,8 +174,11 @@ _LABEL_TEXT = st.text(alphabet=st.sampled_from(list('ab{}"\\\n =,é🙂') + ["x"
 @settings(max_examples=200, deadline=None)
 @given(
     rows=st.lists(
-        st.tuples(st.permutations(["zone", "a", "mid"]), st.lists(_LABEL_TEXT, min_size=3, max_size=3),
-                  st.floats(allow_nan=False) | st.sampled_from([0.0, 1e6, 123456789.0, -1e-7])),
+        st.tuples(
+            st.permutations(["zone", "a", "mid"]),
+            st.lists(_LABEL_TEXT, min_size=3, max_size=3),
+            st.floats(allow_nan=False) | st.sampled_from([0.0, 1e6, 123456789.0, -1e-7]),
+        ),
         max_size=8,
     ),
     unlabelled=st.booleans(),

@@ -26,7 +26,7 @@ case "$*" in
   "nvlink -e -i 0") printf 'GPU 0: NVIDIA H200 (UUID: GPU-x)\\n\\t Link 0: Replay Errors: 0\\n\\t Link 0: Recovery Errors: 0\\n\\t Link 0: CRC Errors: 0\\n' ;;
   *) echo "nvidia-smi stand-in: $*" ;;
 esac
-"""
+"""  # noqa: E501 - a shell script: one printf per command, nvidia-smi's output as it prints it
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +38,13 @@ def run_check(out: Path, lib: Path, *args: str, **fake: object) -> subprocess.Co
     env = {**os.environ, **fake_nvml_env(lib, **fake)}
     # no carried sources: a developer's own .gpu-check-src must not change what these tests see
     bundle = ["--src-bundle", str(out.parent / "no-bundle")]
-    return subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), *bundle, *args], env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(out), *bundle, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def summary_rows(out: Path) -> dict[str, tuple[str, str]]:
@@ -72,8 +77,10 @@ def test_degrades_clearly_without_nvidia_smi_torch_or_gpu(fake_lib: Path, tmp_pa
     assert rows["nccl-tests all_reduce_perf"] == ("SKIPPED", "not built")
     assert rows["probe vs nccl-tests"][0] == "SKIPPED"
     metrics = (out / "ccl-nvml-metrics.txt").read_text()
-    assert ('ccl_gpu_info{gpu="0",name="NVIDIA H200",pci_bus_id="00000000:18:00.0",'
-            'uuid="GPU-fa4e0000-0000-4000-8000-000000000000"} 1.0') in metrics
+    assert (
+        'ccl_gpu_info{gpu="0",name="NVIDIA H200",pci_bus_id="00000000:18:00.0",'
+        'uuid="GPU-fa4e0000-0000-4000-8000-000000000000"} 1.0'
+    ) in metrics
     assert 'ccl_nvlink_state{gpu="0",link="2"} 0.0' in metrics
     assert "link  2: inactive, 0.000 GB/s" in (out / "compare.txt").read_text()
 
@@ -95,8 +102,10 @@ def test_compares_with_nvidia_smi_and_flags_differences(fake_lib: Path, tmp_path
 
 def test_analyzes_a_given_nccl_log_or_says_analyze_is_missing(fake_lib: Path, tmp_path: Path) -> None:
     log = tmp_path / "job.log"
-    log.write_text("node-a:100:100 [0] NCCL INFO NCCL version 2.21.5+cuda12.4\n"
-                   "node-a:100:100 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>\n")
+    log.write_text(
+        "node-a:100:100 [0] NCCL INFO NCCL version 2.21.5+cuda12.4\n"
+        "node-a:100:100 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>\n"
+    )
     out = tmp_path / "out"
     assert run_check(out, fake_lib, "--nvidia-smi", str(tmp_path / "none"), "--nccl-log", str(log)).returncode == 0
     rows = summary_rows(out)
@@ -109,8 +118,15 @@ def test_analyzes_a_given_nccl_log_or_says_analyze_is_missing(fake_lib: Path, tm
 
 def smi_topo(classes: dict[tuple[int, int], str]) -> str:
     """`nvidia-smi topo -m` as it prints an HGX node: GPU rows, NICn columns, the NIC Legend."""
-    header = "\t" + "\t".join([*(f"GPU{g}" for g in range(8)), *(f"NIC{n}" for n in range(10)),
-                               "CPU Affinity", "NUMA Affinity", "GPU NUMA ID"])
+    header = "\t" + "\t".join(
+        [
+            *(f"GPU{g}" for g in range(8)),
+            *(f"NIC{n}" for n in range(10)),
+            "CPU Affinity",
+            "NUMA Affinity",
+            "GPU NUMA ID",
+        ]
+    )
     rows = []
     for g in range(8):
         cells = [" X " if h == g else "NV18" for h in range(8)] + [classes[(g, n)] for n in range(10)]
@@ -134,7 +150,7 @@ def test_prints_our_affinity_matrix_next_to_nvidia_smi_topo(fake_lib: Path, tmp_
     smi = tmp_path / "nvidia-smi"
     topo = tmp_path / "topo.txt"
     topo.write_text(smi_topo(classes))
-    smi.write_text(FAKE_SMI.replace('  *) echo', f'  "topo -m") cat {topo} ;;\n  *) echo'))
+    smi.write_text(FAKE_SMI.replace("  *) echo", f'  "topo -m") cat {topo} ;;\n  *) echo'))
     smi.chmod(0o755)
     out = tmp_path / "out"
     done = run_check(out, fake_lib, "--nvidia-smi", str(smi), "--sysfs", str(tmp_path / "node" / "sys"))
@@ -143,8 +159,21 @@ def test_prints_our_affinity_matrix_next_to_nvidia_smi_topo(fake_lib: Path, tmp_
     assert rows["ccl topology"] == ("OK", "8 GPUs x 10 NICs, 80 classes known")
     assert rows["topology compare"] == ("FAILED", "80 GPU/NIC pairs compared, 1 mismatches")
     matrix = (out / "ccl-topology.txt").read_text().splitlines()
-    assert matrix[3].split("\t") == ["GPU0", "PIX", "NODE", "NODE", "NODE", "SYS", "SYS", "SYS", "SYS", "NODE", "SYS",
-                                     "0", "mlx5_0"]
+    assert matrix[3].split("\t") == [
+        "GPU0",
+        "PIX",
+        "NODE",
+        "NODE",
+        "NODE",
+        "SYS",
+        "SYS",
+        "SYS",
+        "SYS",
+        "NODE",
+        "SYS",
+        "0",
+        "mlx5_0",
+    ]
     compare = (out / "topology-compare.txt").read_text()
     assert "GPU2 mlx5_5: SYS | NODE  <-- differs" in compare
     assert "GPU7 mlx5_7: PIX | PIX\n" in compare
@@ -157,9 +186,24 @@ def test_topology_step_says_what_it_skipped_without_gpus(tmp_path: Path) -> None
         pytest.skip("a real libnvidia-ml is installed on this machine")
     out = tmp_path / "out"
     env = {**os.environ, "LD_LIBRARY_PATH": str(tmp_path)}  # no libnvidia-ml here
-    done = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), "--nvidia-smi", str(tmp_path / "none"),
-                           "--sysfs", str(tmp_path), "--src-bundle", str(tmp_path / "no-bundle")], env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--out",
+            str(out),
+            "--nvidia-smi",
+            str(tmp_path / "none"),
+            "--sysfs",
+            str(tmp_path),
+            "--src-bundle",
+            str(tmp_path / "no-bundle"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     rows = summary_rows(out)
     assert rows["ccl topology"][0] == "SKIPPED" and "NVML" in rows["ccl topology"][1]
@@ -191,8 +235,12 @@ def run_recorded(folder: Path, out: Path, tmp_path: Path) -> subprocess.Complete
     """The analysis steps on a recorded run; this machine's sysfs is an empty folder (no RDMA port)."""
     sysfs = tmp_path / "empty-sysfs"
     sysfs.mkdir(exist_ok=True)
-    return subprocess.run([sys.executable, str(SCRIPT), "--recorded", str(folder), "--out", str(out),
-                           "--sysfs", str(sysfs)], capture_output=True, text=True, timeout=180)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--recorded", str(folder), "--out", str(out), "--sysfs", str(sysfs)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
 
 
 def metric_lines(path: Path, name: str, pod: str) -> list[str]:
@@ -214,18 +262,27 @@ def test_recorded_nccl_2_28_run_is_analysed_again(tmp_path: Path) -> None:
         verdict = json.loads((out / "two-hosts" / variant / "analyze.json").read_text())
         assert (verdict["nccl_version"], verdict["nranks"], verdict["inter_node_tcp"]) == ("2.28.9", 2, True)
     summary = (out / "summary.md").read_text()
-    assert ("`socket-lo` (IB disabled, Socket): analyze says **tcp_fallback** (network Socket, nodes 2, ranks 2). "
-            "The logs show 2 processes, one hostname for both ranks (gpu-node), NCCL 2.28.9+cuda13.0, nNodes 2, "
-            "network Socket, NCCL sockets on lo:127.0.0.1, 0 warnings.") in summary
+    assert (
+        "`socket-lo` (IB disabled, Socket): analyze says **tcp_fallback** (network Socket, nodes 2, ranks 2). "
+        "The logs show 2 processes, one hostname for both ranks (gpu-node), NCCL 2.28.9+cuda13.0, nNodes 2, "
+        "network Socket, NCCL sockets on lo:127.0.0.1, 0 warnings."
+    ) in summary
     assert "NCCL sockets on eth0:10.0.2.15" in summary
 
-    assert rows["exporter on pod logs, this node"] == ("OK", "6 pods, node_rdma_active 0.0; exporter-metrics-this-node.txt")
-    assert rows["exporter on pod logs, RDMA node"] == ("OK", "6 pods, node_rdma_active 1.0; exporter-metrics-rdma-node.txt")
+    assert rows["exporter on pod logs, this node"] == (
+        "OK",
+        "6 pods, node_rdma_active 0.0; exporter-metrics-this-node.txt",
+    )
+    assert rows["exporter on pod logs, RDMA node"] == (
+        "OK",
+        "6 pods, node_rdma_active 1.0; exporter-metrics-rdma-node.txt",
+    )
     for label, flagged in (("this-node", "0.0"), ("rdma-node", "1.0")):
         page = out / f"exporter-metrics-{label}.txt"
         for pod in ("socket-lo-rank0", "socket-lo-rank1", "defaults-rank1"):
             assert metric_lines(page, "ccl_nccl_tcp_fallback", pod) == [
-                f'ccl_nccl_tcp_fallback{{job_kind="",job_name="",namespace="gpu-check",pod="{pod}"}} {flagged}']
+                f'ccl_nccl_tcp_fallback{{job_kind="",job_name="",namespace="gpu-check",pod="{pod}"}} {flagged}'
+            ]
             assert any('verdict="tcp_fallback"} 1.0' in line for line in metric_lines(page, "ccl_nccl_verdict", pod))
             info = metric_lines(page, "ccl_nccl_communicator_info", pod)
             assert len(info) == 1 and 'network="Socket"' in info[0] and 'nnodes="2"' in info[0]
@@ -235,7 +292,10 @@ def test_recorded_nccl_2_28_run_is_analysed_again(tmp_path: Path) -> None:
     assert [line.split(" stdout F ", 1)[1] for line in pod_log] == source
 
     assert rows["Inspector records"] == ("OK", "6 operations; counters vs records busbw differ by at most 0.00%")
-    assert "all_reduce inter_node 10MB_100MB: 6 ops, bus bandwidth 5.35 GB/s" in (out / "inspector-records.txt").read_text()
+    assert (
+        "all_reduce inter_node 10MB_100MB: 6 ops, bus bandwidth 5.35 GB/s"
+        in (out / "inspector-records.txt").read_text()
+    )
 
     status, detail = rows["probe vs nccl-tests"]
     assert status == "FAILED" and detail.endswith("at 268435456 B the probe gets 0.30x nccl-tests' busbw"), detail
@@ -245,7 +305,8 @@ def test_recorded_nccl_2_28_run_is_analysed_again(tmp_path: Path) -> None:
     assert [r["tests_busbw_gbs_out_of_place"] for r in compared["rows"]] == [2.99, 4.36, 4.93, 5.37, 5.49]
     probe = json.loads((RECORDED / "nccl-2.28.9" / "probe-rank0.json").read_text())
     assert [r["probe_busbw_gbs"] * 1e9 for r in compared["rows"]] == pytest.approx(
-        [r["busbw_bytes_per_second"] for r in probe["collectives"][0]["rows"]])
+        [r["busbw_bytes_per_second"] for r in probe["collectives"][0]["rows"]]
+    )
     # the recorded folder itself is left as it was
     assert not (RECORDED / "nccl-2.28.9" / "summary.md").exists()
 
@@ -283,7 +344,9 @@ def test_recorded_run_fails_when_the_fallback_is_not_seen(tmp_path: Path) -> Non
     assert done.returncode == 0, done.stdout + done.stderr
     rows = summary_rows(out)
     assert rows["analyze socket-lo"] == (
-        "FAILED", "exit 0, verdict single_node, network Socket, nodes 1: two hosts on Socket must be a TCP fallback (exit 3)")
+        "FAILED",
+        "exit 0, verdict single_node, network Socket, nodes 1: two hosts on Socket must be a TCP fallback (exit 3)",
+    )
     status, detail = rows["exporter on pod logs, RDMA node"]
     assert status == "FAILED" and "socket-lo-rank0: verdict single_node, not tcp_fallback" in detail, detail
     assert "socket-lo-rank0: ccl_nccl_tcp_fallback 0.0, not 1 (rdma-node)" in detail
@@ -294,18 +357,37 @@ def nccl_tests_table(ranks: int, rows: list[tuple[int, float, float]]) -> str:
     """all_reduce_perf's stdout as NVIDIA/nccl-tests v2.19.6 prints it (src/util.cu): (size, out-of-place
     time in us, in-place time in us) per row; algbw and busbw computed as all_reduce.cu does."""
     out = ["# nccl-tests version 2.19.6 nccl-headers=22809 nccl-library=22809\n", "# Using devices\n"]
-    out += [f"#  Rank {r:2d} Group {0:2d} Pid {700 + r:6d} on {'gpu-node':>10} device {0:2d} [0000:18:00] NVIDIA H200\n"
-            for r in range(ranks)]
-    out.append("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s \n"
-               % ("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw",
-                  "busbw", "#wrong"))
+    out += [
+        f"#  Rank {r:2d} Group {0:2d} Pid {700 + r:6d} on {'gpu-node':>10} device {0:2d} [0000:18:00] NVIDIA H200\n"
+        for r in range(ranks)
+    ]
+    # nccl-tests' own printf formats, as they are in its source
+    columns = (
+        "size",
+        "count",
+        "type",
+        "redop",
+        "root",
+        "time",
+        "algbw",
+        "busbw",
+        "#wrong",
+        "time",
+        "algbw",
+        "busbw",
+        "#wrong",
+    )
+    out.append("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s \n" % columns)  # noqa: UP031 - nccl-tests' printf format
     for size, *times in rows:
-        line = "%12i  %12i  %8s  %6s  %6s" % (size, size // 4, "float", "sum", "%6i" % -1)
+        line = "%12i  %12i  %8s  %6s  %6s" % (size, size // 4, "float", "sum", "%6i" % -1)  # noqa: UP031 - nccl-tests' printf format
         for t in times:
             algbw = size / 1e3 / t
-            line += "  %7.2f  %6.2f  %6.2f  %6g" % (t, algbw, algbw * 2 * (ranks - 1) / ranks, 0)
+            line += "  %7.2f  %6.2f  %6.2f  %6g" % (t, algbw, algbw * 2 * (ranks - 1) / ranks, 0)  # noqa: UP031 - nccl-tests' printf format
         out.append(line + "\n")
-    out += ["# %-20s : %d %s\n" % ("Out of bounds values", 0, "OK"), "# %-20s : %g \n" % ("Avg bus bandwidth", 1.0)]
+    out += [
+        "# %-20s : %d %s\n" % ("Out of bounds values", 0, "OK"),  # noqa: UP031 - nccl-tests' printf format
+        "# %-20s : %g \n" % ("Avg bus bandwidth", 1.0),  # noqa: UP031 - nccl-tests' printf format
+    ]
     return "".join(out)
 
 
@@ -322,8 +404,9 @@ def test_probe_and_nccl_tests_that_agree_pass_the_comparison(tmp_path: Path) -> 
     assert run_recorded(recorded, out, tmp_path).returncode == 0
     status, detail = summary_rows(out)["probe vs nccl-tests"]
     assert status == "OK", detail
-    assert detail.startswith("5 sizes side by side in bandwidth-compare.txt; at 268435456 B probe 1.67 GB/s, "
-                             "nccl-tests 1.11 GB/s")
+    assert detail.startswith(
+        "5 sizes side by side in bandwidth-compare.txt; at 268435456 B probe 1.67 GB/s, nccl-tests 1.11 GB/s"
+    )
     table = (out / "bandwidth-compare.txt").read_text().splitlines()
     assert table[-1].split() == ["268435456", "1.67", "1.11", "1.85", "1.50"]
 
@@ -335,19 +418,28 @@ def test_nccl_tests_table_is_read_as_nccl_tests_writes_it() -> None:
     run = parse_nccl_tests(text)
     assert run.header == "# nccl-tests version 2.19.6 nccl-headers=22809 nccl-library=22809"
     assert [r.split()[-2:] for r in run.ranks] == [["NVIDIA", "H200"]] * 2
-    assert [(r.size, r.count, r.type, r.redop, r.root) for r in run.rows][-1] == (268435456, 67108864, "float", "sum", -1)
+    assert [(r.size, r.count, r.type, r.redop, r.root) for r in run.rows][-1] == (
+        268435456,
+        67108864,
+        "float",
+        "sum",
+        -1,
+    )
     last = run.rows[-1]
     assert (last.out_of_place.time_us, last.out_of_place.busbw, last.out_of_place.wrong) == (48913.6, 5.49, 0)
     assert (last.in_place.time_us, last.in_place.algbw) == (48870.2, 5.49)
     assert (run.out_of_bounds, run.average_busbw, run.skipped_lines) == (0, 4.63063, 0)
     # mixed with NCCL's INFO lines and mpirun's, data not checked (-c 0: N/A), a row cut short
-    noisy = "\n".join([
-        "gpu-node:4501:4501 [0] NCCL INFO NCCL version 2.28.9+cuda13.0",
-        "--------------------------------------------------------------------------",
-        *text.splitlines()[:12],
-        "     4194304       1048576     float     sum      -1   962.40    4.36    4.36     N/A   958.10    4.38    4.38     N/A",
-        "    16777216       4194304     float     sum      -1  3402.70    4.93",
-    ])
+    noisy = "\n".join(
+        [
+            "gpu-node:4501:4501 [0] NCCL INFO NCCL version 2.28.9+cuda13.0",
+            "--------------------------------------------------------------------------",
+            *text.splitlines()[:12],
+            "     4194304       1048576     float     sum      -1   962.40    4.36    4.36     N/A"
+            "   958.10    4.38    4.38     N/A",
+            "    16777216       4194304     float     sum      -1  3402.70    4.93",
+        ]
+    )
     run = parse_nccl_tests(noisy)
     assert [r.size for r in run.rows] == [1048576, 4194304]
     assert run.rows[1].out_of_place.wrong is None and run.skipped_lines == 1
@@ -359,8 +451,14 @@ def test_what_the_rank_logs_show() -> None:
 
     folder = RECORDED / "nccl-2.29.7" / "two-hosts" / "socket-lo"
     assert log_facts(sorted(folder.glob("rank*.nccl.log"))) == {
-        "hostnames": ["gpu-node"], "processes": 2, "nccl_versions": ["2.29.7+cuda13.0"], "nnodes": ["2"],
-        "networks": ["Socket"], "socket_interfaces": ["lo:127.0.0.1"], "warnings": 0}
+        "hostnames": ["gpu-node"],
+        "processes": 2,
+        "nccl_versions": ["2.29.7+cuda13.0"],
+        "nnodes": ["2"],
+        "networks": ["Socket"],
+        "socket_interfaces": ["lo:127.0.0.1"],
+        "warnings": 0,
+    }
 
 
 def test_processes_past_their_timeout_are_killed_with_their_children() -> None:
@@ -371,12 +469,14 @@ def test_processes_past_their_timeout_are_killed_with_their_children() -> None:
 
     started = time.monotonic()
     marker = f"600.{os.getpid()}"  # sleep's seconds: unique to this test, found again with pgrep
-    results = run_together([(["sh", "-c", f"echo up; sleep {marker}"], dict(os.environ)),
-                            (["sh", "-c", "echo done"], dict(os.environ))], timeout=1.0)
+    results = run_together(
+        [(["sh", "-c", f"echo up; sleep {marker}"], dict(os.environ)), (["sh", "-c", "echo done"], dict(os.environ))],
+        timeout=1.0,
+    )
     assert time.monotonic() - started < 15
     assert results[0][0] == TIMED_OUT and results[0][1].startswith("up\n") and "timed out after 1s" in results[0][1]
     assert results[1] == (0, "done\n")
-    code, out = run_command(["sh", "-c", f"sleep {marker} & wait"], timeout=1.0)
+    code, _ = run_command(["sh", "-c", f"sleep {marker} & wait"], timeout=1.0)
     assert code == TIMED_OUT
     time.sleep(0.2)
     survivors = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True).stdout.split()
@@ -400,16 +500,29 @@ def test_inspector_plugin_is_built_from_a_source_tree(tmp_path: Path) -> None:
     (src / "Makefile").write_text(FAKE_PLUGIN_MAKEFILE)
     (src / "inspector_plugin.cc").write_text("int ncclProfiler_v5 = 5;\n")
     (tmp_path / "nccl" / "makefiles").mkdir()
-    (tmp_path / "nccl" / "makefiles" / "version.mk").write_text("NCCL_MAJOR   := 2\nNCCL_MINOR   := 29\nNCCL_PATCH   := 7\n")
+    (tmp_path / "nccl" / "makefiles" / "version.mk").write_text(
+        "NCCL_MAJOR   := 2\nNCCL_MINOR   := 29\nNCCL_PATCH   := 7\n"
+    )
     out = tmp_path / "out"
-    args = ["--nvidia-smi", str(tmp_path / "none"), "--nccl-src", str(tmp_path / "nccl"), "--sysfs", str(tmp_path),
-            "--src-bundle", str(tmp_path / "no-bundle")]
-    done = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), *args], capture_output=True, text=True,
-                          timeout=180)
+    args = [
+        "--nvidia-smi",
+        str(tmp_path / "none"),
+        "--nccl-src",
+        str(tmp_path / "nccl"),
+        "--sysfs",
+        str(tmp_path),
+        "--src-bundle",
+        str(tmp_path / "no-bundle"),
+    ]
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(out), *args], capture_output=True, text=True, timeout=180
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     rows = summary_rows(out)
     assert rows["Inspector plugin build"] == (
-        "OK", "libnccl-profiler-inspector.so from NCCL 2.29.7 plugins/profiler/inspector")
+        "OK",
+        "libnccl-profiler-inspector.so from NCCL 2.29.7 plugins/profiler/inspector",
+    )
     assert "make -j8 -C" in (out / "inspector-build.log").read_text()
     assert not (src / "libnccl-profiler-inspector.so").exists()
     assert rows["NCCL Inspector job"][0] == "SKIPPED"
@@ -428,7 +541,7 @@ echo "$NCCL_HOSTID $NCCL_TESTS_DEVICE $NCCL_IB_DISABLE $NCCL_SOCKET_IFNAME $*" >
 [ "$OMPI_COMM_WORLD_RANK" = 0 ] || exit 0
 while [ ! -f "$(dirname "$0")/rank-1" ]; do sleep 0.1; done
 cat "$(dirname "$0")/table.txt"
-"""
+"""  # noqa: E501 - a shell script, its command on one line
 
 
 def test_nccl_tests_run_as_two_hosts_under_mpirun(tmp_path: Path) -> None:
@@ -451,8 +564,9 @@ def test_nccl_tests_run_as_two_hosts_under_mpirun(tmp_path: Path) -> None:
     report = Report(tmp_path / "out", budget_seconds=300)
     run_nccl_tests(report, binary, Mpi(home, {}, "test"), 3, [tmp_path / "lib"])
     step = report.steps[-1]
-    assert (step.name, step.status) == ("nccl-tests all_reduce_perf", "OK"), step.detail + (
-        tmp_path / "out" / "nccl-tests-all_reduce_perf.txt").read_text()
+    assert (step.name, step.status) == ("nccl-tests all_reduce_perf", "OK"), (
+        step.detail + (tmp_path / "out" / "nccl-tests-all_reduce_perf.txt").read_text()
+    )
     assert step.detail == "exit 0, 2 ranks, 5 sizes, out of bounds 0; nccl-tests-all_reduce_perf.txt"
     sweep = "-b 1M -e 256M -f 4 -n 20 -w 5 -g 1 -c 1"
     assert (build / "rank-0").read_text() == f"gpu-check-host-0 3 1 lo {sweep}\n"
@@ -469,10 +583,14 @@ def test_the_nccl_source_for_torchs_nccl_is_picked_from_the_carried_folder(tmp_p
         major, minor, patch = tag[1:].split("-")[0].split(".")
         (tree / "makefiles").mkdir()
         (tree / "makefiles" / "version.mk").write_text(
-            f"##### version\nNCCL_MAJOR   := {major}\nNCCL_MINOR   := {minor}\nNCCL_PATCH   := {patch}\nNCCL_SUFFIX  :=\n")
+            f"##### version\nNCCL_MAJOR   := {major}\nNCCL_MINOR   := {minor}\n"
+            f"NCCL_PATCH   := {patch}\nNCCL_SUFFIX  :=\n"
+        )
     assert pick_nccl_source(tmp_path, "2.28.9") == (tmp_path / "nccl-v2.28.9-1", "NCCL 2.28.9 source nccl-v2.28.9-1")
     assert pick_nccl_source(tmp_path, "2.29.3") == (
-        tmp_path / "nccl-v2.29.7-1", "NCCL 2.29.7 source nccl-v2.29.7-1 for torch's NCCL 2.29.3 (same minor release)")
+        tmp_path / "nccl-v2.29.7-1",
+        "NCCL 2.29.7 source nccl-v2.29.7-1 for torch's NCCL 2.29.3 (same minor release)",
+    )
     tree, why = pick_nccl_source(tmp_path, "2.30.7")
     assert tree is None and why.endswith("(has nccl-v2.28.9-1 (2.28.9), nccl-v2.29.7-1 (2.29.7))")
     assert pick_nccl_source(tmp_path / "none", "2.28.9")[0] is None
@@ -535,8 +653,14 @@ def test_a_live_run_on_a_stand_in_gpu_machine(fake_lib: Path, tmp_path: Path) ->
     (nccl / "lib" / "libnccl.so.2").write_text("")
     (nccl / "include" / "nccl.h").write_text("")
     python = tmp_path / "python3"
-    python.write_text(FAKE_PYTHON.format(python=sys.executable, run=str(run), nccl_lib=str(nccl / "lib" / "libnccl.so.2"),
-                                         nccl_include=str(nccl / "include")))
+    python.write_text(
+        FAKE_PYTHON.format(
+            python=sys.executable,
+            run=str(run),
+            nccl_lib=str(nccl / "lib" / "libnccl.so.2"),
+            nccl_include=str(nccl / "include"),
+        )
+    )
     python.chmod(0o755)
     cuda = tmp_path / "cuda"
     (cuda / "bin").mkdir(parents=True)
@@ -562,15 +686,40 @@ def test_a_live_run_on_a_stand_in_gpu_machine(fake_lib: Path, tmp_path: Path) ->
     archive = tmp_path / "back" / "gpu-check.tar.gz"
     env = {**os.environ, **fake_nvml_env(fake_lib), "CUDA_HOME": str(cuda)}
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--out", str(out), "--python", str(python), "--nvidia-smi", str(tmp_path / "none"),
-         "--sysfs", str(sysfs), "--src-bundle", str(tmp_path / "no-bundle"), "--nccl-src", str(tmp_path / "nccl"),
-         "--nccl-tests-src", str(tests_src), "--mpi-home", str(mpi), "--archive", str(archive)],
-        env=env, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--out",
+            str(out),
+            "--python",
+            str(python),
+            "--nvidia-smi",
+            str(tmp_path / "none"),
+            "--sysfs",
+            str(sysfs),
+            "--src-bundle",
+            str(tmp_path / "no-bundle"),
+            "--nccl-src",
+            str(tmp_path / "nccl"),
+            "--nccl-tests-src",
+            str(tests_src),
+            "--mpi-home",
+            str(mpi),
+            "--archive",
+            str(archive),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     rows = summary_rows(out)
     assert rows["torch"] == ("OK", "torch 2.11.0+cu130, NCCL 2.28.9, NVIDIA H200 (sm_90)")
     assert rows["two hosts socket-lo"] == (
-        "OK", "2 ranks, NCCL_HOSTID per rank, NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=lo; 2 rank logs")
+        "OK",
+        "2 ranks, NCCL_HOSTID per rank, NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=lo; 2 rank logs",
+    )
     assert rows["two hosts defaults"] == ("OK", "2 ranks, NCCL_HOSTID per rank, no NCCL_* setting; 2 rank logs")
     assert rows["analyze socket-lo"] == ("OK", "exit 3, verdict tcp_fallback, network Socket, nodes 2")
     assert rows["exporter on pod logs, RDMA node"][0] == "OK"
@@ -578,10 +727,14 @@ def test_a_live_run_on_a_stand_in_gpu_machine(fake_lib: Path, tmp_path: Path) ->
     assert rows["NCCL Inspector job"] == ("OK", "20 all-reduces of 64 MiB on two hosts; 2 files in inspector/")
     assert rows["Inspector records"] == ("OK", "6 operations; counters vs records busbw differ by at most 0.00%")
     assert rows["ccl-exporter probe (NCCL, two hosts)"] == (
-        "OK", "exit codes [0, 0], 2 result documents (probe-rank<r>.json)")
+        "OK",
+        "exit codes [0, 0], 2 result documents (probe-rank<r>.json)",
+    )
     assert rows["nccl-tests build"] == ("OK", "all_reduce_perf with MPI=1, sm_90")
     assert rows["nccl-tests all_reduce_perf"] == (
-        "OK", "exit 0, 2 ranks, 5 sizes, out of bounds 0; nccl-tests-all_reduce_perf.txt")
+        "OK",
+        "exit 0, 2 ranks, 5 sizes, out of bounds 0; nccl-tests-all_reduce_perf.txt",
+    )
     assert rows["probe vs nccl-tests"][0] == "FAILED"  # the recorded probe is gloo on a CPU
     build_log = (out / "nccl-tests-build.log").read_text()
     assert "NVCC_GENCODE=-gencode=arch=compute_90,code=sm_90" in build_log and f"MPI_HOME={mpi}" in build_log
@@ -589,8 +742,11 @@ def test_a_live_run_on_a_stand_in_gpu_machine(fake_lib: Path, tmp_path: Path) ->
     socket_variants = [name for name in rows if name.startswith("two hosts socket-") and name != "two hosts socket-lo"]
     for name in socket_variants:  # the machine's own interface, when it has one besides lo
         assert rows[name][0] == "OK" and "NCCL_SOCKET_IFNAME==" in rows[name][1]
-    seconds = [float(line.split("|")[3]) for line in (out / "summary.md").read_text().splitlines()
-               if line.count("|") == 5 and line.split("|")[2].strip() in ("OK", "SKIPPED", "FAILED")]
+    seconds = [
+        float(line.split("|")[3])
+        for line in (out / "summary.md").read_text().splitlines()
+        if line.count("|") == 5 and line.split("|")[2].strip() in ("OK", "SKIPPED", "FAILED")
+    ]
     assert len(seconds) == len(rows) and all(s >= 0 for s in seconds)
     import tarfile
 

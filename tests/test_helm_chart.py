@@ -28,6 +28,7 @@ from helm_python import Chart, HelmRenderError, HelmValuesError, lint
 
 from devtools import chart_files
 from devtools.stack import pod_monitor_endpoint
+from tests import yaml_docs
 from tests.conftest import REPO
 from tests.test_manifests import (
     _STR,
@@ -64,23 +65,28 @@ KUBERNETES_VERSIONS = [f"1.{minor}.0" for minor in range(25, 38)]
 # What may differ between the default render and `kubectl kustomize manifests/`, and why:
 ALLOWED_DIFFERENCES = {
     "Namespace": "Helm installs into a namespace that exists (or --create-namespace); the chart "
-                 "does not own it. docs/deploy.md labels it for Pod Security, as the base's does.",
+    "does not own it. docs/deploy.md labels it for Pod Security, as the base's does.",
     "standard labels": "Helm's standard labels (helm.sh/chart, app.kubernetes.io/instance, managed-by, version) "
-                       "and the app name label on objects where the base has none.",
+    "and the app name label on objects where the base has none.",
     "checkov reasons": "the DaemonSet's checkov skips accept the same checks; a reason may name the "
-                       "chart's value instead of a kustomize overlay.",
+    "chart's value instead of a kustomize overlay.",
     "list order": "env, volumeMounts, volumes and ports are compared by name (kustomize's patches reorder "
-                  "them; Kubernetes does not care), and readOnly: false is the same as no readOnly.",
+    "them; Kubernetes does not care), and readOnly: false is the same as no readOnly.",
     "object names": "the chart names its objects after the release (<release>-ccl-health-exporter, as "
-                    "prometheus-node-exporter's chart does) so that two releases coexist; the base keeps its fixed "
-                    "names. The comparison renames the chart's to the base's (BASE_NAMES), references included.",
+    "prometheus-node-exporter's chart does) so that two releases coexist; the base keeps its fixed "
+    "names. The comparison renames the chart's to the base's (BASE_NAMES), references included.",
     "instance label in selectors": "the chart's selectors also match app.kubernetes.io/instance, so that a "
-                                   "release never selects another's pods; the base is one install per cluster and "
-                                   "keeps its selectors (a DaemonSet's selector cannot change in place).",
+    "release never selects another's pods; the base is one install per cluster and "
+    "keeps its selectors (a DaemonSet's selector cannot change in place).",
     "helm test": "the objects of `helm test` (annotated helm.sh/hook: test) exist only while the test runs.",
 }
-HELM_LABELS = {"helm.sh/chart", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by",
-               "app.kubernetes.io/version", "app.kubernetes.io/name"}
+HELM_LABELS = {
+    "helm.sh/chart",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/version",
+    "app.kubernetes.io/name",
+}
 # The only lint note the chart keeps: it has no icon to show in a chart repository.
 ACCEPTED_LINT_INFO = {"icon is recommended"}
 
@@ -100,7 +106,7 @@ def objects_of(rendered: dict[str, str], *, tests: bool = False) -> list[dict[st
     for path, text in sorted(rendered.items()):
         if path.endswith(".txt"):
             continue
-        found.extend(doc for doc in yaml.safe_load_all(text) if doc and (tests or not is_test_hook(doc)))
+        found.extend(doc for doc in yaml_docs.load_all(text) if doc and (tests or not is_test_hook(doc)))
     return found
 
 
@@ -113,7 +119,7 @@ def base_named(obj: dict[str, Any]) -> dict[str, Any]:
     text = yaml.safe_dump(obj)
     for chart_name, base_name in BASE_NAMES:
         text = text.replace(chart_name, base_name)
-    renamed: dict[str, Any] = yaml.safe_load(text)
+    renamed: dict[str, Any] = yaml_docs.load(text)
     key = (renamed["kind"], renamed["metadata"]["name"])
     renamed["metadata"]["name"] = BASE_NAMES_BY_KIND.get(key, key[1])
     return renamed
@@ -203,10 +209,14 @@ def kustomized() -> list[dict[str, Any]]:
 
 # ---- lint ----
 
+
 @pytest.mark.parametrize("values_name", ["defaults", "values-kube-prometheus-stack.yaml", "non-default"])
 def test_strict_lint_is_clean(values_name: str) -> None:
-    values = yaml.safe_load((CHART / values_name).read_text()) if values_name.endswith(".yaml") else \
-        {"defaults": None, "non-default": NON_DEFAULT}[values_name]
+    values = (
+        yaml.safe_load((CHART / values_name).read_text())
+        if values_name.endswith(".yaml")
+        else {"defaults": None, "non-default": NON_DEFAULT}[values_name]
+    )
     for kube_version in ("v1.25.0", "v1.37.0"):
         report = lint(CHART, values, strict=True, namespace=NAMESPACE, kube_version=kube_version)
         assert report["errors"] == [], report
@@ -225,6 +235,7 @@ def test_strict_lint_catches_a_broken_template(tmp_path: Path) -> None:
 
 # ---- the same objects as kustomize ----
 
+
 def test_default_render_equals_the_kustomize_base(kustomized: list[dict[str, Any]]) -> None:
     assert {o["kind"] for o in kustomized} - {o["kind"] for o in compared_objects()} == {"Namespace"}
     assert_same_in_substance(kustomized, compared_objects())
@@ -240,8 +251,10 @@ def test_kube_prometheus_stack_values_equal_the_overlay() -> None:
     values = yaml.safe_load((CHART / "values-kube-prometheus-stack.yaml").read_text())
     charted = compared_objects(values)
     assert_same_in_substance(overlay, charted)
-    assert {o["kind"] for o in charted if o["metadata"]["labels"].get("release") == "kube-prometheus-stack"} \
-        == {"PodMonitor", "PrometheusRule"}
+    assert {o["kind"] for o in charted if o["metadata"]["labels"].get("release") == "kube-prometheus-stack"} == {
+        "PodMonitor",
+        "PrometheusRule",
+    }
     (scraper,) = one(charted, "NetworkPolicy")["spec"]["ingress"][0]["from"]
     assert scraper["podSelector"]["matchLabels"]["operator.prometheus.io/name"] == "kube-prometheus-stack-prometheus"
 
@@ -262,13 +275,20 @@ def test_the_comparison_sees_a_difference(kustomized: list[dict[str, Any]]) -> N
 
 NON_DEFAULT: dict[str, Any] = {
     "fullnameOverride": "gpu-fabric",
-    "image": {"repository": "registry.internal/ccl-health-exporter", "pullPolicy": "Always",
-              "digest": "sha256:" + "ab" * 32},
+    "image": {
+        "repository": "registry.internal/ccl-health-exporter",
+        "pullPolicy": "Always",
+        "digest": "sha256:" + "ab" * 32,
+    },
     "imagePullSecrets": [{"name": "registry-credentials"}],
     "port": 19500,
     "collectors": {"rdma": False, "podresources": False},
-    "probes": {"enabled": True, "interval": 3600, "timeout": 120,
-               "image": {"repository": "registry.internal/ccl-health-exporter-probe", "digest": "sha256:" + "cd" * 32}},
+    "probes": {
+        "enabled": True,
+        "interval": 3600,
+        "timeout": 120,
+        "image": {"repository": "registry.internal/ccl-health-exporter-probe", "digest": "sha256:" + "cd" * 32},
+    },
     "hostPaths": {"podResources": "/var/lib/k0s/kubelet/pod-resources", "probeResults": "/data/ccl/results/"},
     "commonLabels": {"cost-center": "gpu-platform"},
     "nvml": {"nvlinkGranularity": "gpu"},
@@ -282,27 +302,47 @@ NON_DEFAULT: dict[str, Any] = {
     "runtimeClassName": "nvidia",
     "nodeSelector": {"node-role.kubernetes.io/gpu": ""},
     "tolerations": [{"operator": "Exists"}],
-    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "nvidia.com/gpu.count", "operator": "Gt", "values": ["0"]}]}]}}},
+    "affinity": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "nvidia.com/gpu.count", "operator": "Gt", "values": ["0"]}]}
+                ]
+            }
+        }
+    },
     "podLabels": {"team": "gpu-platform"},
     "podAnnotations": {"example.com/owner": "gpu-platform"},
     "serviceAccount": {"annotations": {"example.com/audit": "true"}},
-    "networkPolicy": {"scrapers": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}},
-                                    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "vmagent"}}}],
-                      "apiServer": {"cidrs": ["10.0.0.1/32"], "ports": [6443]},
-                      "kubelet": {"cidrs": ["10.1.0.0/16"]}},
+    "networkPolicy": {
+        "scrapers": [
+            {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}},
+                "podSelector": {"matchLabels": {"app.kubernetes.io/name": "vmagent"}},
+            }
+        ],
+        "apiServer": {"cidrs": ["10.0.0.1/32"], "ports": [6443]},
+        "kubelet": {"cidrs": ["10.1.0.0/16"]},
+    },
     "kubelet": {"port": 10255, "insecureSkipVerify": True},
     "podMonitor": {"enabled": False},
-    "serviceMonitor": {"enabled": True, "additionalLabels": {"release": "monitoring-stack"}, "interval": "30s",
-                       "scrapeTimeout": "20s", "scheme": "https",
-                       "tlsConfig": {"ca": {"secret": {"name": "ccl-web-config", "key": "ca.crt"}},
-                                     "serverName": "ccl-exporter"},
-                       "basicAuth": {"username": {"name": "ccl-scrape", "key": "username"},
-                                     "password": {"name": "ccl-scrape", "key": "password"}},
-                       "metricRelabelings": [{"sourceLabels": ["__name__"], "regex": "python_.*",
-                                              "action": "drop"}]},
-    "prometheusRule": {"additionalLabels": {"release": "monitoring-stack"},
-                       "runbookBaseUrl": "https://wiki.internal/gpu/runbooks/"},
+    "serviceMonitor": {
+        "enabled": True,
+        "additionalLabels": {"release": "monitoring-stack"},
+        "interval": "30s",
+        "scrapeTimeout": "20s",
+        "scheme": "https",
+        "tlsConfig": {"ca": {"secret": {"name": "ccl-web-config", "key": "ca.crt"}}, "serverName": "ccl-exporter"},
+        "basicAuth": {
+            "username": {"name": "ccl-scrape", "key": "username"},
+            "password": {"name": "ccl-scrape", "key": "password"},
+        },
+        "metricRelabelings": [{"sourceLabels": ["__name__"], "regex": "python_.*", "action": "drop"}],
+    },
+    "prometheusRule": {
+        "additionalLabels": {"release": "monitoring-stack"},
+        "runbookBaseUrl": "https://wiki.internal/gpu/runbooks/",
+    },
     "dashboards": {"namespace": "grafana", "annotations": {"grafana_folder": "GPU fabric"}},
     # A handler of the user's own replaces the chart's; timings alone keep it.
     "livenessProbe": {"tcpSocket": {"port": "metrics"}, "periodSeconds": 30},
@@ -316,24 +356,35 @@ def _operator_schemas() -> dict[str, Any]:
     schemas = copy.deepcopy(CRD_SCHEMAS)
     endpoint = schemas["PodMonitor"]["properties"]["spec"]["properties"]["podMetricsEndpoints"]["items"]
     key_ref = _closed({"name": _STR, "key": _STR, "optional": {"type": "boolean"}}, ["name", "key"])
-    secret_or_config_map = {"oneOf": [_closed({"secret": key_ref}, ["secret"]),
-                                      _closed({"configMap": key_ref}, ["configMap"])]}
-    safe_tls = {"ca": secret_or_config_map, "cert": secret_or_config_map, "keySecret": key_ref, "serverName": _STR,
-                "insecureSkipVerify": {"type": "boolean"}, "minVersion": _STR, "maxVersion": _STR}
-    endpoint["properties"].update({
-        # Lowercase only: operators before v0.87 reject HTTP and HTTPS.
-        "scheme": {"enum": ["http", "https"]},
-        # A PodMonitor's TLS has no file fields (SafeTLSConfig).
-        "tlsConfig": _closed(safe_tls),
-        "basicAuth": _closed({"username": key_ref, "password": key_ref}, ["username", "password"]),
-    })
+    secret_or_config_map = {
+        "oneOf": [_closed({"secret": key_ref}, ["secret"]), _closed({"configMap": key_ref}, ["configMap"])]
+    }
+    safe_tls = {
+        "ca": secret_or_config_map,
+        "cert": secret_or_config_map,
+        "keySecret": key_ref,
+        "serverName": _STR,
+        "insecureSkipVerify": {"type": "boolean"},
+        "minVersion": _STR,
+        "maxVersion": _STR,
+    }
+    endpoint["properties"].update(
+        {
+            # Lowercase only: operators before v0.87 reject HTTP and HTTPS.
+            "scheme": {"enum": ["http", "https"]},
+            # A PodMonitor's TLS has no file fields (SafeTLSConfig).
+            "tlsConfig": _closed(safe_tls),
+            "basicAuth": _closed({"username": key_ref, "password": key_ref}, ["username", "password"]),
+        }
+    )
     service_monitor = copy.deepcopy(schemas["PodMonitor"])
     service_monitor["properties"]["kind"] = {"const": "ServiceMonitor"}
     spec = service_monitor["properties"]["spec"]
     spec["properties"]["endpoints"] = spec["properties"].pop("podMetricsEndpoints")
     spec["required"] = ["selector", "endpoints"]
     spec["properties"]["endpoints"]["items"]["properties"]["tlsConfig"] = _closed(
-        {**safe_tls, "caFile": _STR, "certFile": _STR, "keyFile": _STR})
+        {**safe_tls, "caFile": _STR, "certFile": _STR, "keyFile": _STR}
+    )
     schemas["ServiceMonitor"] = service_monitor
     return schemas
 
@@ -352,8 +403,9 @@ def validate_strictly(objects: list[dict[str, Any]]) -> None:
             jsonschema.validate(obj, OPERATOR_SCHEMAS[obj["kind"]])
 
 
-@pytest.mark.parametrize("values", [{}, {"probes": {"enabled": True}}, NON_DEFAULT],
-                         ids=["defaults", "probes", "non-default"])
+@pytest.mark.parametrize(
+    "values", [{}, {"probes": {"enabled": True}}, NON_DEFAULT], ids=["defaults", "probes", "non-default"]
+)
 def test_renders_validate_strictly_on_every_kubernetes_version(values: dict[str, Any]) -> None:
     objects = chart_objects(values, tests=True)
     validate_strictly(objects)
@@ -361,8 +413,12 @@ def test_renders_validate_strictly_on_every_kubernetes_version(values: dict[str,
 
 
 def test_strict_validation_of_a_render_catches_a_typo() -> None:
-    objects = chart_objects({"extraVolumeMounts": [{"name": "x", "mountPath": "/x", "readOnlee": True}],
-                             "extraVolumes": [{"name": "x", "emptyDir": {}}]})
+    objects = chart_objects(
+        {
+            "extraVolumeMounts": [{"name": "x", "mountPath": "/x", "readOnlee": True}],
+            "extraVolumes": [{"name": "x", "emptyDir": {}}],
+        }
+    )
     with pytest.raises(kubernetes_validate.ValidationError):
         validate_strictly(objects)
 
@@ -398,23 +454,39 @@ def test_non_default_values_reach_the_objects() -> None:
     assert monitor["metadata"]["labels"]["release"] == "monitoring-stack"
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["scheme"] == "https" and endpoint["honorLabels"] is True
-    assert endpoint["relabelings"][0] == {"sourceLabels": ["__meta_kubernetes_pod_node_name"],
-                                          "targetLabel": "node", "action": "replace"}
+    assert endpoint["relabelings"][0] == {
+        "sourceLabels": ["__meta_kubernetes_pod_node_name"],
+        "targetLabel": "node",
+        "action": "replace",
+    }
     assert one(objects, "Service")["spec"]["ports"][0]["port"] == 19500
     rules = prometheus_rules(objects)
     assert set(rules) == set(RULE_FILES.values())
     assert all(rule["metadata"]["labels"]["release"] == "monitoring-stack" for rule in rules.values())
     assert {o["metadata"]["labels"]["cost-center"] for o in objects} == {"gpu-platform"}, "commonLabels on everything"
     assert daemonset["spec"]["template"]["metadata"]["labels"]["cost-center"] == "gpu-platform"
-    assert exporter_container["livenessProbe"] == {"tcpSocket": {"port": "metrics"}, "periodSeconds": 30,
-                                                   "initialDelaySeconds": 5, "timeoutSeconds": 5}
-    assert exporter_container["readinessProbe"] == {"httpGet": {"path": "/readyz", "port": "metrics", "scheme": "HTTPS"},
-                                                    "periodSeconds": 5, "timeoutSeconds": 5}
+    assert exporter_container["livenessProbe"] == {
+        "tcpSocket": {"port": "metrics"},
+        "periodSeconds": 30,
+        "initialDelaySeconds": 5,
+        "timeoutSeconds": 5,
+    }
+    assert exporter_container["readinessProbe"] == {
+        "httpGet": {"path": "/readyz", "port": "metrics", "scheme": "HTTPS"},
+        "periodSeconds": 5,
+        "timeoutSeconds": 5,
+    }
     assert {m["metadata"]["namespace"] for m in objects if m["kind"] == "ConfigMap"} == {"grafana"}
     policy = one(objects, "NetworkPolicy")["spec"]
     assert policy["ingress"][0]["from"] == NON_DEFAULT["networkPolicy"]["scrapers"]
-    assert policy["egress"][1] == {"to": [{"ipBlock": {"cidr": "10.0.0.1/32"}}], "ports": [{"protocol": "TCP", "port": 6443}]}
-    assert policy["egress"][2] == {"to": [{"ipBlock": {"cidr": "10.1.0.0/16"}}], "ports": [{"protocol": "TCP", "port": 10255}]}
+    assert policy["egress"][1] == {
+        "to": [{"ipBlock": {"cidr": "10.0.0.1/32"}}],
+        "ports": [{"protocol": "TCP", "port": 6443}],
+    }
+    assert policy["egress"][2] == {
+        "to": [{"ipBlock": {"cidr": "10.1.0.0/16"}}],
+        "ports": [{"protocol": "TCP", "port": 10255}],
+    }
 
 
 def test_the_args_are_flags_serve_accepts() -> None:
@@ -481,10 +553,12 @@ def test_runbook_base_url_moves_every_link() -> None:
     assert len(runbooks) >= 10
     for title, url in runbooks:
         assert url == f"{base}{title.removeprefix('Runbook: ')}.md"
-    assert [u for t, u in shipped if t.startswith("Runbook: ")] == \
-        [f"{RUNBOOK_BASE_URL}{t.removeprefix('Runbook: ')}.md" for t, _ in shipped if t.startswith("Runbook: ")]
-    assert [link for link in links if not link[0].startswith("Runbook: ")] == \
-        [link for link in shipped if not link[0].startswith("Runbook: ")], "links between dashboards stay"
+    assert [u for t, u in shipped if t.startswith("Runbook: ")] == [
+        f"{RUNBOOK_BASE_URL}{t.removeprefix('Runbook: ')}.md" for t, _ in shipped if t.startswith("Runbook: ")
+    ]
+    assert [link for link in links if not link[0].startswith("Runbook: ")] == [
+        link for link in shipped if not link[0].startswith("Runbook: ")
+    ], "links between dashboards stay"
 
 
 def test_global_rules_can_be_left_to_a_global_ruler() -> None:
@@ -507,7 +581,7 @@ def test_both_monitors_relabel_as_the_kustomize_pod_monitor_then_as_the_user_ask
 
 
 def test_service_monitor_needs_the_service() -> None:
-    with pytest.raises(HelmRenderError, match="serviceMonitor.enabled needs service.enabled"):
+    with pytest.raises(HelmRenderError, match=r"serviceMonitor\.enabled needs service\.enabled"):
         render({"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": False}, "service": {"enabled": False}})
 
 
@@ -534,14 +608,15 @@ def test_preparing_the_results_folder_can_be_left_to_the_nodes() -> None:
 
 def test_a_results_folder_right_below_the_root_is_not_prepared_through_it() -> None:
     """Its parent would be the node's /, mounted read-write: the render fails and says the way out."""
-    with pytest.raises(HelmRenderError, match="hostPaths.probeResults must be a folder below another folder than /"):
+    with pytest.raises(HelmRenderError, match=r"hostPaths\.probeResults must be a folder below another folder than /"):
         render({"hostPaths": {"probeResults": "/results"}})
-    assert "initContainers" not in _pod({"hostPaths": {"probeResults": "/results"},
-                                         "prepareProbeResults": {"enabled": False}})
+    assert "initContainers" not in _pod(
+        {"hostPaths": {"probeResults": "/results"}, "prepareProbeResults": {"enabled": False}}
+    )
 
 
 def test_probes_need_the_probe_collector() -> None:
-    with pytest.raises(HelmRenderError, match="probes.enabled needs collectors.probe"):
+    with pytest.raises(HelmRenderError, match=r"probes\.enabled needs collectors\.probe"):
         render({"probes": {"enabled": True}, "collectors": {"probe": False}})
 
 
@@ -568,37 +643,46 @@ def test_checkov_finds_nothing_unexplained_in_the_renders(tmp_path: Path) -> Non
 
 # ---- values.schema.json ----
 
-@pytest.mark.parametrize("values", [
-    {},
-    NON_DEFAULT,
-    {"probes": {"enabled": True}},
-], ids=["defaults", "non-default", "probes"])
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {},
+        NON_DEFAULT,
+        {"probes": {"enabled": True}},
+    ],
+    ids=["defaults", "non-default", "probes"],
+)
 def test_the_schema_accepts_good_values(values: dict[str, Any]) -> None:
     with Chart.load(CHART) as chart:
         chart.validate_schema(values)
         chart.validate_schema(yaml.safe_load((CHART / "values-kube-prometheus-stack.yaml").read_text()))
 
 
-@pytest.mark.parametrize(("values", "complaint"), [
-    ({"imagee": {"tag": "1"}}, "imagee"),
-    ({"image": {"pullPolicy": "Sometimes"}}, "pullPolicy"),
-    ({"image": {"digest": "latest"}}, "digest"),
-    ({"port": "19400"}, "port"),
-    ({"port": 70000}, "port"),
-    ({"collectors": {"rdma": "no"}}, "rdma"),
-    ({"collectors": {"infiniband": False}}, "infiniband"),
-    ({"tolerations": {"key": "nvidia.com/gpu"}}, "tolerations"),
-    ({"resources": {"limits": {"memory": "lots"}}}, "memory"),
-    ({"hostPaths": {"podLogs": "var/log/pods"}}, "podLogs"),
-    ({"web": {"configSecret": "Not_A_Name"}}, "configSecret"),
-    ({"extraArgs": ["serve"]}, "extraArgs"),
-    ({"podMonitor": {"interval": "15 seconds"}}, "interval"),
-    ({"podMonitor": {"labels": {"release": 1}}}, "release"),
-    ({"prometheusRule": {"runbookBaseUrl": "wiki/runbooks"}}, "runbookBaseUrl"),
-    ({"networkPolicy": {"apiServer": {"cidrs": ["control-plane"]}}}, "cidrs"),
-    ({"probes": {"interval": 0}}, "interval"),
-    ({"prepareProbeResults": {"enabled": "yes"}}, "enabled"),
-], ids=lambda v: str(v)[:40])
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        ({"imagee": {"tag": "1"}}, "imagee"),
+        ({"image": {"pullPolicy": "Sometimes"}}, "pullPolicy"),
+        ({"image": {"digest": "latest"}}, "digest"),
+        ({"port": "19400"}, "port"),
+        ({"port": 70000}, "port"),
+        ({"collectors": {"rdma": "no"}}, "rdma"),
+        ({"collectors": {"infiniband": False}}, "infiniband"),
+        ({"tolerations": {"key": "nvidia.com/gpu"}}, "tolerations"),
+        ({"resources": {"limits": {"memory": "lots"}}}, "memory"),
+        ({"hostPaths": {"podLogs": "var/log/pods"}}, "podLogs"),
+        ({"web": {"configSecret": "Not_A_Name"}}, "configSecret"),
+        ({"extraArgs": ["serve"]}, "extraArgs"),
+        ({"podMonitor": {"interval": "15 seconds"}}, "interval"),
+        ({"podMonitor": {"labels": {"release": 1}}}, "release"),
+        ({"prometheusRule": {"runbookBaseUrl": "wiki/runbooks"}}, "runbookBaseUrl"),
+        ({"networkPolicy": {"apiServer": {"cidrs": ["control-plane"]}}}, "cidrs"),
+        ({"probes": {"interval": 0}}, "interval"),
+        ({"prepareProbeResults": {"enabled": "yes"}}, "enabled"),
+    ],
+    ids=lambda v: str(v)[:40],
+)
 def test_the_schema_rejects_bad_values(values: dict[str, Any], complaint: str) -> None:
     with Chart.load(CHART) as chart:
         with pytest.raises(HelmValuesError, match=re.escape(complaint)):
@@ -609,12 +693,14 @@ def test_the_schema_rejects_bad_values(values: dict[str, Any], complaint: str) -
 
 # ---- drift: the chart, the kustomize base, alerts/ and dashboards/ in step ----
 
+
 def test_the_chart_copies_equal_their_sources() -> None:
     assert chart_files.stale(chart_files.wanted()) == [], "run python -m devtools.chart_files"
     for name in RULE_FILES:
         assert (CHART / "files" / f"{name}.yaml").read_bytes() == (REPO / "alerts" / f"{name}.yaml").read_bytes()
-    assert sorted(p.name for p in (CHART / "files" / "dashboards").iterdir()) == \
-        sorted(p.name for p in (REPO / "dashboards").glob("*.json"))
+    assert sorted(p.name for p in (CHART / "files" / "dashboards").iterdir()) == sorted(
+        p.name for p in (REPO / "dashboards").glob("*.json")
+    )
 
 
 def test_the_drift_check_sees_a_stale_copy() -> None:
@@ -648,8 +734,9 @@ def test_the_chart_knows_every_collector_and_the_version() -> None:
     specs = all_collectors()
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     # The lifecycle collector follows lifecycle.enabled (which brings its RBAC): unset here.
-    assert values["collectors"] == {spec.name: None if spec.name == "lifecycle" else spec.default_enabled
-                                    for spec in specs}
+    assert values["collectors"] == {
+        spec.name: None if spec.name == "lifecycle" else spec.default_enabled for spec in specs
+    }
     schema = yaml.safe_load((CHART / "values.schema.json").read_text())
     assert set(schema["properties"]["collectors"]["properties"]) == {spec.name for spec in specs}
     every_collector_on = {"collectors": {spec.name: True for spec in specs}, "lifecycle": {"enabled": True}}

@@ -31,18 +31,29 @@ EVERYTHING_ON: dict[str, Any] = {
     "webhook": {"enabled": True},
     "serviceMonitor": {"enabled": True},
 }
-CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
-                  "ValidatingAdmissionPolicyBinding", "MutatingWebhookConfiguration", "PriorityClass"}
+CLUSTER_SCOPED = {
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+    "MutatingWebhookConfiguration",
+    "PriorityClass",
+}
 
 TLS_CONFIG = {"ca": {"secret": {"name": "ccl-scrape-tls", "key": "ca.crt"}}, "serverName": "ccl-exporter"}
-CLIENT_CERTIFICATE = {"cert": {"secret": {"name": "ccl-scrape-tls", "key": "tls.crt"}},
-                      "keySecret": {"name": "ccl-scrape-tls", "key": "tls.key"}}
-BASIC_AUTH = {"username": {"name": "ccl-scrape", "key": "username"},
-              "password": {"name": "ccl-scrape", "key": "password"}}
+CLIENT_CERTIFICATE = {
+    "cert": {"secret": {"name": "ccl-scrape-tls", "key": "tls.crt"}},
+    "keySecret": {"name": "ccl-scrape-tls", "key": "tls.key"},
+}
+BASIC_AUTH = {
+    "username": {"name": "ccl-scrape", "key": "username"},
+    "password": {"name": "ccl-scrape", "key": "password"},
+}
 
 
-def release_objects(name: str, values: dict[str, Any] | None = None,
-                    namespace: str = NAMESPACE) -> list[dict[str, Any]]:
+def release_objects(
+    name: str, values: dict[str, Any] | None = None, namespace: str = NAMESPACE
+) -> list[dict[str, Any]]:
     with Chart.load(CHART) as chart:
         return objects_of(chart.render(values or {}, name=name, namespace=namespace), tests=True)
 
@@ -76,8 +87,11 @@ def pod_selectors(objects: list[dict[str, Any]]) -> list[tuple[str, dict[str, st
         if kind == "NetworkPolicy":
             found.append((f"{kind} {name}", spec["podSelector"]["matchLabels"]))
             for rule in spec.get("ingress", []):
-                found += [(f"{kind} {name} from", peer["podSelector"]["matchLabels"]) for peer in rule.get("from", [])
-                          if "podSelector" in peer and "namespaceSelector" not in peer]
+                found += [
+                    (f"{kind} {name} from", peer["podSelector"]["matchLabels"])
+                    for peer in rule.get("from", [])
+                    if "podSelector" in peer and "namespaceSelector" not in peer
+                ]
         for constraint in spec.get("template", {}).get("spec", {}).get("topologySpreadConstraints", []):
             found.append((f"{kind} {name} spread", constraint["labelSelector"]["matchLabels"]))
     return found
@@ -85,11 +99,16 @@ def pod_selectors(objects: list[dict[str, Any]]) -> list[tuple[str, dict[str, st
 
 # ---- names and selectors: two releases coexist ----
 
-@pytest.mark.parametrize(("release", "fullname"), [
-    (RELEASE, "ccl-health-exporter"),
-    ("gpu-ccl-health-exporter-prod", "gpu-ccl-health-exporter-prod"),
-    ("gpu-fabric", "gpu-fabric-ccl-health-exporter"),
-], ids=["chart-name", "contains-chart-name", "other"])
+
+@pytest.mark.parametrize(
+    ("release", "fullname"),
+    [
+        (RELEASE, "ccl-health-exporter"),
+        ("gpu-ccl-health-exporter-prod", "gpu-ccl-health-exporter-prod"),
+        ("gpu-fabric", "gpu-fabric-ccl-health-exporter"),
+    ],
+    ids=["chart-name", "contains-chart-name", "other"],
+)
 def test_names_follow_the_release_as_node_exporters_chart_does(release: str, fullname: str) -> None:
     objects = release_objects(release)
     assert one(objects, "DaemonSet")["metadata"]["name"] == fullname
@@ -105,8 +124,19 @@ def test_two_releases_share_no_object_and_select_none_of_each_others_pods(namesp
     first = release_objects("fabric-a", EVERYTHING_ON, namespace=namespaces[0])
     second = release_objects("fabric-b", EVERYTHING_ON, namespace=namespaces[1])
     kinds = {o["kind"] for o in first}
-    assert {"DaemonSet", "Deployment", "MutatingWebhookConfiguration", "ValidatingAdmissionPolicy", "ClusterRole",
-            "PodMonitor", "ServiceMonitor", "PrometheusRule", "ConfigMap", "Pod", "NetworkPolicy"} <= kinds
+    assert {
+        "DaemonSet",
+        "Deployment",
+        "MutatingWebhookConfiguration",
+        "ValidatingAdmissionPolicy",
+        "ClusterRole",
+        "PodMonitor",
+        "ServiceMonitor",
+        "PrometheusRule",
+        "ConfigMap",
+        "Pod",
+        "NetworkPolicy",
+    } <= kinds
     for objects in (first, second):
         identities = [identity(o) for o in objects]
         assert len(identities) == len(set(identities)), "a release's own objects are distinct"
@@ -152,6 +182,7 @@ def test_long_release_names_fit_and_stay_apart() -> None:
 
 # ---- the web configuration reaches the probes and the monitors ----
 
+
 def _probes(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     exporter = container(release_objects(RELEASE, values))
     return exporter["livenessProbe"], exporter["readinessProbe"]
@@ -160,31 +191,62 @@ def _probes(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 def test_the_probes_reach_the_paths_the_server_leaves_open() -> None:
     """Basic auth on: kubelet's httpGet probes carry no credentials, so they must probe paths
     the server serves without them."""
-    liveness, readiness = _probes({"web": {"configSecret": "ccl-web", "basicAuth": {"enabled": True}},
-                                   "podMonitor": {"basicAuth": BASIC_AUTH}})
+    liveness, readiness = _probes(
+        {"web": {"configSecret": "ccl-web", "basicAuth": {"enabled": True}}, "podMonitor": {"basicAuth": BASIC_AUTH}}
+    )
     assert {liveness["httpGet"]["path"], readiness["httpGet"]["path"]} == {"/healthz", "/readyz"}
     assert {liveness["httpGet"]["path"], readiness["httpGet"]["path"]} <= UNAUTHENTICATED_PATHS
     assert "scheme" not in liveness["httpGet"], "no TLS: plain HTTP"
 
 
-@pytest.mark.parametrize(("web", "monitor", "handler"), [
-    ({}, {}, {"httpGet": {"path": "/healthz", "port": "metrics"}}),
-    ({"tls": {"enabled": True}}, {"tlsConfig": TLS_CONFIG},
-     {"httpGet": {"path": "/healthz", "port": "metrics", "scheme": "HTTPS"}}),
-    ({"tls": {"enabled": True, "clientAuthType": "VerifyClientCertIfGiven"}}, {"tlsConfig": TLS_CONFIG},
-     {"httpGet": {"path": "/healthz", "port": "metrics", "scheme": "HTTPS"}}),
-    ({"tls": {"enabled": True, "clientAuthType": "RequireAndVerifyClientCert"}},
-     {"tlsConfig": {**TLS_CONFIG, **CLIENT_CERTIFICATE}}, {"tcpSocket": {"port": "metrics"}}),
-    ({"tls": {"enabled": True, "clientAuthType": "RequireAnyClientCert"}},
-     {"tlsConfig": {**TLS_CONFIG, **CLIENT_CERTIFICATE}}, {"tcpSocket": {"port": "metrics"}}),
-    ({"tls": {"enabled": True, "clientAuthType": "RequestClientCert"}}, {"tlsConfig": TLS_CONFIG},
-     {"httpGet": {"path": "/healthz", "port": "metrics", "scheme": "HTTPS"}}),
-    ({"tls": {"enabled": True}, "basicAuth": {"enabled": True}}, {"tlsConfig": TLS_CONFIG, "basicAuth": BASIC_AUTH},
-     {"httpGet": {"path": "/healthz", "port": "metrics", "scheme": "HTTPS"}}),
-], ids=["plain", "tls", "tls-client-cert-if-given", "mtls", "any-client-cert", "client-cert-requested",
-        "tls-basic-auth"])
-def test_the_probes_and_the_monitor_follow_the_web_configuration(web: dict[str, Any], monitor: dict[str, Any],
-                                                                 handler: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    ("web", "monitor", "handler"),
+    [
+        ({}, {}, {"httpGet": {"path": "/healthz", "port": "metrics"}}),
+        (
+            {"tls": {"enabled": True}},
+            {"tlsConfig": TLS_CONFIG},
+            {"httpGet": {"path": "/healthz", "port": "metrics", "scheme": "HTTPS"}},
+        ),
+        (
+            {"tls": {"enabled": True, "clientAuthType": "VerifyClientCertIfGiven"}},
+            {"tlsConfig": TLS_CONFIG},
+            {"httpGet": {"path": "/healthz", "port": "metrics", "scheme": "HTTPS"}},
+        ),
+        (
+            {"tls": {"enabled": True, "clientAuthType": "RequireAndVerifyClientCert"}},
+            {"tlsConfig": {**TLS_CONFIG, **CLIENT_CERTIFICATE}},
+            {"tcpSocket": {"port": "metrics"}},
+        ),
+        (
+            {"tls": {"enabled": True, "clientAuthType": "RequireAnyClientCert"}},
+            {"tlsConfig": {**TLS_CONFIG, **CLIENT_CERTIFICATE}},
+            {"tcpSocket": {"port": "metrics"}},
+        ),
+        (
+            {"tls": {"enabled": True, "clientAuthType": "RequestClientCert"}},
+            {"tlsConfig": TLS_CONFIG},
+            {"httpGet": {"path": "/healthz", "port": "metrics", "scheme": "HTTPS"}},
+        ),
+        (
+            {"tls": {"enabled": True}, "basicAuth": {"enabled": True}},
+            {"tlsConfig": TLS_CONFIG, "basicAuth": BASIC_AUTH},
+            {"httpGet": {"path": "/healthz", "port": "metrics", "scheme": "HTTPS"}},
+        ),
+    ],
+    ids=[
+        "plain",
+        "tls",
+        "tls-client-cert-if-given",
+        "mtls",
+        "any-client-cert",
+        "client-cert-requested",
+        "tls-basic-auth",
+    ],
+)
+def test_the_probes_and_the_monitor_follow_the_web_configuration(
+    web: dict[str, Any], monitor: dict[str, Any], handler: dict[str, Any]
+) -> None:
     values = {"web": {"configSecret": "ccl-web", **web} if web else {}, "podMonitor": monitor}
     objects = release_objects(RELEASE, values)
     liveness = container(objects)["livenessProbe"]
@@ -202,10 +264,16 @@ def test_the_probes_and_the_monitor_follow_the_web_configuration(web: dict[str, 
 
 
 def test_strict_lint_is_clean_with_client_certificates_and_basic_auth() -> None:
-    values = {"web": {"configSecret": "ccl-web", "basicAuth": {"enabled": True},
-                      "tls": {"enabled": True, "clientAuthType": "RequireAndVerifyClientCert"}},
-              "podMonitor": {"tlsConfig": {**TLS_CONFIG, **CLIENT_CERTIFICATE}, "basicAuth": BASIC_AUTH},
-              "commonLabels": {"cost-center": "gpu"}, **EVERYTHING_ON}
+    values = {
+        "web": {
+            "configSecret": "ccl-web",
+            "basicAuth": {"enabled": True},
+            "tls": {"enabled": True, "clientAuthType": "RequireAndVerifyClientCert"},
+        },
+        "podMonitor": {"tlsConfig": {**TLS_CONFIG, **CLIENT_CERTIFICATE}, "basicAuth": BASIC_AUTH},
+        "commonLabels": {"cost-center": "gpu"},
+        **EVERYTHING_ON,
+    }
     report = lint(CHART, values, strict=True, namespace=NAMESPACE, kube_version="v1.30.0")
     assert report["errors"] == [], report
     assert {m["error"] for m in report["messages"]} <= ACCEPTED_LINT_INFO, report
@@ -213,30 +281,72 @@ def test_strict_lint_is_clean_with_client_certificates_and_basic_auth() -> None:
 
 def test_the_scheme_is_written_lowercase() -> None:
     """Prometheus Operator before v0.87 accepts only http and https."""
-    objects = release_objects(RELEASE, {"web": {"configSecret": "ccl-web", "tls": {"enabled": True}},
-                                        "podMonitor": {"scheme": "HTTPS", "tlsConfig": TLS_CONFIG}})
+    objects = release_objects(
+        RELEASE,
+        {
+            "web": {"configSecret": "ccl-web", "tls": {"enabled": True}},
+            "podMonitor": {"scheme": "HTTPS", "tlsConfig": TLS_CONFIG},
+        },
+    )
     assert one(objects, "PodMonitor")["spec"]["podMetricsEndpoints"][0]["scheme"] == "https"
 
 
-@pytest.mark.parametrize(("values", "complaint"), [
-    ({"web": {"tls": {"enabled": True}}}, "set web.configSecret"),
-    ({"web": {"configSecret": "w", "tls": {"clientAuthType": "RequireAndVerifyClientCert"}}},
-     "set web.tls.enabled too"),
-    ({"web": {"configSecret": "w", "tls": {"enabled": True}}}, "set podMonitor.tlsConfig"),
-    ({"web": {"configSecret": "w", "tls": {"enabled": True}},
-      "podMonitor": {"scheme": "http", "tlsConfig": TLS_CONFIG}}, "podMonitor.scheme is http"),
-    ({"web": {"configSecret": "w"}, "podMonitor": {"scheme": "https", "tlsConfig": TLS_CONFIG}},
-     "set web.tls.enabled"),
-    ({"web": {"configSecret": "w", "tls": {"enabled": True, "clientAuthType": "RequireAndVerifyClientCert"}},
-      "podMonitor": {"tlsConfig": TLS_CONFIG}}, "needs the client certificate and key"),
-    ({"web": {"configSecret": "w", "tls": {"enabled": True, "clientAuthType": "RequireAnyClientCert"}},
-      "podMonitor": {"tlsConfig": TLS_CONFIG}}, "RequireAnyClientCert: podMonitor.tlsConfig needs the client certificate"),
-    ({"web": {"configSecret": "w", "basicAuth": {"enabled": True}}}, "set podMonitor.basicAuth"),
-    ({"web": {"configSecret": "w", "basicAuth": {"enabled": True}}, "podMonitor": {"enabled": False},
-      "serviceMonitor": {"enabled": True}}, "set serviceMonitor.basicAuth"),
-], ids=["tls-without-secret", "mtls-without-tls", "tls-without-tls-config", "tls-scraped-over-http",
-        "https-without-tls", "mtls-without-client-certificate", "any-client-cert-without-one", "basic-auth-without-credentials",
-        "service-monitor-without-credentials"])
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        ({"web": {"tls": {"enabled": True}}}, "set web.configSecret"),
+        (
+            {"web": {"configSecret": "w", "tls": {"clientAuthType": "RequireAndVerifyClientCert"}}},
+            "set web.tls.enabled too",
+        ),
+        ({"web": {"configSecret": "w", "tls": {"enabled": True}}}, "set podMonitor.tlsConfig"),
+        (
+            {
+                "web": {"configSecret": "w", "tls": {"enabled": True}},
+                "podMonitor": {"scheme": "http", "tlsConfig": TLS_CONFIG},
+            },
+            "podMonitor.scheme is http",
+        ),
+        (
+            {"web": {"configSecret": "w"}, "podMonitor": {"scheme": "https", "tlsConfig": TLS_CONFIG}},
+            "set web.tls.enabled",
+        ),
+        (
+            {
+                "web": {"configSecret": "w", "tls": {"enabled": True, "clientAuthType": "RequireAndVerifyClientCert"}},
+                "podMonitor": {"tlsConfig": TLS_CONFIG},
+            },
+            "needs the client certificate and key",
+        ),
+        (
+            {
+                "web": {"configSecret": "w", "tls": {"enabled": True, "clientAuthType": "RequireAnyClientCert"}},
+                "podMonitor": {"tlsConfig": TLS_CONFIG},
+            },
+            "RequireAnyClientCert: podMonitor.tlsConfig needs the client certificate",
+        ),
+        ({"web": {"configSecret": "w", "basicAuth": {"enabled": True}}}, "set podMonitor.basicAuth"),
+        (
+            {
+                "web": {"configSecret": "w", "basicAuth": {"enabled": True}},
+                "podMonitor": {"enabled": False},
+                "serviceMonitor": {"enabled": True},
+            },
+            "set serviceMonitor.basicAuth",
+        ),
+    ],
+    ids=[
+        "tls-without-secret",
+        "mtls-without-tls",
+        "tls-without-tls-config",
+        "tls-scraped-over-http",
+        "https-without-tls",
+        "mtls-without-client-certificate",
+        "any-client-cert-without-one",
+        "basic-auth-without-credentials",
+        "service-monitor-without-credentials",
+    ],
+)
 def test_a_render_that_could_not_scrape_fails_with_the_way_out(values: dict[str, Any], complaint: str) -> None:
     with pytest.raises(HelmRenderError, match=re.escape(complaint)):
         render(values)
@@ -251,14 +361,22 @@ def test_a_pod_monitor_takes_tls_from_secrets_only() -> None:
         chart.validate_schema({"serviceMonitor": {"tlsConfig": {"caFile": "/etc/prometheus/ca.crt"}}})
         with pytest.raises(HelmValuesError, match="basicAuth"):
             chart.validate_schema({"podMonitor": {"basicAuth": {"username": {"name": "s", "key": "u"}}}})
-    service_monitor = release_objects(RELEASE, {
-        "web": {"configSecret": "w", "tls": {"enabled": True}}, "podMonitor": {"enabled": False},
-        "serviceMonitor": {"enabled": True, "tlsConfig": {"caFile": "/etc/prometheus/ca.crt", "serverName": "x"}}})
-    assert one(service_monitor, "ServiceMonitor")["spec"]["endpoints"][0]["tlsConfig"]["caFile"] == \
-        "/etc/prometheus/ca.crt"
+    service_monitor = release_objects(
+        RELEASE,
+        {
+            "web": {"configSecret": "w", "tls": {"enabled": True}},
+            "podMonitor": {"enabled": False},
+            "serviceMonitor": {"enabled": True, "tlsConfig": {"caFile": "/etc/prometheus/ca.crt", "serverName": "x"}},
+        },
+    )
+    assert (
+        one(service_monitor, "ServiceMonitor")["spec"]["endpoints"][0]["tlsConfig"]["caFile"]
+        == "/etc/prometheus/ca.crt"
+    )
 
 
 # ---- helm test ----
+
 
 def _test_pod(values: dict[str, Any]) -> dict[str, Any]:
     return one(release_objects(RELEASE, values), "Pod")
@@ -271,18 +389,32 @@ def _environment(pod: dict[str, Any]) -> dict[str, str]:
 
 
 def test_helm_test_scrapes_as_the_monitor_does() -> None:
-    values = {"web": {"configSecret": "w", "tls": {"enabled": True, "clientAuthType": "RequireAndVerifyClientCert"},
-                      "basicAuth": {"enabled": True}},
-              "podMonitor": {"tlsConfig": {**TLS_CONFIG, **CLIENT_CERTIFICATE,
-                                           "ca": {"configMap": {"name": "fabric-ca", "key": "ca.pem"}}},
-                             "basicAuth": BASIC_AUTH},
-              "probes": {"enabled": True}}
+    values = {
+        "web": {
+            "configSecret": "w",
+            "tls": {"enabled": True, "clientAuthType": "RequireAndVerifyClientCert"},
+            "basicAuth": {"enabled": True},
+        },
+        "podMonitor": {
+            "tlsConfig": {
+                **TLS_CONFIG,
+                **CLIENT_CERTIFICATE,
+                "ca": {"configMap": {"name": "fabric-ca", "key": "ca.pem"}},
+            },
+            "basicAuth": BASIC_AUTH,
+        },
+        "probes": {"enabled": True},
+    }
     objects = release_objects(RELEASE, values)
     pod = one(objects, "Pod")
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     env = _environment(pod)
-    assert env == {"SMOKE_HOST": f"{RELEASE}.{NAMESPACE}.svc", "SMOKE_PORT": "19400", "SMOKE_SCHEME": "https",
-                   "SMOKE_SERVER_NAME": "ccl-exporter"}
+    assert env == {
+        "SMOKE_HOST": f"{RELEASE}.{NAMESPACE}.svc",
+        "SMOKE_PORT": "19400",
+        "SMOKE_SCHEME": "https",
+        "SMOKE_SERVER_NAME": "ccl-exporter",
+    }
     assert one(objects, "Service")["metadata"]["name"] == RELEASE
     (smoke,) = pod["spec"]["containers"]
     assert smoke["image"] == container(objects)["image"].removesuffix("-probe"), "the exporter's image, not the probe's"
@@ -297,10 +429,15 @@ def test_helm_test_scrapes_as_the_monitor_does() -> None:
         {"secret": {"name": "ccl-scrape", "items": [{"key": "password", "path": "password"}]}},
     ]
     mounts = {m["name"]: m["mountPath"] for m in smoke["volumeMounts"]}
-    assert mounts == {"script": "/etc/ccl-exporter-test/script", "tls": "/etc/ccl-exporter-test/tls",
-                      "basic-auth": "/etc/ccl-exporter-test/basic-auth"}
-    script = one([o for o in objects if o["kind"] == "ConfigMap" and "helm.sh/hook" in o["metadata"].get(
-        "annotations", {})], "ConfigMap")
+    assert mounts == {
+        "script": "/etc/ccl-exporter-test/script",
+        "tls": "/etc/ccl-exporter-test/tls",
+        "basic-auth": "/etc/ccl-exporter-test/basic-auth",
+    }
+    script = one(
+        [o for o in objects if o["kind"] == "ConfigMap" and "helm.sh/hook" in o["metadata"].get("annotations", {})],
+        "ConfigMap",
+    )
     assert script["data"]["smoke_check.py"] == (CHART / "scripts" / "smoke_check.py").read_text()
     assert smoke["command"][-1] == "/etc/ccl-exporter-test/script/smoke_check.py"
 
@@ -317,16 +454,28 @@ def test_helm_test_is_admitted_to_the_exporters_and_kept_to_them() -> None:
     assert selects(confining["podSelector"]["matchLabels"], pod_labels_)
     assert confining["ingress"] == [] and confining["policyTypes"] == ["Ingress", "Egress"]
     assert selects(confining["egress"][1]["to"][0]["podSelector"]["matchLabels"], exporter_labels)
-    assert not [o for o in release_objects(RELEASE, {"helmTest": {"enabled": False}})
-                if "helm.sh/hook" in o["metadata"].get("annotations", {})]
+    assert not [
+        o
+        for o in release_objects(RELEASE, {"helmTest": {"enabled": False}})
+        if "helm.sh/hook" in o["metadata"].get("annotations", {})
+    ]
 
 
-@pytest.mark.parametrize(("values", "reason"), [
-    ({"service": {"enabled": False}}, "no Service to find the exporters by"),
-    ({"web": {"configSecret": "w", "tls": {"enabled": True}}, "podMonitor": {"enabled": False},
-      "serviceMonitor": {"enabled": True, "tlsConfig": {"caFile": "/etc/prometheus/ca.crt"}}},
-     "serviceMonitor.tlsConfig names files in the Prometheus pod"),
-], ids=["no-service", "files"])
+@pytest.mark.parametrize(
+    ("values", "reason"),
+    [
+        ({"service": {"enabled": False}}, "no Service to find the exporters by"),
+        (
+            {
+                "web": {"configSecret": "w", "tls": {"enabled": True}},
+                "podMonitor": {"enabled": False},
+                "serviceMonitor": {"enabled": True, "tlsConfig": {"caFile": "/etc/prometheus/ca.crt"}},
+            },
+            "serviceMonitor.tlsConfig names files in the Prometheus pod",
+        ),
+    ],
+    ids=["no-service", "files"],
+)
 def test_helm_test_says_what_it_cannot_test_when_it_runs(values: dict[str, Any], reason: str) -> None:
     """Not at install: the release installs, and `helm test` fails with the reason."""
     assert reason in _environment(_test_pod(values))["SMOKE_UNSUPPORTED"]
@@ -334,23 +483,35 @@ def test_helm_test_says_what_it_cannot_test_when_it_runs(values: dict[str, Any],
 
 # ---- labels ----
 
+
 def test_additional_labels_and_the_deprecated_labels_reach_the_monitors_and_rules() -> None:
-    values = {"podMonitor": {"labels": {"release": "old", "team": "gpu"}, "additionalLabels": {"release": "new"}},
-              "prometheusRule": {"labels": {"release": "old-rules"}},
-              "webhook": {"enabled": True}}
+    values = {
+        "podMonitor": {"labels": {"release": "old", "team": "gpu"}, "additionalLabels": {"release": "new"}},
+        "prometheusRule": {"labels": {"release": "old-rules"}},
+        "webhook": {"enabled": True},
+    }
     objects = release_objects(RELEASE, values)
     for monitor in (o for o in objects if o["kind"] == "PodMonitor"):  # the exporter's and the webhook's
         assert monitor["metadata"]["labels"]["release"] == "new", "additionalLabels wins"
         assert monitor["metadata"]["labels"]["team"] == "gpu", "the deprecated name still counts"
     assert {r["metadata"]["labels"]["release"] for r in objects if r["kind"] == "PrometheusRule"} == {"old-rules"}
-    service_monitor = one(release_objects(RELEASE, {"podMonitor": {"enabled": False}, "serviceMonitor": {
-        "enabled": True, "additionalLabels": {"release": "stack"}}}), "ServiceMonitor")
+    service_monitor = one(
+        release_objects(
+            RELEASE,
+            {
+                "podMonitor": {"enabled": False},
+                "serviceMonitor": {"enabled": True, "additionalLabels": {"release": "stack"}},
+            },
+        ),
+        "ServiceMonitor",
+    )
     assert service_monitor["metadata"]["labels"]["release"] == "stack"
 
 
 def test_common_labels_go_everywhere_and_pod_labels_on_pods_only() -> None:
-    objects = release_objects(RELEASE, {**EVERYTHING_ON, "commonLabels": {"cost-center": "gpu"},
-                                        "podLabels": {"team": "fabric"}})
+    objects = release_objects(
+        RELEASE, {**EVERYTHING_ON, "commonLabels": {"cost-center": "gpu"}, "podLabels": {"team": "fabric"}}
+    )
     assert all(o["metadata"]["labels"]["cost-center"] == "gpu" for o in objects)
     assert all(labels["cost-center"] == "gpu" for labels in pod_labels(objects))
     daemonset = one(objects, "DaemonSet")
@@ -360,6 +521,7 @@ def test_common_labels_go_everywhere_and_pod_labels_on_pods_only() -> None:
 
 
 # ---- scheduling and resources ----
+
 
 def test_the_default_tolerations_keep_the_exporter_on_degraded_nodes() -> None:
     pod = one(release_objects(RELEASE), "DaemonSet")["spec"]["template"]["spec"]
@@ -397,29 +559,47 @@ def test_the_memory_request_and_limit_cover_what_was_measured() -> None:
 
 # ---- the NetworkPolicy's Prometheus ----
 
+
 def _scrapers(values: dict[str, Any]) -> list[dict[str, Any]]:
-    policy = next(o for o in release_objects(RELEASE, values) if o["kind"] == "NetworkPolicy"
-                  and o["metadata"]["name"] == RELEASE)
+    policy = next(
+        o for o in release_objects(RELEASE, values) if o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == RELEASE
+    )
     return policy["spec"]["ingress"][0]["from"]  # type: ignore[no-any-return]
 
 
 def test_the_network_policy_admits_the_prometheus_the_values_name() -> None:
-    assert _scrapers({}) == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
-                              "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]
-    agent = {"networkPolicy": {"prometheus": {"namespace": "observability",
-                                              "podLabels": {"app.kubernetes.io/name": "prometheus-agent"}}}}
+    assert _scrapers({}) == [
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+        }
+    ]
+    agent = {
+        "networkPolicy": {
+            "prometheus": {"namespace": "observability", "podLabels": {"app.kubernetes.io/name": "prometheus-agent"}}
+        }
+    }
     assert _scrapers(agent) == [
-        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}},
-         "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus-agent"}}}]
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus-agent"}},
+        }
+    ]
     anywhere = _scrapers({"networkPolicy": {"prometheus": {"namespace": ""}}})
-    assert anywhere == [{"namespaceSelector": {},
-                         "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]
-    vmagent = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "vm"}},
-                "podSelector": {"matchLabels": {"app.kubernetes.io/name": "vmagent"}}}]
+    assert anywhere == [
+        {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+    ]
+    vmagent = [
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "vm"}},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "vmagent"}},
+        }
+    ]
     assert _scrapers({"networkPolicy": {"scrapers": vmagent}}) == vmagent, "scrapers replace the Prometheus peer"
 
 
 # ---- NVLink granularity ----
+
 
 @pytest.mark.parametrize("granularity", ["", "gpu", "link"])
 def test_nvlink_granularity_is_a_value_the_exporter_parses(granularity: str) -> None:
@@ -429,8 +609,9 @@ def test_nvlink_granularity_is_a_value_the_exporter_parses(granularity: str) -> 
 
     args = container(release_objects(RELEASE, {"nvml": {"nvlinkGranularity": granularity}}))["args"]
     flags = [a for a in args if a.startswith("--collector.nvml.nvlink-granularity")]
-    assert flags == ([f"--collector.nvml.nvlink-granularity={granularity}"] if granularity else []), \
+    assert flags == ([f"--collector.nvml.nvlink-granularity={granularity}"] if granularity else []), (
         "unset: the exporter's own default"
+    )
     parsed = build_parser(environ={}).parse_args([a.replace("$(NODE_NAME)", "n") for a in args])
     settings = config_from_args(parsed, all_collectors()).collector_settings["nvml"]
     default = build_parser(environ={}).parse_args(["serve"]).nvml_nvlink_granularity

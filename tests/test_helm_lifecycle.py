@@ -53,8 +53,10 @@ HOOKS_ON: dict[str, Any] = {"lifecycle": {"enabled": True}}
 WEBHOOK_ON: dict[str, Any] = {"webhook": {"enabled": True}}
 BOTH_ON: dict[str, Any] = {**HOOKS_ON, **WEBHOOK_ON}
 # What a cluster before 1.30 needs: no ValidatingAdmissionPolicy v1, no matchConditions.
-BEFORE_1_30: dict[str, Any] = {"lifecycle": {"enabled": True, "ownNodePolicy": False},
-                               "webhook": {"enabled": True, "matchConditions": False}}
+BEFORE_1_30: dict[str, Any] = {
+    "lifecycle": {"enabled": True, "ownNodePolicy": False},
+    "webhook": {"enabled": True, "matchConditions": False},
+}
 FIRST_WITH_POLICY = (1, 30)
 CORE_KINDS = LIFECYCLE_CORE_KINDS | {"ConfigMap"}
 # Not a real CA: the chart checks only that caBundle is a PEM certificate; the API server would
@@ -64,8 +66,11 @@ NON_DEFAULT: dict[str, Any] = {
     "fullnameOverride": "gpu-fabric",
     "image": {"repository": "registry.internal/ccl-health-exporter", "digest": "sha256:" + "ab" * 32},
     "hostPaths": {"probeResults": "/data/ccl/probe-results", "ncclDebugFiles": "/data/ccl/nccl"},
-    "lifecycle": {"enabled": True, "hooks": ["readiness", "node-condition"],
-                  "nodeCondition": {"interval": 5, "minPortRate": 400, "probeFloor": 150.5}},
+    "lifecycle": {
+        "enabled": True,
+        "hooks": ["readiness", "node-condition"],
+        "nodeCondition": {"interval": 5, "minPortRate": 400, "probeFloor": 150.5},
+    },
     "webhook": {
         "enabled": True,
         "image": {"pullPolicy": "Always"},
@@ -76,12 +81,15 @@ NON_DEFAULT: dict[str, Any] = {
         "extraArgs": ["--log.level=debug"],
         "gpuResources": ["amd.com/gpu", "nvidia.com/mig-1g.10gb"],
         "ncclDebugFile": True,
-        "preflight": {"image": {"repository": "registry.internal/ccl-health-exporter", "tag": "0.1.0-probe"},
-                      "args": ["preflight", "--expect-link-layer=InfiniBand", "--expect-rate=400"],
-                      "writeResults": True},
+        "preflight": {
+            "image": {"repository": "registry.internal/ccl-health-exporter", "tag": "0.1.0-probe"},
+            "args": ["preflight", "--expect-link-layer=InfiniBand", "--expect-rate=400"],
+            "writeResults": True,
+        },
         "timeoutSeconds": 5,
-        "namespaceSelector": {"matchExpressions": [{"key": "ccl-health.io/inject", "operator": "In",
-                                                    "values": ["enabled", "gpu"]}]},
+        "namespaceSelector": {
+            "matchExpressions": [{"key": "ccl-health.io/inject", "operator": "In", "values": ["enabled", "gpu"]}]
+        },
         "certManager": {"enabled": False},
         "tls": {"secretName": "gpu-fabric-webhook-serving"},
         "caBundle": CA_PEM,
@@ -94,11 +102,16 @@ NON_DEFAULT: dict[str, Any] = {
 # What may differ beyond test_helm_chart.ALLOWED_DIFFERENCES, and why:
 ALLOWED_DIFFERENCES = {
     "cluster-scoped namespace": "kustomize's namespace transformer does not know the ValidatingAdmissionPolicy "
-                                "(and its binding) to be cluster-scoped and gives them metadata.namespace, which "
-                                "the API server ignores for cluster-scoped objects; the chart writes none.",
+    "(and its binding) to be cluster-scoped and gives them metadata.namespace, which "
+    "the API server ignores for cluster-scoped objects; the chart writes none.",
 }
-CLUSTER_SCOPED = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "MutatingWebhookConfiguration",
-                  "ClusterRole", "ClusterRoleBinding"}
+CLUSTER_SCOPED = {
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+    "MutatingWebhookConfiguration",
+    "ClusterRole",
+    "ClusterRoleBinding",
+}
 
 
 def overlay_objects(folder: Path) -> list[dict[str, Any]]:
@@ -114,8 +127,11 @@ def _merged(*values: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for layer in values:
         for key, value in layer.items():
-            out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) \
+            out[key] = (
+                _merged(out[key], value)
+                if isinstance(value, dict) and isinstance(out.get(key), dict)
                 else copy.deepcopy(value)
+            )
     return out
 
 
@@ -147,6 +163,7 @@ def validate_strictly(objects: list[dict[str, Any]], versions: list[str]) -> Non
 
 # ---- the same objects as the kustomize overlays ----
 
+
 def test_lifecycle_values_render_the_lifecycle_overlay() -> None:
     overlay = overlay_objects(LIFECYCLE)
     assert_same_in_substance(overlay, compared_objects(HOOKS_ON))
@@ -156,18 +173,23 @@ def test_webhook_values_render_the_webhook_overlay() -> None:
     overlay = overlay_objects(WEBHOOK)
     charted = compared_objects(WEBHOOK_ON)
     assert_same_in_substance(overlay, charted)
-    assert {"Deployment", "MutatingWebhookConfiguration", "Certificate", "Issuer", "PodDisruptionBudget"} <= \
-        {o["kind"] for o in charted}
+    assert {"Deployment", "MutatingWebhookConfiguration", "Certificate", "Issuer", "PodDisruptionBudget"} <= {
+        o["kind"] for o in charted
+    }
 
 
 def test_the_comparison_sees_a_changed_hook() -> None:
     overlay = overlay_objects(LIFECYCLE)
     with pytest.raises(AssertionError, match="ccl-exporter-lifecycle"):
-        assert_same_in_substance(overlay, compared_objects({"lifecycle": {"enabled": True, "hooks": ["readiness", "events"]}}))
+        assert_same_in_substance(
+            overlay, compared_objects({"lifecycle": {"enabled": True, "hooks": ["readiness", "events"]}})
+        )
     with pytest.raises(AssertionError):
         assert_same_in_substance(overlay, compared_objects({"lifecycle": {"enabled": True, "ownNodePolicy": False}}))
     with pytest.raises(AssertionError, match="DaemonSet"):
-        assert_same_in_substance(overlay, compared_objects({"lifecycle": {"enabled": True, "nodeCondition": {"interval": 5}}}))
+        assert_same_in_substance(
+            overlay, compared_objects({"lifecycle": {"enabled": True, "nodeCondition": {"interval": 5}}})
+        )
 
 
 def test_off_by_default() -> None:
@@ -178,6 +200,7 @@ def test_off_by_default() -> None:
 
 
 # ---- strictly valid on every Kubernetes version, lint, scanner ----
+
 
 @pytest.mark.parametrize("values", [BOTH_ON, NON_DEFAULT], ids=["on", "non-default"])
 def test_renders_validate_strictly_from_1_30(values: dict[str, Any]) -> None:
@@ -203,11 +226,15 @@ def test_renders_without_the_1_30_features_validate_strictly_before_1_30() -> No
         kubernetes_validate.validate(configuration, version, strict=True)
 
 
-@pytest.mark.parametrize(("values", "kube_versions"), [
-    (BOTH_ON, ("v1.30.0", "v1.37.0")),
-    (NON_DEFAULT, ("v1.30.0", "v1.37.0")),
-    (BEFORE_1_30, ("v1.25.0", "v1.29.0")),
-], ids=["on", "non-default", "before-1.30"])
+@pytest.mark.parametrize(
+    ("values", "kube_versions"),
+    [
+        (BOTH_ON, ("v1.30.0", "v1.37.0")),
+        (NON_DEFAULT, ("v1.30.0", "v1.37.0")),
+        (BEFORE_1_30, ("v1.25.0", "v1.29.0")),
+    ],
+    ids=["on", "non-default", "before-1.30"],
+)
 def test_strict_lint_is_clean(values: dict[str, Any], kube_versions: tuple[str, ...]) -> None:
     for kube_version in kube_versions:
         report = lint(CHART, values, strict=True, namespace=NAMESPACE, kube_version=kube_version)
@@ -224,10 +251,13 @@ def test_checkov_finds_nothing_unexplained_in_the_renders(tmp_path: Path) -> Non
     checked = {c["resource"].split(".")[0] for c in report["results"]["passed_checks"]}
     assert {"Deployment", "DaemonSet", "ClusterRole"} <= checked, "the scanner checked the webhook and the hooks"
     skipped = {(c["resource"], c["check_id"]) for c in report["results"]["skipped_checks"]}
-    assert ("Deployment.ccl-health.ccl-health-exporter-webhook", "CKV_K8S_43") in skipped, "the webhook's accepted findings, with reasons"
+    assert ("Deployment.ccl-health.ccl-health-exporter-webhook", "CKV_K8S_43") in skipped, (
+        "the webhook's accepted findings, with reasons"
+    )
 
 
 # ---- the arguments, through the real parsers ----
+
 
 def _webhook_config(objects: list[dict[str, Any]]) -> Any:
     from exporter.commands import build_parser
@@ -260,7 +290,8 @@ def test_non_default_webhook_args_say_what_the_values_say() -> None:
     assert config.preflight_args == ("preflight", "--expect-link-layer=InfiniBand", "--expect-rate=400")
     assert config.preflight_image == "registry.internal/ccl-health-exporter:0.1.0-probe"
     assert config.probe_results_host_path == "/data/ccl/probe-results", (
-        "writeResults true: the result file into the exporter's probe-results hostPath too")
+        "writeResults true: the result file into the exporter's probe-results hostPath too"
+    )
     assert config.nccl_debug_file_host_path == "/data/ccl/nccl", "the exporter's own NCCL debug-file folder"
     assert parsed.log_level == "debug"
     hook = webhook_container(objects)
@@ -270,28 +301,48 @@ def test_non_default_webhook_args_say_what_the_values_say() -> None:
     assert volumes["tls"]["secret"]["secretName"] == "gpu-fabric-webhook-serving"
 
 
-@pytest.mark.parametrize(("webhook_image", "expected"), [
-    ({}, "registry.internal/ccl-health-exporter@sha256:" + "ab" * 32),
-    ({"tag": "0.1.1"}, "registry.internal/ccl-health-exporter:0.1.1"),
-    ({"repository": "mirror.internal/ccl"}, f"mirror.internal/ccl:{APP_VERSION}"),
-    ({"repository": "mirror.internal/ccl", "digest": "sha256:" + "cd" * 32}, "mirror.internal/ccl@sha256:" + "cd" * 32),
-], ids=["exporter's", "own-tag", "own-repository", "own-digest"])
-def test_the_webhook_image_is_the_exporters_unless_its_own_is_given(webhook_image: dict[str, str],
-                                                                     expected: str) -> None:
-    values = {"image": {"repository": "registry.internal/ccl-health-exporter", "digest": "sha256:" + "ab" * 32},
-              "webhook": {"enabled": True, "image": webhook_image, "preflight": {"image": webhook_image}}}
+@pytest.mark.parametrize(
+    ("webhook_image", "expected"),
+    [
+        ({}, "registry.internal/ccl-health-exporter@sha256:" + "ab" * 32),
+        ({"tag": "0.1.1"}, "registry.internal/ccl-health-exporter:0.1.1"),
+        ({"repository": "mirror.internal/ccl"}, f"mirror.internal/ccl:{APP_VERSION}"),
+        (
+            {"repository": "mirror.internal/ccl", "digest": "sha256:" + "cd" * 32},
+            "mirror.internal/ccl@sha256:" + "cd" * 32,
+        ),
+    ],
+    ids=["exporter's", "own-tag", "own-repository", "own-digest"],
+)
+def test_the_webhook_image_is_the_exporters_unless_its_own_is_given(
+    webhook_image: dict[str, str], expected: str
+) -> None:
+    values = {
+        "image": {"repository": "registry.internal/ccl-health-exporter", "digest": "sha256:" + "ab" * 32},
+        "webhook": {"enabled": True, "image": webhook_image, "preflight": {"image": webhook_image}},
+    }
     objects = chart_objects(values)
     _, config = _webhook_config(objects)
     assert webhook_container(objects)["image"] == expected == config.preflight_image
 
 
 def test_the_preflight_writes_where_the_exporter_reads() -> None:
-    objects = chart_objects(_merged(WEBHOOK_ON, {"hostPaths": {"probeResults": "/data/ccl/probe-results"},
-                                                 "webhook": {"preflight": {"writeResults": True}}}))
+    objects = chart_objects(
+        _merged(
+            WEBHOOK_ON,
+            {
+                "hostPaths": {"probeResults": "/data/ccl/probe-results"},
+                "webhook": {"preflight": {"writeResults": True}},
+            },
+        )
+    )
     _, config = _webhook_config(objects)
     exporter_volumes = {v["name"]: v for v in one(objects, "DaemonSet")["spec"]["template"]["spec"]["volumes"]}
-    assert config.probe_results_host_path == exporter_volumes["probe-results"]["hostPath"]["path"] \
+    assert (
+        config.probe_results_host_path
+        == exporter_volumes["probe-results"]["hostPath"]["path"]
         == "/data/ccl/probe-results"
+    )
 
 
 def test_exporter_args_turn_the_lifecycle_collector_on() -> None:
@@ -312,17 +363,23 @@ def test_exporter_args_turn_the_lifecycle_collector_on() -> None:
     settings = config.collector_settings["lifecycle"].controller
     assert settings.readiness and not settings.events and settings.node_condition
     args = container(chart_objects(NON_DEFAULT))["args"]
-    assert {"--collector.lifecycle.node-interval=5", "--collector.lifecycle.min-port-rate=400",
-            "--collector.lifecycle.probe-floor=150.5"} <= set(args)
+    assert {
+        "--collector.lifecycle.node-interval=5",
+        "--collector.lifecycle.min-port-rate=400",
+        "--collector.lifecycle.probe-floor=150.5",
+    } <= set(args)
     assert "lifecycle" not in config_of({}).enabled_collectors
     # The readiness timeout: the exporter's default unless given (a duration Kueue's timeout must exceed).
     default = config_of(HOOKS_ON).collector_settings["lifecycle"].controller.readiness_timeout_seconds
-    assert not any(a.startswith("--collector.lifecycle.readiness-timeout") for a in container(chart_objects(HOOKS_ON))["args"])
+    assert not any(
+        a.startswith("--collector.lifecycle.readiness-timeout") for a in container(chart_objects(HOOKS_ON))["args"]
+    )
     given = config_of(_merged(HOOKS_ON, {"lifecycle": {"readinessTimeout": "90s"}}))
     assert given.collector_settings["lifecycle"].controller.readiness_timeout_seconds == 90 != default
 
 
 # ---- one switch for the collector ----
+
 
 def test_collectors_lifecycle_agreeing_with_lifecycle_enabled_is_fine() -> None:
     both = chart_objects({"lifecycle": {"enabled": True}, "collectors": {"lifecycle": True}})
@@ -331,10 +388,14 @@ def test_collectors_lifecycle_agreeing_with_lifecycle_enabled_is_fine() -> None:
     assert "--collector.lifecycle" not in container(neither)["args"]
 
 
-@pytest.mark.parametrize("values", [
-    {"collectors": {"lifecycle": True}},
-    {"lifecycle": {"enabled": True}, "collectors": {"lifecycle": False}},
-], ids=["collector-without-hooks", "hooks-without-collector"])
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"collectors": {"lifecycle": True}},
+        {"lifecycle": {"enabled": True}, "collectors": {"lifecycle": False}},
+    ],
+    ids=["collector-without-hooks", "hooks-without-collector"],
+)
 def test_a_contradicting_collector_switch_fails_with_the_way_out(values: dict[str, Any]) -> None:
     with pytest.raises(HelmRenderError, match=r"contradicts lifecycle.enabled.*leave collectors.lifecycle unset"):
         render(values)
@@ -342,10 +403,14 @@ def test_a_contradicting_collector_switch_fails_with_the_way_out(values: dict[st
 
 # ---- what each value does ----
 
+
 def test_each_hook_gets_only_the_rbac_it_writes_with() -> None:
     def rules(hooks: list[str]) -> list[dict[str, Any]]:
-        role = named(chart_objects({"lifecycle": {"enabled": True, "hooks": hooks}}), "ClusterRole",
-                     "ccl-health-exporter-lifecycle")
+        role = named(
+            chart_objects({"lifecycle": {"enabled": True, "hooks": hooks}}),
+            "ClusterRole",
+            "ccl-health-exporter-lifecycle",
+        )
         return role["rules"]  # type: ignore[no-any-return]
 
     assert rules(["events"]) == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
@@ -357,10 +422,11 @@ def test_the_own_node_policy_names_the_release_service_account() -> None:
     objects = chart_objects(_merged(NON_DEFAULT, {"serviceAccount": {"name": "fabric-reader"}}))
     policy = named(objects, "ValidatingAdmissionPolicy", "gpu-fabric-own-node-only")
     (condition,) = policy["spec"]["matchConditions"]
-    assert condition["expression"] == \
-        f"request.userInfo.username == 'system:serviceaccount:{NAMESPACE}:fabric-reader'"
-    assert named(objects, "ValidatingAdmissionPolicyBinding", "gpu-fabric-own-node-only")["spec"]["policyName"] == \
-        "gpu-fabric-own-node-only"
+    assert condition["expression"] == f"request.userInfo.username == 'system:serviceaccount:{NAMESPACE}:fabric-reader'"
+    assert (
+        named(objects, "ValidatingAdmissionPolicyBinding", "gpu-fabric-own-node-only")["spec"]["policyName"]
+        == "gpu-fabric-own-node-only"
+    )
     binding = named(objects, "ClusterRoleBinding", "gpu-fabric-lifecycle")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "fabric-reader", "namespace": NAMESPACE}]
 
@@ -383,8 +449,12 @@ def test_the_webhook_configuration_follows_the_values() -> None:
     (hook,) = configuration["webhooks"]
     assert hook["failurePolicy"] == "Ignore" and hook["timeoutSeconds"] == 5
     assert hook["namespaceSelector"] == NON_DEFAULT["webhook"]["namespaceSelector"]
-    assert hook["clientConfig"]["service"] == {"name": "gpu-fabric-webhook", "namespace": NAMESPACE,
-                                               "path": "/mutate", "port": 443}
+    assert hook["clientConfig"]["service"] == {
+        "name": "gpu-fabric-webhook",
+        "namespace": NAMESPACE,
+        "path": "/mutate",
+        "port": 443,
+    }
     (condition,) = hook["matchConditions"]
     expression = condition["expression"]
     for name in ("nvidia.com/gpu", "amd.com/gpu", "nvidia.com/mig-1g.10gb"):
@@ -392,13 +462,15 @@ def test_the_webhook_configuration_follows_the_values() -> None:
             assert f"'{name}' in c.resources.{section}" in expression
     assert expression.count("(") == expression.count(")")
     service = named(objects, "Service", "gpu-fabric-webhook")
-    assert service["spec"]["selector"].items() <= \
-        one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"].items()
+    assert (
+        service["spec"]["selector"].items()
+        <= one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"].items()
+    )
 
 
 def test_without_cert_manager_the_ca_is_the_given_bundle() -> None:
     encoded = base64.b64encode(CA_PEM.encode()).decode()
-    for given in (CA_PEM, encoded, "\n  ".join(encoded[i:i + 16] for i in range(0, len(encoded), 16))):
+    for given in (CA_PEM, encoded, "\n  ".join(encoded[i : i + 16] for i in range(0, len(encoded), 16))):
         objects = chart_objects(_merged(NON_DEFAULT, {"webhook": {"caBundle": given}}))
         assert not [o for o in objects if o["kind"] in CERT_MANAGER]
         configuration = one(objects, "MutatingWebhookConfiguration")
@@ -407,22 +479,27 @@ def test_without_cert_manager_the_ca_is_the_given_bundle() -> None:
         assert base64.b64decode(hook["clientConfig"]["caBundle"]).decode() == CA_PEM
 
 
-@pytest.mark.parametrize("bundle", ["", base64.b64encode(b"not a certificate").decode(), "%%%"],
-                         ids=["missing", "not-a-certificate", "garbage"])
+@pytest.mark.parametrize(
+    "bundle",
+    ["", base64.b64encode(b"not a certificate").decode(), "%%%"],
+    ids=["missing", "not-a-certificate", "garbage"],
+)
 def test_without_cert_manager_a_missing_or_wrong_ca_fails(bundle: str) -> None:
     with pytest.raises((HelmRenderError, HelmValuesError), match="caBundle"):
         render({"webhook": {"enabled": True, "certManager": {"enabled": False}, "caBundle": bundle}})
 
 
 def test_an_issuer_of_the_cluster_replaces_the_chart_ca() -> None:
-    objects = chart_objects({"webhook": {"enabled": True, "certManager": {
-        "issuerRef": {"name": "cluster-ca", "kind": "ClusterIssuer"}}}})
+    objects = chart_objects(
+        {"webhook": {"enabled": True, "certManager": {"issuerRef": {"name": "cluster-ca", "kind": "ClusterIssuer"}}}}
+    )
     assert not [o for o in objects if o["kind"] == "Issuer"]
     (certificate,) = [o for o in objects if o["kind"] == "Certificate"]
     assert certificate["spec"]["issuerRef"] == {"name": "cluster-ca", "kind": "ClusterIssuer"}
     assert certificate["spec"]["secretName"] == "ccl-health-exporter-webhook-tls"
-    assert one(objects, "MutatingWebhookConfiguration")["metadata"]["annotations"] == \
-        {"cert-manager.io/inject-ca-from": f"{NAMESPACE}/ccl-health-exporter-webhook"}
+    assert one(objects, "MutatingWebhookConfiguration")["metadata"]["annotations"] == {
+        "cert-manager.io/inject-ca-from": f"{NAMESPACE}/ccl-health-exporter-webhook"
+    }
     validate_strictly(objects, ["1.30.0"])
 
 
@@ -432,14 +509,22 @@ def test_the_webhook_monitor_follows_the_exporters() -> None:
     assert monitor["metadata"]["labels"]["release"] == "monitoring-stack"
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["scheme"] == "https" and endpoint["interval"] == "30s"
-    assert endpoint["tlsConfig"] == {"ca": {"secret": {"name": "gpu-fabric-webhook-serving", "key": "ca.crt"}},
-                                     "serverName": f"gpu-fabric-webhook.{NAMESPACE}.svc"}
+    assert endpoint["tlsConfig"] == {
+        "ca": {"secret": {"name": "gpu-fabric-webhook-serving", "key": "ca.crt"}},
+        "serverName": f"gpu-fabric-webhook.{NAMESPACE}.svc",
+    }
     service_ports = {p["name"] for p in named(objects, "Service", "gpu-fabric-webhook")["spec"]["ports"]}
     assert endpoint["port"] in service_ports
-    assert not [o for o in chart_objects({"webhook": {"enabled": True, "monitor": {"enabled": False}}})
-                if o["metadata"]["name"] == "ccl-health-exporter-webhook" and o["kind"] in ("PodMonitor", "ServiceMonitor")]
-    assert not [o for o in chart_objects({"webhook": {"enabled": True}, "podMonitor": {"enabled": False}})
-                if o["kind"] in ("PodMonitor", "ServiceMonitor")]
+    assert not [
+        o
+        for o in chart_objects({"webhook": {"enabled": True, "monitor": {"enabled": False}}})
+        if o["metadata"]["name"] == "ccl-health-exporter-webhook" and o["kind"] in ("PodMonitor", "ServiceMonitor")
+    ]
+    assert not [
+        o
+        for o in chart_objects({"webhook": {"enabled": True}, "podMonitor": {"enabled": False}})
+        if o["kind"] in ("PodMonitor", "ServiceMonitor")
+    ]
 
 
 def test_the_webhook_certificate_names_the_service_the_api_server_calls() -> None:
@@ -453,7 +538,10 @@ def test_the_webhook_certificate_names_the_service_the_api_server_calls() -> Non
     volumes = {v["name"]: v for v in one(objects, "Deployment")["spec"]["template"]["spec"]["volumes"]}
     assert volumes["tls"]["secret"]["secretName"] == certificate["spec"]["secretName"]
     issuer = named(objects, "Issuer", certificate["spec"]["issuerRef"]["name"])
-    assert named(objects, "Certificate", "gpu-fabric-webhook-ca")["spec"]["secretName"] == issuer["spec"]["ca"]["secretName"]
+    assert (
+        named(objects, "Certificate", "gpu-fabric-webhook-ca")["spec"]["secretName"]
+        == issuer["spec"]["ca"]["secretName"]
+    )
 
 
 def test_notes_mention_the_hooks_when_on() -> None:
@@ -470,33 +558,37 @@ def test_notes_mention_the_hooks_when_on() -> None:
 
 # ---- values.schema.json ----
 
+
 def test_the_schema_accepts_the_test_values() -> None:
     with Chart.load(CHART) as chart:
         for values in (HOOKS_ON, WEBHOOK_ON, BOTH_ON, BEFORE_1_30, NON_DEFAULT):
             chart.validate_schema(values)
 
 
-@pytest.mark.parametrize(("values", "complaint"), [
-    ({"webhook": {"failurePolicy": "Fail"}}, "failurePolicy"),
-    ({"webhook": {"timeoutSeconds": -1}}, "timeoutSeconds"),
-    ({"webhook": {"timeoutSeconds": 0}}, "timeoutSeconds"),
-    ({"webhook": {"timeoutSeconds": 31}}, "timeoutSeconds"),
-    ({"webhook": {"replicas": 0}}, "replicas"),
-    ({"webhook": {"namespaceSelector": {"matchNames": ["ml"]}}}, "matchNames"),
-    ({"webhook": {"gpuResources": ["nvidia.com/gpu'"]}}, "gpuResources"),
-    ({"webhook": {"preflight": {"args": ["preflight --probe"]}}}, "args"),
-    ({"webhook": {"preflight": {"args": []}}}, "args"),
-    ({"webhook": {"caBundle": "%%%"}}, "caBundle"),
-    ({"webhook": {"certManager": {"issuerRef": {"kind": "ClusterIssuer"}}}}, "issuerRef"),
-    ({"webhook": {"tls": {"secretName": "Not_A_Name"}}}, "secretName"),
-    ({"webhook": {"enabld": True}}, "enabld"),
-    ({"lifecycle": {"hooks": ["taint"]}}, "hooks"),
-    ({"lifecycle": {"hooks": []}}, "hooks"),
-    ({"lifecycle": {"nodeCondition": {"interval": 0}}}, "interval"),
-    ({"lifecycle": {"nodeCondition": {"probeFloor": -1}}}, "probeFloor"),
-    ({"collectors": {"lifecycle": "yes"}}, "lifecycle"),
-], ids=lambda v: str(v)[:50])
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        ({"webhook": {"failurePolicy": "Fail"}}, "failurePolicy"),
+        ({"webhook": {"timeoutSeconds": -1}}, "timeoutSeconds"),
+        ({"webhook": {"timeoutSeconds": 0}}, "timeoutSeconds"),
+        ({"webhook": {"timeoutSeconds": 31}}, "timeoutSeconds"),
+        ({"webhook": {"replicas": 0}}, "replicas"),
+        ({"webhook": {"namespaceSelector": {"matchNames": ["ml"]}}}, "matchNames"),
+        ({"webhook": {"gpuResources": ["nvidia.com/gpu'"]}}, "gpuResources"),
+        ({"webhook": {"preflight": {"args": ["preflight --probe"]}}}, "args"),
+        ({"webhook": {"preflight": {"args": []}}}, "args"),
+        ({"webhook": {"caBundle": "%%%"}}, "caBundle"),
+        ({"webhook": {"certManager": {"issuerRef": {"kind": "ClusterIssuer"}}}}, "issuerRef"),
+        ({"webhook": {"tls": {"secretName": "Not_A_Name"}}}, "secretName"),
+        ({"webhook": {"enabld": True}}, "enabld"),
+        ({"lifecycle": {"hooks": ["taint"]}}, "hooks"),
+        ({"lifecycle": {"hooks": []}}, "hooks"),
+        ({"lifecycle": {"nodeCondition": {"interval": 0}}}, "interval"),
+        ({"lifecycle": {"nodeCondition": {"probeFloor": -1}}}, "probeFloor"),
+        ({"collectors": {"lifecycle": "yes"}}, "lifecycle"),
+    ],
+    ids=lambda v: str(v)[:50],
+)
 def test_the_schema_rejects_bad_values(values: dict[str, Any], complaint: str) -> None:
-    with Chart.load(CHART) as chart:
-        with pytest.raises(HelmValuesError, match=re.escape(complaint)):
-            chart.validate_schema(values)
+    with Chart.load(CHART) as chart, pytest.raises(HelmValuesError, match=re.escape(complaint)):
+        chart.validate_schema(values)

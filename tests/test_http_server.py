@@ -17,8 +17,15 @@ from exporter.http.server import WebServer, read_body
 
 async def _echo(request: web.Request) -> web.Response:
     body = await read_body(request, 5.0)
-    return web.json_response({"method": request.method, "path": request.path, "query": dict(request.query),
-                              "body": body.decode(), "type": request.headers.get("Content-Type", "")})
+    return web.json_response(
+        {
+            "method": request.method,
+            "path": request.path,
+            "query": dict(request.query),
+            "body": body.decode(),
+            "type": request.headers.get("Content-Type", ""),
+        }
+    )
 
 
 async def _boom(request: web.Request) -> web.Response:
@@ -27,9 +34,14 @@ async def _boom(request: web.Request) -> web.Response:
 
 def _server(**options: object) -> WebServer:
     return WebServer(
-        {("POST", "/mutate"): _echo, ("GET", "/mutate"): _echo, ("POST", "/-/sim/{action}"): _echo,
-         ("GET", "/boom"): _boom},
-        max_body_bytes=1000, **options,  # type: ignore[arg-type]
+        {
+            ("POST", "/mutate"): _echo,
+            ("GET", "/mutate"): _echo,
+            ("POST", "/-/sim/{action}"): _echo,
+            ("GET", "/boom"): _boom,
+        },
+        max_body_bytes=1000,
+        **options,  # type: ignore[arg-type]
     )
 
 
@@ -48,8 +60,14 @@ async def _exchange(port: int, raw: bytes, reads: int = 1) -> list[bytes]:
     try:
         for _ in range(reads):
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
-            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                           if line.lower().startswith(b"content-length:")), 0)
+            length = next(
+                (
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                ),
+                0,
+            )
             body = b"" if head.startswith(b"HTTP/1.1 100") or b"HEAD" in raw[:4] else await reader.readexactly(length)
             answers.append(head + body)
     finally:
@@ -63,8 +81,11 @@ def _status(answer: bytes) -> int:
 
 async def test_a_post_body_reaches_the_handler(port: int) -> None:
     body = b'{"kind":"AdmissionReview"}'
-    (answer,) = await _exchange(port, b"POST /mutate?timeout=10s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
-                                      b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    (answer,) = await _exchange(
+        port,
+        b"POST /mutate?timeout=10s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+        b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body),
+    )
     assert _status(answer) == 200
     assert b'"body": "{\\"kind\\":\\"AdmissionReview\\"}"' in answer and b'"timeout": "10s"' in answer
     assert b'"type": "application/json"' in answer
@@ -92,8 +113,12 @@ async def test_a_body_sent_in_pieces_and_pipelined_requests_are_answered_in_orde
         (b"GET /nowhere HTTP/1.1\r\nHost: x\r\n\r\n", 404),
         (b"POST /-/sim HTTP/1.1\r\nHost: x\r\n\r\n", 404),  # the prefix itself is not under it
         (b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n", 413),
-        (b"POST /mutate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n7d0\r\n" + b"x" * 2000 + b"\r\n0\r\n\r\n",
-         413),
+        (
+            b"POST /mutate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n7d0\r\n"
+            + b"x" * 2000
+            + b"\r\n0\r\n\r\n",
+            413,
+        ),
         (b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n", 400),
         (b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Length: \xc2\xb2\r\n\r\n", 400),  # a superscript two
         (b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Length: +1\r\n\r\nx", 400),

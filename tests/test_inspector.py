@@ -59,8 +59,15 @@ class Clock:
         return self.now
 
 
-def record(sn: int, collective: str = "AllReduce", size: int = 256 << 20, micros: int = 1500, nranks: int = 16,
-           nnodes: int = 2, pid: int = 101) -> str:
+def record(
+    sn: int,
+    collective: str = "AllReduce",
+    size: int = 256 << 20,
+    micros: int = 1500,
+    nranks: int = 16,
+    nnodes: int = 2,
+    pid: int = 101,
+) -> str:
     writer = RecordWriter(comm_id="0xabc", comm_name="DP", rank=0, nranks=nranks, nnodes=nnodes, hostname=POD, pid=pid)
     return json_record(writer, TimedCollective(collective, sn, size, micros), dump_us=1)
 
@@ -71,8 +78,9 @@ def write(path: Path, text: str, mode: str = "a") -> None:
         handle.write(text)
 
 
-def collector(root: Path, state: Path | None = None, pods: Pods | None = None, clock: Clock | None = None,
-              **kwargs: object) -> InspectorCollector:
+def collector(
+    root: Path, state: Path | None = None, pods: Pods | None = None, clock: Clock | None = None, **kwargs: object
+) -> InspectorCollector:
     pods = pods or Pods()
     source = InspectorSource(root, state, clock=clock or Clock(), pod_known=None)
     return InspectorCollector(source, pods, clock=clock or Clock(), **kwargs)  # type: ignore[arg-type]
@@ -199,8 +207,7 @@ def test_caps_bound_the_series(tmp_path: Path) -> None:
     c = collector(root, pods=pods, limits=InspectorCollectorLimits(max_pods=3, max_series=4))
     c.step()
     for i in range(5):
-        write(folder(root, pod=f"p{i}") / "x-pid1.log",
-              record(1) + "\n" + record(2, size=1 << 30) + "\n")
+        write(folder(root, pod=f"p{i}") / "x-pid1.log", record(1) + "\n" + record(2, size=1 << 30) + "\n")
     c.step()
     assert len(c._snapshot.series) == 4
     assert c._snapshot.pods == 3
@@ -234,8 +241,10 @@ def test_a_pods_series_go_after_the_grace_period(tmp_path: Path) -> None:
 
 def prom_text(mean_us: int, size: int = 512 << 20) -> str:
     """A v5.1 bucket of one all-reduce of ``size`` bytes on 16 ranks in ``mean_us``."""
-    labels = (f'version="v5.1",slurm_job_id="unknown",node="{POD}",gpu="GPU0",comm_name="DP",n_nodes="2",'
-              f'nranks="16",collective="AllReduce",message_size="{size_range(size)}",algo_proto="Ring_Simple"')
+    labels = (
+        f'version="v5.1",slurm_job_id="unknown",node="{POD}",gpu="GPU0",comm_name="DP",n_nodes="2",'
+        f'nranks="16",collective="AllReduce",message_size="{size_range(size)}",algo_proto="Ring_Simple"'
+    )
     busbw = plugin_bandwidths("AllReduce", size, mean_us, 16)[1]
     return "\n".join(prom_bucket_lines(labels, [mean_us], [busbw])) + "\n"
 
@@ -312,8 +321,9 @@ def test_symlinked_prom_files_and_folders_of_other_pods_are_not_read(tmp_path: P
     folder(root).mkdir(parents=True)
     folder(root, pod="not-here").mkdir(parents=True)
     pods = Pods()
-    source = InspectorSource(root, None, clock=clock,
-                             pod_known=lambda ns, pod, uid="": pods.lookup(ns, pod) is not None)
+    source = InspectorSource(
+        root, None, clock=clock, pod_known=lambda ns, pod, uid="": pods.lookup(ns, pod) is not None
+    )
     c = InspectorCollector(source, pods, clock=clock)
     c.step()
     (folder(root) / "nccl_inspector_metrics_x.prom").symlink_to(secret)
@@ -369,7 +379,8 @@ def test_files_written_straight_into_the_root_are_counted_and_never_credited(tmp
     write(folder(root) / f"{POD}-pid42.log", record(1) + "\n")
     c.step()
     assert {key[4:]: value[:2] for key, value in totals(c).items()} == {
-        ("all_reduce", "inter_node", "100MB_1GB"): (1, 0.0015)}
+        ("all_reduce", "inter_node", "100MB_1GB"): (1, 0.0015)
+    }
     assert dict(c._snapshot.unattributed) == {"flat_layout": 2, "not_a_pod_folder": 2}
     found = samples(scrape_collectors(c))
     assert found[("ccl_nccl_inspector_unattributed_files", (("reason", "flat_layout"),))] == 2
@@ -407,14 +418,21 @@ def test_exposition_passes_promtool_and_names_every_family(tmp_path: Path) -> No
     folder(root).mkdir(parents=True)
     c = collector(root)
     c.step()
-    write(folder(root) / "x-pid1.log", record(1) + "\n" + "{\"coll_perf\":bad\n")
+    write(folder(root) / "x-pid1.log", record(1) + "\n" + '{"coll_perf":bad\n')
     c.step()
     text = scrape_collectors(c)
     result = promtool_check_metrics(promtool, text)
     assert result.returncode == 0 and result.stdout == "" and result.stderr == "", result.stdout + result.stderr
     found = samples(text)
-    labels = (("collective", "all_reduce"), ("job_kind", "PyTorchJob"), ("job_name", "llama"), ("namespace", NS),
-              ("pod", POD), ("scope", "inter_node"), ("size_class", "100MB_1GB"))
+    labels = (
+        ("collective", "all_reduce"),
+        ("job_kind", "PyTorchJob"),
+        ("job_name", "llama"),
+        ("namespace", NS),
+        ("pod", POD),
+        ("scope", "inter_node"),
+        ("size_class", "100MB_1GB"),
+    )
     assert found[("ccl_nccl_collective_operations_total", labels)] == 1
     assert found[("ccl_nccl_collective_seconds_total", labels)] == pytest.approx(0.0015)
     assert found[("ccl_nccl_collective_bus_bytes_total", labels)] == pytest.approx((256 << 20) * 1.875)
@@ -459,7 +477,7 @@ def test_the_simulated_node_shows_each_jobs_bus_bandwidth_by_its_network(tmp_pat
     finally:
         node.close()
     busbw: dict[tuple[str, str], float] = {}
-    for (namespace, pod, job, kind, collective, scope, size), (ops, seconds, bus) in totals(c).items():
+    for (_namespace, _pod, job, _kind, collective, scope, size), (_ops, seconds, bus) in totals(c).items():
         if collective == "all_reduce" and size in ("100MB_1GB", "ge_1GB"):
             busbw[(job, scope)] = bus / seconds
     assert busbw[("llama-70b", "inter_node")] == pytest.approx(355e9, rel=0.05)

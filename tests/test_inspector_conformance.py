@@ -146,14 +146,16 @@ def _header(comm: Comm, with_comm_name: bool) -> str:
 
 
 def _metadata(hostname: str, pid: int, dump_us: int, git_rev: str) -> str:
-    return _object([
-        ("inspector_output_format_version", json_str("v4.0")),
-        ("git_rev", json_str(git_rev)),
-        ("rec_mechanism", json_str("nccl_profiler_interface")),
-        ("dump_timestamp_us", str(dump_us)),
-        ("hostname", json_str(hostname)),
-        ("pid", str(pid)),
-    ])
+    return _object(
+        [
+            ("inspector_output_format_version", json_str("v4.0")),
+            ("git_rev", json_str(git_rev)),
+            ("rec_mechanism", json_str("nccl_profiler_interface")),
+            ("dump_timestamp_us", str(dump_us)),
+            ("hostname", json_str(hostname)),
+            ("pid", str(pid)),
+        ]
+    )
 
 
 def _perf(op: Op, nranks: int, verbose: bool) -> str:
@@ -171,17 +173,31 @@ def _perf(op: Op, nranks: int, verbose: bool) -> str:
     ]
     if verbose:  # inspectorCompletedCollVerbose: one channel's event sequence numbers and times
         pairs += [
-            ("event_trace_sn", f'{{"{prefix}_start_sn":1,"{prefix}_stop_sn":2,"kernel_events":[{{"channel_id":0,'
-                               '"kernel_start_sn":3,"kernel_stop_sn":48,"kernel_record_sn":47}]}'),
-            ("event_trace_ts", f'{{"{prefix}_start_ts":1752867229235059,"{prefix}_stop_ts":1752867229235064,'
-                               '"kernel_events":[{"channel_id":0,"kernel_start_ts":1752867229235181,'
-                               '"kernel_stop_ts":1752867229275811,"kernel_record_ts":1752867229275811}]}'),
+            (
+                "event_trace_sn",
+                f'{{"{prefix}_start_sn":1,"{prefix}_stop_sn":2,"kernel_events":[{{"channel_id":0,'
+                '"kernel_start_sn":3,"kernel_stop_sn":48,"kernel_record_sn":47}]}',
+            ),
+            (
+                "event_trace_ts",
+                f'{{"{prefix}_start_ts":1752867229235059,"{prefix}_stop_ts":1752867229235064,'
+                '"kernel_events":[{"channel_id":0,"kernel_start_ts":1752867229235181,'
+                '"kernel_stop_ts":1752867229275811,"kernel_record_ts":1752867229275811}]}',
+            ),
         ]
     return _object(pairs)
 
 
-def json_lines(version: str, comm: Comm, ops: Iterable[Op], *, hostname: str = POD, pid: int = 1639453,
-               verbose: bool = False, require_kernel_timing: bool = True) -> str:
+def json_lines(
+    version: str,
+    comm: Comm,
+    ops: Iterable[Op],
+    *,
+    hostname: str = POD,
+    pid: int = 1639453,
+    verbose: bool = False,
+    require_kernel_timing: bool = True,
+) -> str:
     """The JSON Lines a process writes for ``ops``:
 
     * 2.28 and 2.29: ``inspectorCommInfoDump`` with ``inspectorCommInfoHeader``,
@@ -223,16 +239,22 @@ def prom_v1(comm: Comm, ops: Iterable[Op], *, hostname: str = POD, when: str = "
     """One dump of a ``.prom`` file of 2.29: ``inspectorPromCacheStaticLabels``,
     ``inspectorPromGetLabels`` and ``inspectorPromWriteCollInfo`` (``inspector_prom.cc``
     v2.29.3-1, v2.29.7-1), three lines per sampled operation."""
-    static = (f'comm_id="{comm.comm_hash}",hostname="{hostname}",rank="{comm.rank}",slurm_job="unknown",'
-              f'slurm_job_id="unknown",nranks="{comm.nranks}",n_nodes="{comm.nnodes}",gpu_device_id="GPU{comm.cuda_dev}"')
+    static = (
+        f'comm_id="{comm.comm_hash}",hostname="{hostname}",rank="{comm.rank}",slurm_job="unknown",'
+        f'slurm_job_id="unknown",nranks="{comm.nranks}",n_nodes="{comm.nnodes}",gpu_device_id="GPU{comm.cuda_dev}"'
+    )
     text = ""
     for op in ops:
-        labels = (f'{static},collective="{op.func}",coll_sn="{op.sn}",timestamp="{when}",'
-                  f'message_size="{human_size(op.msg_bytes)}"')
+        labels = (
+            f'{static},collective="{op.func}",coll_sn="{op.sn}",timestamp="{when}",'
+            f'message_size="{human_size(op.msg_bytes)}"'
+        )
         algo, bus = plugin_bandwidths(op, comm.nranks)
-        text += (f"nccl_algorithm_bandwidth_gbs{{{labels}}} {algo:.6g}\n"
-                 f"nccl_bus_bandwidth_gbs{{{labels}}} {bus:.6g}\n"
-                 f"nccl_collective_exec_time_microseconds{{{labels}}} {float(op.exec_us):.6g}\n")
+        text += (
+            f"nccl_algorithm_bandwidth_gbs{{{labels}}} {algo:.6g}\n"
+            f"nccl_bus_bandwidth_gbs{{{labels}}} {bus:.6g}\n"
+            f"nccl_collective_exec_time_microseconds{{{labels}}} {float(op.exec_us):.6g}\n"
+        )
     return text
 
 
@@ -281,8 +303,10 @@ def prom_v5_1(comm: Comm, ops: Iterable[Op], *, hostname: str = POD, require_ker
             agg[3] += 1
     text = ""
     for (p2p, func, lower, algo_proto), (count, time_sum, log_sum, bus_count) in sorted(buckets.items()):
-        labels = (f'version="v5.1",slurm_job_id="unknown",node="{hostname}",gpu="GPU{comm.cuda_dev}",'
-                  f'comm_name="{comm.comm_name or "unknown"}",n_nodes="{comm.nnodes}",nranks="{comm.nranks}",')
+        labels = (
+            f'version="v5.1",slurm_job_id="unknown",node="{hostname}",gpu="GPU{comm.cuda_dev}",'
+            f'comm_name="{comm.comm_name or "unknown"}",n_nodes="{comm.nnodes}",nranks="{comm.nranks}",'
+        )
         if p2p:
             labels += f'p2p_operation="{func}",message_size="{size_range_label(lower)}"'
         else:
@@ -343,8 +367,9 @@ class Clock:
         return self.now
 
 
-def counters(tmp_path: Path, files: dict[str, str]) -> tuple[dict[tuple[str, str, str], tuple[float, float, float]],
-                                                            dict[str, int], dict[str, int]]:
+def counters(
+    tmp_path: Path, files: dict[str, str]
+) -> tuple[dict[tuple[str, str, str], tuple[float, float, float]], dict[str, int], dict[str, int]]:
     """The collector's counters after ``files`` (path below the Inspector root -> text) appear
     in a running exporter: (collective, scope, size class) of the pod -> (operations, seconds, bus
     bytes); skipped by reason; unattributed entries by reason."""
@@ -361,8 +386,11 @@ def counters(tmp_path: Path, files: dict[str, str]) -> tuple[dict[tuple[str, str
         path.write_text(text)
         os.utime(path, (clock.now - 10, clock.now - 10))  # a .prom version settled
     snapshot = collector.step()
-    series = {(c, scope, size): (ops, seconds, bus) for ns, pod, _, _, c, scope, size, ops, seconds, bus
-              in snapshot.series if (ns, pod) == (NS, POD)}
+    series = {
+        (c, scope, size): (ops, seconds, bus)
+        for ns, pod, _, _, c, scope, size, ops, seconds, bus in snapshot.series
+        if (ns, pod) == (NS, POD)
+    }
     return series, dict(snapshot.skipped), dict(snapshot.unattributed)
 
 
@@ -438,11 +466,13 @@ def test_one_cpu_timed_all_reduce_no_longer_drags_the_bus_bandwidth_down(tmp_pat
 )
 def test_records_not_timed_on_the_gpu_are_skipped_with_their_reason(timing: str, reason: str) -> None:
     for version in ("2.28", "2.30"):
-        (line,) = json_lines(version, COMM, [Op("AllReduce", GIB, 250_000, timing)], require_kernel_timing=False
-                             ).splitlines()
+        (line,) = json_lines(
+            version, COMM, [Op("AllReduce", GIB, 250_000, timing)], require_kernel_timing=False
+        ).splitlines()
         assert parse_json_record(line) == reason
-    (p2p,) = json_lines("2.30", COMM, [Op("Send", 64 << 20, 9000, timing, p2p=True)], require_kernel_timing=False
-                        ).splitlines()
+    (p2p,) = json_lines(
+        "2.30", COMM, [Op("Send", 64 << 20, 9000, timing, p2p=True)], require_kernel_timing=False
+    ).splitlines()
     assert parse_json_record(p2p) == reason
 
 
@@ -490,8 +520,11 @@ def test_2_30_all_to_all_and_gather_v_records() -> None:
     ops = taken(json_ops(json_lines("2.30", COMM, [Op("All2All", 8 << 20, 700), Op("AllGatherV", 4 << 20, 300)])))
     assert [(op.collective, op.size_bytes, op.stated_bus_bandwidth) for op in ops] == [
         ("alltoall", 8 << 20, 0.0),
-        ("all_gather", 16 * (4 << 20), pytest.approx(plugin_bandwidths(Op("AllGatherV", 4 << 20, 300), 16)[1] * 1e9,
-                                                     abs=1e3)),
+        (
+            "all_gather",
+            16 * (4 << 20),
+            pytest.approx(plugin_bandwidths(Op("AllGatherV", 4 << 20, 300), 16)[1] * 1e9, abs=1e3),
+        ),
     ]
 
 
@@ -549,8 +582,14 @@ def test_prom_v5_1_buckets_land_in_the_size_class_of_their_operations(op: Op, lo
     # What the format cannot give: the count. One bucket, its mean time.
     assert bucket.mean and bucket.seconds == pytest.approx(sum(times) / len(times) / 1e6, rel=1e-5)
     # Its bus bandwidth: time-weighted, as from JSON, up to the mean-of-times / geometric-mean bias
-    json_bandwidth = op.msg_bytes * per_rank * 1.875 ** (op.func == "AllReduce") * (15 / 16) ** (
-        op.func != "AllReduce") * len(times) / (sum(times) / 1e6)
+    json_bandwidth = (
+        op.msg_bytes
+        * per_rank
+        * 1.875 ** (op.func == "AllReduce")
+        * (15 / 16) ** (op.func != "AllReduce")
+        * len(times)
+        / (sum(times) / 1e6)
+    )
     assert bus_bytes(bucket) / bucket.seconds == pytest.approx(json_bandwidth, rel=max(1e-5, spread**2))
 
 
@@ -606,8 +645,10 @@ def test_prom_message_sizes_as_each_version_prints_them() -> None:
         low, high = inspector.message_size_range(human_size(size)) or (math.nan, math.nan)
         assert low <= size < high, (size, human_size(size))
         lower = range_lower_bound(size)
-        assert inspector.message_size_range(size_range_label(lower)) == (lower, lower + 1024 ** max(
-            0, min(4, int(math.log(size, 1024))))), size
+        assert inspector.message_size_range(size_range_label(lower)) == (
+            lower,
+            lower + 1024 ** max(0, min(4, int(math.log(size, 1024)))),
+        ), size
     assert inspector.message_size_range("0B") == (0, 1)
     assert inspector.message_size_range("4-6GB") is None  # not a range the writer prints
 
@@ -628,11 +669,14 @@ def test_files_of_a_flat_dump_folder_are_counted_and_never_credited(tmp_path: Pa
     """NVIDIA's layout: every job's ``NCCL_INSPECTOR_DUMP_DIR`` the one folder. A file there
     names its pod by hostname only, which any writer of the folder picks: the node's own pod's
     name here, in both formats. Neither is read; both are counted; the pod's own folder is read."""
-    series, _, unattributed = counters(tmp_path, {
-        json_file_name(POD, 41): json_lines("2.30", COMM, [Op("AllReduce", GIB, 95_000)]),  # 10x slower
-        prom_file_name(bytes(range(16))): prom_v5_1(COMM, [Op("AllReduce", GIB, 95_000)]),
-        "nccl-inspector-unknown-jobid/x-pid1.log": json_lines("2.30", COMM, [Op("AllReduce", GIB, 95_000)]),
-        own(json_file_name(POD, 42)): json_lines("2.30", COMM, [Op("AllReduce", GIB, 9600)]),
-    })
+    series, _, unattributed = counters(
+        tmp_path,
+        {
+            json_file_name(POD, 41): json_lines("2.30", COMM, [Op("AllReduce", GIB, 95_000)]),  # 10x slower
+            prom_file_name(bytes(range(16))): prom_v5_1(COMM, [Op("AllReduce", GIB, 95_000)]),
+            "nccl-inspector-unknown-jobid/x-pid1.log": json_lines("2.30", COMM, [Op("AllReduce", GIB, 95_000)]),
+            own(json_file_name(POD, 42)): json_lines("2.30", COMM, [Op("AllReduce", GIB, 9600)]),
+        },
+    )
     assert series == {("all_reduce", "inter_node", "ge_1GB"): (1, 0.0096, pytest.approx(GIB * 1.875))}
     assert unattributed == {"flat_layout": 2, "not_a_pod_folder": 1}

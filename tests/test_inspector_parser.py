@@ -26,8 +26,9 @@ def json_operations(name: str) -> list[Operation]:
 
 
 def bus_bytes(op: Operation) -> float:
-    return op.size_bytes * busbw_factor(op.collective if op.collective not in ("send", "recv", "reduce") else "broadcast",
-                                        op.nranks)
+    return op.size_bytes * busbw_factor(
+        op.collective if op.collective not in ("send", "recv", "reduce") else "broadcast", op.nranks
+    )
 
 
 @pytest.mark.parametrize("name", ["nccl-2.28-json.log", "nccl-2.30-json.log"])
@@ -81,8 +82,15 @@ def test_prom_version_5_1_buckets_are_interval_means() -> None:
 
 @pytest.mark.parametrize(
     ("size", "expected"),
-    [(0, "lt_1MB"), (999_999, "lt_1MB"), (1_000_000, "1MB_10MB"), (25 << 20, "10MB_100MB"), (10**8, "100MB_1GB"),
-     (10**9, "ge_1GB"), (1 << 50, "ge_1GB")],
+    [
+        (0, "lt_1MB"),
+        (999_999, "lt_1MB"),
+        (1_000_000, "1MB_10MB"),
+        (25 << 20, "10MB_100MB"),
+        (10**8, "100MB_1GB"),
+        (10**9, "ge_1GB"),
+        (1 << 50, "ge_1GB"),
+    ],
 )
 def test_size_classes(size: int, expected: str) -> None:
     assert size_class(size) == expected
@@ -152,23 +160,25 @@ def test_a_node_count_of_zero_is_unknown_not_invalid() -> None:
 
 def test_hostile_prom_text_is_skipped_and_counted() -> None:
     good = (FIXTURES / "nccl_inspector_metrics_v5.1-2.30.prom").read_text().splitlines()
-    text = "\n".join([
-        *good[:2],
-        "# a comment",
-        "",
-        "garbage line",
-        'nccl_bus_bandwidth_gbs{collective="AllReduce",nranks="8" 3',  # no closing brace
-        "nccl_bus_bandwidth_gbs{" + ",".join(f'l{i}="v"' for i in range(100)) + "} 1",  # too many labels
-        'nccl_bus_bandwidth_gbs{collective="AllReduce"} NaNx',
-        'nccl_bus_bandwidth_gbs{collective="AllReduce",nranks="8",message_size="1-2MB"} 5',  # no time: incomplete
-        'nccl_bus_bandwidth_gbs{collective="Gather",nranks="8",message_size="1-2MB"} 5',
-        'nccl_collective_exec_time_microseconds{collective="Gather",nranks="8",message_size="1-2MB"} 5',
-        'nccl_bus_bandwidth_gbs{collective="AllReduce",nranks="8",message_size="huge"} 5',
-        'nccl_collective_exec_time_microseconds{collective="AllReduce",nranks="8",message_size="huge"} 5',
-        'nccl_bus_bandwidth_gbs{collective="Broadcast",nranks="8",message_size="1-2MB"} -1',
-        'nccl_collective_exec_time_microseconds{collective="Broadcast",nranks="8",message_size="1-2MB"} 7',
-        "x" * 10_000,
-    ])
+    text = "\n".join(
+        [
+            *good[:2],
+            "# a comment",
+            "",
+            "garbage line",
+            'nccl_bus_bandwidth_gbs{collective="AllReduce",nranks="8" 3',  # no closing brace
+            "nccl_bus_bandwidth_gbs{" + ",".join(f'l{i}="v"' for i in range(100)) + "} 1",  # too many labels
+            'nccl_bus_bandwidth_gbs{collective="AllReduce"} NaNx',
+            'nccl_bus_bandwidth_gbs{collective="AllReduce",nranks="8",message_size="1-2MB"} 5',  # no time: incomplete
+            'nccl_bus_bandwidth_gbs{collective="Gather",nranks="8",message_size="1-2MB"} 5',
+            'nccl_collective_exec_time_microseconds{collective="Gather",nranks="8",message_size="1-2MB"} 5',
+            'nccl_bus_bandwidth_gbs{collective="AllReduce",nranks="8",message_size="huge"} 5',
+            'nccl_collective_exec_time_microseconds{collective="AllReduce",nranks="8",message_size="huge"} 5',
+            'nccl_bus_bandwidth_gbs{collective="Broadcast",nranks="8",message_size="1-2MB"} -1',
+            'nccl_collective_exec_time_microseconds{collective="Broadcast",nranks="8",message_size="1-2MB"} 7',
+            "x" * 10_000,
+        ]
+    )
     parsed = parse_prom(text)
     assert [op.collective for op in parsed.operations] == ["all_reduce"]
     assert parsed.skipped == {"malformed": 5, "incomplete": 1, "unknown_collective": 1, "invalid_value": 2}

@@ -16,37 +16,89 @@ import pytest
 from exporter.sources.kube import KubePodCache, PodMetadata, attribute_job
 from tests.kube_api import ApiState, RecordedApiServer, api_for, wait_for
 
-CONTROLLER = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "llama", "controller": True,
-              "uid": "6f1e2d3c-0000-4000-8000-000000000001"}
+CONTROLLER = {
+    "apiVersion": "kubeflow.org/v1",
+    "kind": "PyTorchJob",
+    "name": "llama",
+    "controller": True,
+    "uid": "6f1e2d3c-0000-4000-8000-000000000001",
+}
 
 
 @pytest.mark.parametrize(
     ("labels", "owners", "annotations", "expected"),
     [
-        ({"training.kubeflow.org/job-name": "llama", "training.kubeflow.org/operator-name": "pytorchjob-controller"},
-         [], {}, ("llama", "PyTorchJob")),
+        (
+            {"training.kubeflow.org/job-name": "llama", "training.kubeflow.org/operator-name": "pytorchjob-controller"},
+            [],
+            {},
+            ("llama", "PyTorchJob"),
+        ),
         ({"training.kubeflow.org/job-name": "llama"}, [CONTROLLER], {}, ("llama", "PyTorchJob")),
-        ({"training.kubeflow.org/job-name": "pi", "training.kubeflow.org/operator-name": "mpi-operator",
-          "training.kubeflow.org/job-role": "launcher"}, [], {}, ("pi", "MPIJob")),
+        (
+            {
+                "training.kubeflow.org/job-name": "pi",
+                "training.kubeflow.org/operator-name": "mpi-operator",
+                "training.kubeflow.org/job-role": "launcher",
+            },
+            [],
+            {},
+            ("pi", "MPIJob"),
+        ),
         ({"training.kubeflow.org/job-name": "x"}, [], {}, ("x", "KubeflowJob")),
         # Kubeflow wins over the JobSet and batch labels a pod may also carry
-        ({"training.kubeflow.org/job-name": "a", "jobset.sigs.k8s.io/jobset-name": "b", "job-name": "c",
-          "training.kubeflow.org/operator-name": "tfjob-controller"}, [], {}, ("a", "TFJob")),
-        ({"jobset.sigs.k8s.io/jobset-name": "js", "batch.kubernetes.io/job-name": "js-node-0"}, [], {}, ("js", "JobSet")),
-        ({"jobset.sigs.k8s.io/jobset-name": "tj", "trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}, [], {},
-         ("tj", "TrainJob")),
+        (
+            {
+                "training.kubeflow.org/job-name": "a",
+                "jobset.sigs.k8s.io/jobset-name": "b",
+                "job-name": "c",
+                "training.kubeflow.org/operator-name": "tfjob-controller",
+            },
+            [],
+            {},
+            ("a", "TFJob"),
+        ),
+        (
+            {"jobset.sigs.k8s.io/jobset-name": "js", "batch.kubernetes.io/job-name": "js-node-0"},
+            [],
+            {},
+            ("js", "JobSet"),
+        ),
+        (
+            {"jobset.sigs.k8s.io/jobset-name": "tj", "trainer.kubeflow.org/trainjob-ancestor-step": "trainer"},
+            [],
+            {},
+            ("tj", "TrainJob"),
+        ),
         ({"leaderworkerset.sigs.k8s.io/name": "vllm", "job-name": "nope"}, [], {}, ("vllm", "LeaderWorkerSet")),
-        ({"volcano.sh/job-name": "vc", "volcano.sh/queue-name": "q"}, [], {"scheduling.k8s.io/group-name": "pg"},
-         ("vc", "VolcanoJob")),
-        ({"batch.kubernetes.io/job-name": "bj", "job-name": "bj"}, [{"kind": "Job", "name": "bj", "controller": True}],
-         {}, ("bj", "Job")),
+        (
+            {"volcano.sh/job-name": "vc", "volcano.sh/queue-name": "q"},
+            [],
+            {"scheduling.k8s.io/group-name": "pg"},
+            ("vc", "VolcanoJob"),
+        ),
+        (
+            {"batch.kubernetes.io/job-name": "bj", "job-name": "bj"},
+            [{"kind": "Job", "name": "bj", "controller": True}],
+            {},
+            ("bj", "Job"),
+        ),
         ({"job-name": "legacy"}, [], {}, ("legacy", "Job")),
         ({"scheduling.x-k8s.io/pod-group": "pg1"}, [], {}, ("pg1", "PodGroup")),
         ({}, [], {"scheduling.k8s.io/group-name": "pg2"}, ("pg2", "PodGroup")),
         ({"kueue.x-k8s.io/pod-group-name": "kg"}, [], {}, ("kg", "PodGroup")),
-        ({"app": "web"}, [{"kind": "ReplicaSet", "name": "web-5d9c", "controller": True}], {}, ("web-5d9c", "ReplicaSet")),
-        ({"app": "web"}, [{"kind": "Node", "name": "n1"}, {"kind": "StatefulSet", "name": "db", "controller": True}], {},
-         ("db", "StatefulSet")),
+        (
+            {"app": "web"},
+            [{"kind": "ReplicaSet", "name": "web-5d9c", "controller": True}],
+            {},
+            ("web-5d9c", "ReplicaSet"),
+        ),
+        (
+            {"app": "web"},
+            [{"kind": "Node", "name": "n1"}, {"kind": "StatefulSet", "name": "db", "controller": True}],
+            {},
+            ("db", "StatefulSet"),
+        ),
         ({}, [], {}, ("", "")),
         (None, None, None, ("", "")),
     ],
@@ -59,8 +111,14 @@ def pod(namespace: str, name: str, uid: str, labels: dict[str, str], rv: str, ow
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "uid": uid, "labels": labels, "resourceVersion": rv,
-                     "ownerReferences": owners or []},
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": uid,
+            "labels": labels,
+            "resourceVersion": rv,
+            "ownerReferences": owners or [],
+        },
         "spec": {"nodeName": "gpu-node-7", "containers": [{"name": "pytorch", "image": "pytorch:2"}]},
         "status": {"phase": "Running"},
     }
@@ -77,16 +135,20 @@ NAMESPACES = [{"metadata": {"name": "research", "labels": {"ccl-health.io/expect
 
 
 MODIFIED_BERT = pod("research", "bert-0", "u2", {"volcano.sh/job-name": "bert-v2"}, "104")
-WATCH_EVENTS = [{"type": "ADDED", "object": RESNET}, {"type": "MODIFIED", "object": MODIFIED_BERT},
-                {"type": "DELETED", "object": LLAMA}]
+WATCH_EVENTS = [
+    {"type": "ADDED", "object": RESNET},
+    {"type": "MODIFIED", "object": MODIFIED_BERT},
+    {"type": "DELETED", "object": LLAMA},
+]
 
 
 @pytest.fixture
 def recorded_api():  # type: ignore[no-untyped-def]
     """The recorded API (tests/kube_api.py): the list holds LLAMA, BERT and ETL, the watch then adds
     RESNET, relabels BERT and deletes LLAMA."""
-    server = RecordedApiServer(ApiState(pods=[LLAMA, BERT, ETL], namespaces=NAMESPACES,
-                                        watch_events=WATCH_EVENTS)).start()
+    server = RecordedApiServer(
+        ApiState(pods=[LLAMA, BERT, ETL], namespaces=NAMESPACES, watch_events=WATCH_EVENTS)
+    ).start()
     yield server
     server.stop()
 
@@ -99,10 +161,12 @@ def test_cache_lists_and_watches_this_nodes_pods(recorded_api: RecordedApiServer
         assert wait_for(lambda: cache.lookup("training", "llama-worker-0") is None)
         assert cache.is_authoritative()
         # research declares TCP for its pods: the namespace label reaches the pod's record.
-        assert cache.lookup("research", "bert-0") == PodMetadata("research", "bert-0", "u2", "bert-v2", "VolcanoJob",
-                                                                 "socket", False)
-        assert cache.lookup("vision", "resnet-0") == PodMetadata("vision", "resnet-0", "u3", "resnet", "VolcanoJob",
-                                                                 "", False)
+        assert cache.lookup("research", "bert-0") == PodMetadata(
+            "research", "bert-0", "u2", "bert-v2", "VolcanoJob", "socket", False
+        )
+        assert cache.lookup("vision", "resnet-0") == PodMetadata(
+            "vision", "resnet-0", "u3", "resnet", "VolcanoJob", "", False
+        )
         assert cache.lookup("data", "etl-0") == PodMetadata("data", "etl-0", "u4", "etl", "Job", "socket", True)
         assert [p.name for p in cache.pods()] == ["etl-0", "bert-0", "resnet-0"]
     finally:
@@ -171,7 +235,10 @@ def test_a_static_pod_is_known_by_the_uid_its_log_folder_carries() -> None:
     from exporter.sources.kube import pod_metadata_from_object
 
     mirror = pod("kube-system", "gpu-burn-node-7", "3f1b0c2e-mirror", {}, "7")
-    mirror["metadata"]["annotations"] = {"kubernetes.io/config.mirror": "9a8b7c6d5e4f", "kubernetes.io/config.source": "file"}
+    mirror["metadata"]["annotations"] = {
+        "kubernetes.io/config.mirror": "9a8b7c6d5e4f",
+        "kubernetes.io/config.source": "file",
+    }
     record = pod_metadata_from_object(mirror)
     assert record is not None and record.uid == "9a8b7c6d5e4f"
     assert pod_metadata_from_object(LLAMA).uid == "u1"  # everyone else: the API's UID
@@ -184,11 +251,19 @@ def test_the_fabric_readiness_gate_and_its_condition_are_read_from_the_pod() -> 
     from exporter.sources.kube import FABRIC_READY_CONDITION, PodCondition, pod_metadata_from_object
 
     gated = pod("training", "llama-worker-1", "u9", {}, "8")
-    gated["spec"]["readinessGates"] = [{"conditionType": "example.com/other"}, {"conditionType": FABRIC_READY_CONDITION}]
+    gated["spec"]["readinessGates"] = [
+        {"conditionType": "example.com/other"},
+        {"conditionType": FABRIC_READY_CONDITION},
+    ]
     gated["status"]["conditions"] = [
         {"type": "Ready", "status": "False"},
-        {"type": FABRIC_READY_CONDITION, "status": "False", "reason": "TcpFallback", "message": "on Socket",
-         "lastTransitionTime": "2026-06-01T10:00:00Z"},
+        {
+            "type": FABRIC_READY_CONDITION,
+            "status": "False",
+            "reason": "TcpFallback",
+            "message": "on Socket",
+            "lastTransitionTime": "2026-06-01T10:00:00Z",
+        },
     ]
     record = pod_metadata_from_object(gated)
     assert record is not None and record.fabric_ready_gate
@@ -202,8 +277,14 @@ def test_the_fabric_readiness_gate_and_its_condition_are_read_from_the_pod() -> 
 
 
 def _preflight_status(state: dict, last_state: dict | None = None, name: str = "ccl-preflight") -> dict:
-    entry = {"name": name, "image": "ccl-health-exporter:0.1.0", "imageID": "", "ready": False, "restartCount": 1,
-             "state": state}
+    entry = {
+        "name": name,
+        "image": "ccl-health-exporter:0.1.0",
+        "imageID": "",
+        "ready": False,
+        "restartCount": 1,
+        "state": state,
+    }
     if last_state is not None:
         entry["lastState"] = last_state
     return entry
@@ -214,15 +295,18 @@ FAILED_REPORT = "ccl-preflight/v1 failed finished_at=1764457100.000 checks=1 fai
 
 
 def test_start_time_and_the_preflights_termination_message_through_the_real_client(
-        recorded_api: RecordedApiServer) -> None:
+    recorded_api: RecordedApiServer,
+) -> None:
     """What the watch hands the cache are the client's objects (datetimes, snake_case): the pod's
     start and its ccl-preflight init container's message read the same as from JSON."""
     gated = pod("training", "gpt-worker-0", "u9", {"job-name": "gpt"}, "106")
     gated["status"]["startTime"] = "2026-11-30T10:00:00Z"
     gated["status"]["initContainerStatuses"] = [
         _preflight_status({"terminated": {"exitCode": 0, "message": "other\n"}}, name="setup"),
-        _preflight_status({"terminated": {"exitCode": 0, "message": PASSED_REPORT,
-                                          "finishedAt": "2026-11-30T10:00:31Z"}})]
+        _preflight_status(
+            {"terminated": {"exitCode": 0, "message": PASSED_REPORT, "finishedAt": "2026-11-30T10:00:31Z"}}
+        ),
+    ]
     recorded_api.state.watch_events.append({"type": "ADDED", "object": gated})
     cache = KubePodCache("gpu-node-7", api_factory=recorded_api.api_factory(), watch_seconds=5)
     cache.start()
@@ -232,30 +316,60 @@ def test_start_time_and_the_preflights_termination_message_through_the_real_clie
         assert record is not None and record.start_time == 1796032800.0
         assert record.preflight is not None and record.preflight.status == "valid"
         result = record.preflight.result
-        assert result is not None and result.success and (result.namespace, result.pod, result.pod_uid,
-                                                           result.job_name) == ("training", "gpt-worker-0", "u9", "gpt")
+        assert (
+            result is not None
+            and result.success
+            and (result.namespace, result.pod, result.pod_uid, result.job_name)
+            == ("training", "gpt-worker-0", "u9", "gpt")
+        )
         assert cache.lookup("research", "bert-0").preflight is None  # type: ignore[union-attr]
     finally:
         cache.close()
 
 
-@pytest.mark.parametrize(("entry", "expected"), [
-    (_preflight_status({"terminated": {"exitCode": 1, "message": FAILED_REPORT}}), "port_state"),
-    # waiting to restart after a failed run: the run before speaks
-    (_preflight_status({"waiting": {"reason": "CrashLoopBackOff"}},
-                       {"terminated": {"exitCode": 1, "message": FAILED_REPORT}}), "port_state"),
-    # running again: still the run before, until this one ends
-    (_preflight_status({"running": {"startedAt": "2026-11-30T10:01:00Z"}},
-                       {"terminated": {"exitCode": 1, "message": FAILED_REPORT}}), "port_state"),
-    # the current run ended: it wins over the one before
-    (_preflight_status({"terminated": {"exitCode": 0, "message": PASSED_REPORT}},
-                       {"terminated": {"exitCode": 1, "message": FAILED_REPORT}}), "rdma_devices"),
-    (_preflight_status({"running": {}}), None),
-    (_preflight_status({"terminated": {"exitCode": 137, "reason": "OOMKilled"}}), None),  # ended without one
-    (_preflight_status({"terminated": {"exitCode": 0, "message": ["not", "text"]}}), None),
-    (_preflight_status({"terminated": {"exitCode": 1, "message": FAILED_REPORT}}, name="ccl-preflight-2"), None),
-], ids=["failed", "crash-loop", "running-again", "passed-after-failing", "running", "no-message", "not-text",
-        "other-container"])
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        (_preflight_status({"terminated": {"exitCode": 1, "message": FAILED_REPORT}}), "port_state"),
+        # waiting to restart after a failed run: the run before speaks
+        (
+            _preflight_status(
+                {"waiting": {"reason": "CrashLoopBackOff"}}, {"terminated": {"exitCode": 1, "message": FAILED_REPORT}}
+            ),
+            "port_state",
+        ),
+        # running again: still the run before, until this one ends
+        (
+            _preflight_status(
+                {"running": {"startedAt": "2026-11-30T10:01:00Z"}},
+                {"terminated": {"exitCode": 1, "message": FAILED_REPORT}},
+            ),
+            "port_state",
+        ),
+        # the current run ended: it wins over the one before
+        (
+            _preflight_status(
+                {"terminated": {"exitCode": 0, "message": PASSED_REPORT}},
+                {"terminated": {"exitCode": 1, "message": FAILED_REPORT}},
+            ),
+            "rdma_devices",
+        ),
+        (_preflight_status({"running": {}}), None),
+        (_preflight_status({"terminated": {"exitCode": 137, "reason": "OOMKilled"}}), None),  # ended without one
+        (_preflight_status({"terminated": {"exitCode": 0, "message": ["not", "text"]}}), None),
+        (_preflight_status({"terminated": {"exitCode": 1, "message": FAILED_REPORT}}, name="ccl-preflight-2"), None),
+    ],
+    ids=[
+        "failed",
+        "crash-loop",
+        "running-again",
+        "passed-after-failing",
+        "running",
+        "no-message",
+        "not-text",
+        "other-container",
+    ],
+)
 def test_which_termination_message_is_the_pods_preflight(entry: dict, expected: str | None) -> None:
     from exporter.sources.kube import pod_metadata_from_object
 

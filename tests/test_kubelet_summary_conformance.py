@@ -73,7 +73,9 @@ def summary(*pods: dict[str, Any]) -> bytes:
 
 
 def test_cadvisor_with_interfaces() -> None:
-    body = summary(pod_stats("ml", "worker-0", from_cadvisor([("eth0", 2_000, 1_000), ("net1", 300, 400), ("lo", 9, 9)])))
+    body = summary(
+        pod_stats("ml", "worker-0", from_cadvisor([("eth0", 2_000, 1_000), ("net1", 300, 400), ("lo", 9, 9)]))
+    )
     found = summary_from_bytes(body, "kubelet")
     assert found.pods == (PodNetwork("ml", "worker-0", transmit_bytes=1_400, receive_bytes=2_300,
                                      interfaces=("eth0", "net1")),)  # fmt: skip

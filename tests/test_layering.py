@@ -20,8 +20,21 @@ from tests.conftest import REPO
 PACKAGE = REPO / "exporter"
 MAX_LINES = 600
 # What reading, writing, waiting or the clock would need: none of it belongs in nccl/.
-IO_MODULES = {"os", "io", "pathlib", "shutil", "tempfile", "glob", "socket", "subprocess", "time", "datetime",
-              "asyncio", "threading", "logging"}
+IO_MODULES = {
+    "os",
+    "io",
+    "pathlib",
+    "shutil",
+    "tempfile",
+    "glob",
+    "socket",
+    "subprocess",
+    "time",
+    "datetime",
+    "asyncio",
+    "threading",
+    "logging",
+}
 
 
 def _module_name(path: Path) -> str:
@@ -83,7 +96,7 @@ def find_cycle(graph: dict[str, frozenset[str]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return [*path[path.index(nxt):], nxt]
+                return [*path[path.index(nxt) :], nxt]
             if nxt not in state and (cycle := visit(nxt)):
                 return cycle
         path.pop()
@@ -131,11 +144,16 @@ def test_no_import_cycle_in_exporter() -> None:
 @pytest.mark.parametrize(
     ("prefixes", "forbidden", "why"),
     [
-        (("exporter.sources",), ("exporter.probe", "exporter.collectors", "prometheus_client"),
-         "sources read the world and return plain records"),
-        (("exporter.nccl",), ("prometheus_client", "exporter.sources", "exporter.collectors", "exporter.probe",
-                              *sorted(IO_MODULES)),
-         "nccl/ is pure: text in, events and verdicts out"),
+        (
+            ("exporter.sources",),
+            ("exporter.probe", "exporter.collectors", "prometheus_client"),
+            "sources read the world and return plain records",
+        ),
+        (
+            ("exporter.nccl",),
+            ("prometheus_client", "exporter.sources", "exporter.collectors", "exporter.probe", *sorted(IO_MODULES)),
+            "nccl/ is pure: text in, events and verdicts out",
+        ),
     ],
 )
 def test_layers_import_only_downwards(prefixes: tuple[str, ...], forbidden: tuple[str, ...], why: str) -> None:
@@ -148,14 +166,18 @@ SIMULATOR_PACKAGE = "ccl_sim"
 def _simulator_mentions(source: str) -> list[str]:
     """The lines of ``source`` that know the simulator: its package named (an import, a string, a
     comment), or anything about simulating (``config.simulate``, ``--simulate``, "the simulated node")."""
-    return [f"line {number}: {line.strip()}" for number, line in enumerate(source.splitlines(), 1)
-            if SIMULATOR_PACKAGE in line or "simulat" in line.lower()]
+    return [
+        f"line {number}: {line.strip()}"
+        for number, line in enumerate(source.splitlines(), 1)
+        if SIMULATOR_PACKAGE in line or "simulat" in line.lower()
+    ]
 
 
 def test_the_simulator_check_sees_a_branch_an_import_a_flag_and_a_mention() -> None:
     assert _simulator_mentions("x = 1\nif config.simulate:\n    pass\n") == ["line 2: if config.simulate:"]
     assert _simulator_mentions("from ccl_sim.node import default_node\n") == [
-        "line 1: from ccl_sim.node import default_node"]
+        "line 1: from ccl_sim.node import default_node"
+    ]
     assert _simulator_mentions("FLAG = Switch('--simulate', 'run')\n") == ["line 1: FLAG = Switch('--simulate', 'run')"]
     assert _simulator_mentions('"""Reads a Simulated node."""\n') == ['line 1: """Reads a Simulated node."""']
     assert _simulator_mentions("def simple(similar: int) -> None: ...\n") == []
@@ -170,8 +192,12 @@ def test_the_runtime_does_not_know_the_simulator() -> None:
 
 
 def test_nccl_imports_nothing_of_the_exporter_outside_itself() -> None:
-    outside = [f"{name} -> {target}" for name in _under("exporter.nccl") for target in sorted(_imports(name))
-               if target.startswith("exporter") and not (target + ".").startswith("exporter.nccl.")]
+    outside = [
+        f"{name} -> {target}"
+        for name in _under("exporter.nccl")
+        for target in sorted(_imports(name))
+        if target.startswith("exporter") and not (target + ".").startswith("exporter.nccl.")
+    ]
     assert not outside
 
 

@@ -41,8 +41,9 @@ UNGATED = SimJob("batch", "etl-worker-0", pytorchjob_labels("etl"), network="Soc
 def make_node(tmp_path: Path) -> Iterator[Any]:
     nodes: list[LifecycleNode] = []
 
-    def make(hooks: LifecycleSettings, node_object: dict[str, Any] | None = None,
-             pods: tuple[dict[str, Any], ...] = ()) -> LifecycleNode:
+    def make(
+        hooks: LifecycleSettings, node_object: dict[str, Any] | None = None, pods: tuple[dict[str, Any], ...] = ()
+    ) -> LifecycleNode:
         nodes.append(lifecycle_node(tmp_path / f"node{len(nodes)}", hooks, node_object, pods))
         return nodes[-1]
 
@@ -55,20 +56,40 @@ ALL_POD_HOOKS = LifecycleSettings(readiness=True, events=True, node_condition=Fa
 
 
 def test_healthy_fallback_and_failed_preflight_pods(make_node: Any) -> None:
-    node = make_node(ALL_POD_HOOKS, pods=(api_pod(HEALTHY), api_pod(FALLBACK), api_pod(PREFLIGHT),
-                                          api_pod(UNGATED, gated=False), api_pod(QUIET)))
-    write_result(node.paths.probe_results, ProbeResult(
-        source="preflight", started_at=time.time() - 5, finished_at=time.time(), namespace=PREFLIGHT.namespace,
-        pod=PREFLIGHT.pod, pod_uid=PREFLIGHT.uid,
-        checks=(Check("rdma_devices", True, "8 RDMA device(s)"),
-                Check("port_state", False, "mlx5_3 port 1 is DOWN/Disabled (expected ACTIVE/LinkUp)"))))
+    node = make_node(
+        ALL_POD_HOOKS,
+        pods=(api_pod(HEALTHY), api_pod(FALLBACK), api_pod(PREFLIGHT), api_pod(UNGATED, gated=False), api_pod(QUIET)),
+    )
+    write_result(
+        node.paths.probe_results,
+        ProbeResult(
+            source="preflight",
+            started_at=time.time() - 5,
+            finished_at=time.time(),
+            namespace=PREFLIGHT.namespace,
+            pod=PREFLIGHT.pod,
+            pod_uid=PREFLIGHT.uid,
+            checks=(
+                Check("rdma_devices", True, "8 RDMA device(s)"),
+                Check("port_state", False, "mlx5_3 port 1 is DOWN/Disabled (expected ACTIVE/LinkUp)"),
+            ),
+        ),
+    )
     # A neighbour's forgeries for a gated pod with no result and no NCCL output yet: no UID, and a
     # UID that is not the pod's. Neither may give it a PreflightFailed condition.
     for forged_uid in ("", "00000000-0000-4000-8000-00000000dead"):
-        write_result(node.paths.probe_results, ProbeResult(
-            source="preflight", started_at=time.time() - 5, finished_at=time.time(),
-            namespace=QUIET.namespace, pod=QUIET.pod, pod_uid=forged_uid,
-            checks=(Check("port_state", False, "forged"),)))
+        write_result(
+            node.paths.probe_results,
+            ProbeResult(
+                source="preflight",
+                started_at=time.time() - 5,
+                finished_at=time.time(),
+                namespace=QUIET.namespace,
+                pod=QUIET.pod,
+                pod_uid=forged_uid,
+                checks=(Check("port_state", False, "forged"),),
+            ),
+        )
     written = {job.pod: write_nccl_log(node.paths, job) for job in (HEALTHY, FALLBACK, UNGATED)}
 
     assert wait_for(lambda: all(node.pod_condition(j) for j in (HEALTHY, FALLBACK, PREFLIGHT)), timeout=20)
@@ -96,8 +117,13 @@ def test_healthy_fallback_and_failed_preflight_pods(make_node: Any) -> None:
 
     (event,) = node.events(FALLBACK)
     assert (event["reason"], event["type"]) == ("NcclTcpFallback", "Warning")
-    assert event["involvedObject"] == {"apiVersion": "v1", "kind": "Pod", "name": FALLBACK.pod,
-                                       "namespace": FALLBACK.namespace, "uid": FALLBACK.uid}
+    assert event["involvedObject"] == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "name": FALLBACK.pod,
+        "namespace": FALLBACK.namespace,
+        "uid": FALLBACK.uid,
+    }
     assert "via NET/Socket/" in event["message"]
     kubernetes_validate.validate(event, KUBERNETES_VERSION, strict=True)
     assert not node.events(HEALTHY) and not node.events(PREFLIGHT)
@@ -140,9 +166,20 @@ def test_api_down_never_holds_the_tailer_and_the_write_comes_after(make_node: An
     node.state.fail_writes = True
     write_nccl_log(node.paths, FALLBACK)
     # The NCCL collector goes on: its verdict is on /metrics while every write fails.
-    assert wait_for(lambda: value("".join(_exposition(node.nccl)), "ccl_nccl_tcp_fallback",
-                                  namespace=FALLBACK.namespace, pod=FALLBACK.pod, job_name="bert",
-                                  job_kind="PyTorchJob") == 1.0, timeout=20)
+    assert wait_for(
+        lambda: (
+            value(
+                "".join(_exposition(node.nccl)),
+                "ccl_nccl_tcp_fallback",
+                namespace=FALLBACK.namespace,
+                pod=FALLBACK.pod,
+                job_name="bert",
+                job_kind="PyTorchJob",
+            )
+            == 1.0
+        ),
+        timeout=20,
+    )
     assert wait_for(lambda: node.lifecycle.controller.writes[("pod_condition", "error")] >= 2, timeout=20)
     assert node.pod_condition(FALLBACK) is None
     node.state.fail_writes = False
@@ -160,13 +197,25 @@ def _exposition(collector: Any) -> list[str]:
 
 
 def test_node_condition_when_a_port_it_had_active_goes_down(make_node: Any) -> None:
-    existing = {"type": "CclFabricDegraded", "status": "False", "reason": "FabricHealthy", "message": "old",
-                "lastTransitionTime": "2026-01-01T00:00:00Z", "lastHeartbeatTime": "2026-01-01T00:00:00Z"}
+    existing = {
+        "type": "CclFabricDegraded",
+        "status": "False",
+        "reason": "FabricHealthy",
+        "message": "old",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+        "lastHeartbeatTime": "2026-01-01T00:00:00Z",
+    }
     ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status"}
-    node_object = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE},
-                   "status": {"conditions": [ready, existing]}}
-    node = make_node(LifecycleSettings(readiness=False, events=False, node_condition=True, node_interval_seconds=0.2),
-                     node_object=node_object)
+    node_object = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": NODE},
+        "status": {"conditions": [ready, existing]},
+    }
+    node = make_node(
+        LifecycleSettings(readiness=False, events=False, node_condition=True, node_interval_seconds=0.2),
+        node_object=node_object,
+    )
 
     def condition() -> dict[str, Any] | None:
         return node.state.condition(node.state.nodes[NODE], "CclFabricDegraded")
@@ -220,8 +269,15 @@ def test_without_api_access_nothing_is_written_and_it_says_so(tmp_path: Path) ->
         raise NotInCluster("Service host/port is not set.")
 
     feed = VerdictFeed()
-    controller = LifecycleController(ALL_POD_HOOKS, feed, Pods(), LifecycleApi(not_in_cluster), node_name=NODE,
-                                     sysfs=tmp_path, probe_results=tmp_path)
+    controller = LifecycleController(
+        ALL_POD_HOOKS,
+        feed,
+        Pods(),
+        LifecycleApi(not_in_cluster),
+        node_name=NODE,
+        sysfs=tmp_path,
+        probe_results=tmp_path,
+    )
     feed.publish((PodFabric("ns", "p", "tcp_fallback", True, False, "a reason"),))
     controller.step(0)
     assert controller.status == "no API access"

@@ -57,26 +57,44 @@ def make_node(tmp_path: Path) -> Iterator[Any]:
 
 
 def failed_preflight() -> str:
-    return render_report(ProbeResult(source="preflight", started_at=time.time() - 40, finished_at=time.time() - 30,
-                                     checks=(Check("rdma_devices", True, "8 RDMA device(s)"),
-                                             Check("port_state", False, PORT_DOWN))))
+    return render_report(
+        ProbeResult(
+            source="preflight",
+            started_at=time.time() - 40,
+            finished_at=time.time() - 30,
+            checks=(Check("rdma_devices", True, "8 RDMA device(s)"), Check("port_state", False, PORT_DOWN)),
+        )
+    )
 
 
 def test_an_exporter_that_starts_late_opens_the_gates_of_pods_past_the_timeout_in_its_first_pass(
-        make_node: Any) -> None:
+    make_node: Any,
+) -> None:
     kept_pod = api_pod(KEPT, started_at=time.time() - LONG_AGO)
     # What the exporter before this one wrote: a fallback it saw. No news yet must not undo it.
-    kept_pod["status"]["conditions"].append({"type": FABRIC_READY_CONDITION, "status": "False",
-                                             "reason": "TcpFallback", "message": "an earlier verdict",
-                                             "lastTransitionTime": "2026-01-01T00:00:00Z"})
-    node = make_node(600.0, (api_pod(LATE, started_at=time.time() - LONG_AGO),
-                             api_pod(FRESH, started_at=time.time()),
-                             kept_pod,
-                             api_pod(CHECKED, started_at=time.time() - LONG_AGO, preflight_message=failed_preflight())))
+    kept_pod["status"]["conditions"].append(
+        {
+            "type": FABRIC_READY_CONDITION,
+            "status": "False",
+            "reason": "TcpFallback",
+            "message": "an earlier verdict",
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+        }
+    )
+    node = make_node(
+        600.0,
+        (
+            api_pod(LATE, started_at=time.time() - LONG_AGO),
+            api_pod(FRESH, started_at=time.time()),
+            kept_pod,
+            api_pod(CHECKED, started_at=time.time() - LONG_AGO, preflight_message=failed_preflight()),
+        ),
+    )
     synced = time.monotonic()  # the exporter's pod list is complete: its first pass follows
 
-    assert wait_for(lambda: node.pod_condition(LATE) is not None and node.pod_condition(CHECKED) is not None,
-                    timeout=20)
+    assert wait_for(
+        lambda: node.pod_condition(LATE) is not None and node.pod_condition(CHECKED) is not None, timeout=20
+    )
     assert node.pod_patches(LATE)[0].at - synced < 5, "in its first pass, not a timeout later"
     late = node.pod_condition(LATE)
     assert (late["status"], late["reason"]) == ("True", "NoVerdictInTime")
@@ -131,8 +149,10 @@ def test_a_gang_that_never_prints_becomes_ready_for_kueue_after_the_timeout(make
     """Kueue's waitForPodsReady counts a workload ready when all its pods are: with the timeout, a
     gang whose jobs print nothing is ready once the timeout has passed since its pods started, so
     a Kueue timeout longer than that never evicts it; without it, it never is."""
-    gang = (SimJob("ml-training", "gpt-worker-0", pytorchjob_labels("gpt")),
-            SimJob("ml-training", "gpt-worker-1", pytorchjob_labels("gpt", index=1), network="IB", nnodes=2))
+    gang = (
+        SimJob("ml-training", "gpt-worker-0", pytorchjob_labels("gpt")),
+        SimJob("ml-training", "gpt-worker-1", pytorchjob_labels("gpt", index=1), network="IB", nnodes=2),
+    )
     node = make_node(4.0, tuple(api_pod(job, started_at=time.time()) for job in gang))
     write_nccl_log(node.paths, gang[1])  # one pod's NCCL says RDMA; the other never prints
 
@@ -174,9 +194,16 @@ def test_the_timeout_waits_for_the_nccl_collectors_first_pass(tmp_path: Path) ->
         now = [0.0]
 
         def controller(feed: VerdictFeed) -> LifecycleController:
-            return LifecycleController(LifecycleSettings(readiness=True, events=False, readiness_timeout_seconds=600),
-                                       feed, pods, LifecycleApi(api.api_factory()), node_name="gpu-node-7",
-                                       sysfs=tmp_path, probe_results=tmp_path, clock=lambda: now[0])
+            return LifecycleController(
+                LifecycleSettings(readiness=True, events=False, readiness_timeout_seconds=600),
+                feed,
+                pods,
+                LifecycleApi(api.api_factory()),
+                node_name="gpu-node-7",
+                sysfs=tmp_path,
+                probe_results=tmp_path,
+                clock=lambda: now[0],
+            )
 
         feed = VerdictFeed()
         first = controller(feed)
@@ -185,8 +212,9 @@ def test_the_timeout_waits_for_the_nccl_collectors_first_pass(tmp_path: Path) ->
         fallback = PodFabric(KEPT.namespace, KEPT.pod, "tcp_fallback", True, False, "via NET/Socket/0")
         feed.publish((fallback,))
         first.step(0)
-        reasons = {w.path.split("/")[6]: w.body["status"]["conditions"][0]["reason"]
-                   for w in api.state.writes("pods/status")}
+        reasons = {
+            w.path.split("/")[6]: w.body["status"]["conditions"][0]["reason"] for w in api.state.writes("pods/status")
+        }
         assert reasons == {KEPT.pod: "TcpFallback", LATE.pod: "NoVerdictInTime"}
 
         for pod in api.state.pods:

@@ -21,9 +21,21 @@ from tests.test_manifests import KUBERNETES_VERSION, _documents, _one, _render, 
 
 OVERLAYS = REPO / "manifests" / "overlays"
 WEBHOOK, LIFECYCLE = OVERLAYS / "webhook", OVERLAYS / "lifecycle"
-CORE_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Deployment",
-              "Service", "NetworkPolicy", "ConfigMap", "PodDisruptionBudget", "MutatingWebhookConfiguration",
-              "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+CORE_KINDS = {
+    "Namespace",
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "DaemonSet",
+    "Deployment",
+    "Service",
+    "NetworkPolicy",
+    "ConfigMap",
+    "PodDisruptionBudget",
+    "MutatingWebhookConfiguration",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
 _STR = {"type": "string"}
 
 
@@ -35,18 +47,43 @@ _META = _closed({"name": _STR, "namespace": _STR, "labels": {"type": "object"}},
 _ISSUER_REF = _closed({"name": _STR, "kind": {"enum": ["Issuer", "ClusterIssuer"]}}, ["name"])
 # cert-manager.io/v1, only the fields used here (cert-manager's CRDs are not installable here).
 CERT_MANAGER = {
-    "Issuer": _closed({"apiVersion": {"const": "cert-manager.io/v1"}, "kind": {"const": "Issuer"}, "metadata": _META,
-                       "spec": {"oneOf": [_closed({"selfSigned": _closed({}, [])}, ["selfSigned"]),
-                                          _closed({"ca": _closed({"secretName": _STR}, ["secretName"])}, ["ca"])]}},
-                      ["apiVersion", "kind", "metadata", "spec"]),
-    "Certificate": _closed({"apiVersion": {"const": "cert-manager.io/v1"}, "kind": {"const": "Certificate"},
-                            "metadata": _META, "spec": _closed({
-                                "secretName": _STR, "isCA": {"type": "boolean"}, "commonName": _STR,
-                                "dnsNames": {"type": "array", "items": _STR}, "duration": _STR, "renewBefore": _STR,
-                                "privateKey": _closed({"algorithm": {"enum": ["RSA", "ECDSA", "Ed25519"]},
-                                                       "size": {"type": "integer"}}, []),
-                                "issuerRef": _ISSUER_REF}, ["secretName", "issuerRef"])},
-                           ["apiVersion", "kind", "metadata", "spec"]),
+    "Issuer": _closed(
+        {
+            "apiVersion": {"const": "cert-manager.io/v1"},
+            "kind": {"const": "Issuer"},
+            "metadata": _META,
+            "spec": {
+                "oneOf": [
+                    _closed({"selfSigned": _closed({}, [])}, ["selfSigned"]),
+                    _closed({"ca": _closed({"secretName": _STR}, ["secretName"])}, ["ca"]),
+                ]
+            },
+        },
+        ["apiVersion", "kind", "metadata", "spec"],
+    ),
+    "Certificate": _closed(
+        {
+            "apiVersion": {"const": "cert-manager.io/v1"},
+            "kind": {"const": "Certificate"},
+            "metadata": _META,
+            "spec": _closed(
+                {
+                    "secretName": _STR,
+                    "isCA": {"type": "boolean"},
+                    "commonName": _STR,
+                    "dnsNames": {"type": "array", "items": _STR},
+                    "duration": _STR,
+                    "renewBefore": _STR,
+                    "privateKey": _closed(
+                        {"algorithm": {"enum": ["RSA", "ECDSA", "Ed25519"]}, "size": {"type": "integer"}}, []
+                    ),
+                    "issuerRef": _ISSUER_REF,
+                },
+                ["secretName", "issuerRef"],
+            ),
+        },
+        ["apiVersion", "kind", "metadata", "spec"],
+    ),
 }
 
 
@@ -73,17 +110,18 @@ def _validate(objects: list[dict[str, Any]]) -> None:
             jsonschema.validate(obj, CERT_MANAGER[obj["kind"]])
 
 
-def test_overlays_validate_strictly(webhook_objects: list[dict[str, Any]],
-                                    lifecycle_objects: list[dict[str, Any]]) -> None:
+def test_overlays_validate_strictly(
+    webhook_objects: list[dict[str, Any]], lifecycle_objects: list[dict[str, Any]]
+) -> None:
     _validate(webhook_objects)
     _validate(lifecycle_objects)
     known = CORE_KINDS | set(CERT_MANAGER) | {"PodMonitor", "PrometheusRule"}
     assert {o["kind"] for o in webhook_objects + lifecycle_objects} <= known
 
 
-def test_overlays_add_to_the_base_and_change_nothing_else(webhook_objects: list[dict[str, Any]],
-                                                           lifecycle_objects: list[dict[str, Any]],
-                                                           base_objects: list[dict[str, Any]]) -> None:
+def test_overlays_add_to_the_base_and_change_nothing_else(
+    webhook_objects: list[dict[str, Any]], lifecycle_objects: list[dict[str, Any]], base_objects: list[dict[str, Any]]
+) -> None:
     def key(obj: dict[str, Any]) -> tuple[str, str]:
         return obj["kind"], obj["metadata"]["name"]
 
@@ -102,8 +140,15 @@ def test_the_webhook_can_never_block_a_pod(webhook_objects: list[dict[str, Any]]
     assert hook["timeoutSeconds"] <= 5
     assert hook["admissionReviewVersions"] == ["v1"]
     assert hook["namespaceSelector"] == {"matchLabels": {"ccl-health.io/inject": "enabled"}}
-    assert hook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
-                              "resources": ["pods"], "scope": "Namespaced"}]
+    assert hook["rules"] == [
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE"],
+            "resources": ["pods"],
+            "scope": "Namespaced",
+        }
+    ]
     (condition,) = hook["matchConditions"]
     assert "'nvidia.com/gpu' in c.resources.limits" in condition["expression"]
     assert "'nvidia.com/gpu' in c.resources.requests" in condition["expression"]
@@ -163,8 +208,10 @@ def test_the_webhook_is_wired_to_its_service_and_certificate(webhook_objects: li
 def test_the_webhook_is_scraped_over_https_with_its_certificate_ca(webhook_objects: list[dict[str, Any]]) -> None:
     monitor = _one(webhook_objects, "PodMonitor", "ccl-webhook")
     deployment = _one(webhook_objects, "Deployment", "ccl-webhook")
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= \
-        deployment["spec"]["template"]["metadata"]["labels"].items()
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items()
+        <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    )
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert endpoint["port"] in {p["name"] for p in container["ports"]} and endpoint["scheme"] == "https"
@@ -193,16 +240,21 @@ def test_lifecycle_rbac_is_exactly_the_writes_the_code_makes(lifecycle_objects: 
     ]
     code = (REPO / "exporter" / "lifecycle" / "writes.py").read_text()
     calls = set(re.findall(r"\.api\(\)\.(\w+)\(", code))
-    assert calls == {"patch_namespaced_pod_status", "create_namespaced_event", "read_node_status",
-                     "patch_node_status"}, "a new call needs its verb in rbac-lifecycle.yaml"
+    assert calls == {
+        "patch_namespaced_pod_status",
+        "create_namespaced_event",
+        "read_node_status",
+        "patch_node_status",
+    }, "a new call needs its verb in rbac-lifecycle.yaml"
     binding = _one(lifecycle_objects, "ClusterRoleBinding", "ccl-exporter-lifecycle")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "ccl-exporter", "namespace": "ccl-health"}]
     policy = _one(lifecycle_objects, "ValidatingAdmissionPolicy")
     assert policy["spec"]["matchConstraints"]["resourceRules"][0]["resources"] == ["nodes/status", "pods/status"]
     assert "system:serviceaccount:ccl-health:ccl-exporter" in policy["spec"]["matchConditions"][0]["expression"]
-    assert _one(lifecycle_objects, "ValidatingAdmissionPolicyBinding")["spec"]["policyName"] == \
-        policy["metadata"]["name"]
+    assert (
+        _one(lifecycle_objects, "ValidatingAdmissionPolicyBinding")["spec"]["policyName"] == policy["metadata"]["name"]
+    )
 
 
 def test_lifecycle_daemonset_args_turn_the_hooks_on(lifecycle_objects: list[dict[str, Any]]) -> None:

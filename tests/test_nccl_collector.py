@@ -70,14 +70,37 @@ def test_simulated_node_shows_the_fallback_pod_and_healthy_pods(tmp_path: Path) 
     collector = make_collector(node, sim)
     collector.step()
     found = samples(collector)
-    assert value(found, "ccl_nccl_tcp_fallback", pod="bert-finetune-worker-0", namespace="research",
-                 job_name="bert-finetune", job_kind="PyTorchJob") == 1
+    assert (
+        value(
+            found,
+            "ccl_nccl_tcp_fallback",
+            pod="bert-finetune-worker-0",
+            namespace="research",
+            job_name="bert-finetune",
+            job_kind="PyTorchJob",
+        )
+        == 1
+    )
     assert value(found, "ccl_nccl_tcp_fallback", pod="llama-70b-worker-0", job_name="llama-70b") == 0
     assert value(found, "ccl_nccl_tcp_fallback", pod="resnet-eval-0", job_name="resnet-eval", job_kind="Job") == 0
-    assert value(found, "ccl_nccl_communicator_info", pod="bert-finetune-worker-0", network="Socket", nnodes="2",
-                 nranks="16", nccl_version="2.21.5") == 1
-    assert value(found, "ccl_nccl_connections", pod="llama-70b-worker-0", transport="net_ib",
-                 scope="inter_node", gdr="true") == 4
+    assert (
+        value(
+            found,
+            "ccl_nccl_communicator_info",
+            pod="bert-finetune-worker-0",
+            network="Socket",
+            nnodes="2",
+            nranks="16",
+            nccl_version="2.21.5",
+        )
+        == 1
+    )
+    assert (
+        value(
+            found, "ccl_nccl_connections", pod="llama-70b-worker-0", transport="net_ib", scope="inter_node", gdr="true"
+        )
+        == 4
+    )
     assert value(found, "ccl_nccl_connections", pod="resnet-eval-0", transport="net_ib") is None
     assert value(found, "ccl_nccl_gdr_disabled", pod="llama-70b-worker-0") == 0
     assert value(found, "ccl_nccl_warnings_total", pod="bert-finetune-worker-0", category="ib_no_device") == 8
@@ -177,7 +200,9 @@ def test_hostile_pod_keeps_memory_and_series_bounded(tmp_path: Path) -> None:
     """
     node, sim = sim_node(tmp_path)
     collector = make_collector(
-        node, sim, parser_limits=Limits(max_communicators=16, max_connections=256, max_processes=64, max_pointers=16),
+        node,
+        sim,
+        parser_limits=Limits(max_communicators=16, max_connections=256, max_processes=64, max_pointers=16),
         tail_limits=TailLimits(tick_bytes=64 << 20, file_chunk_bytes=8 << 20),
     )
     collector.step()
@@ -190,10 +215,14 @@ def test_hostile_pod_keeps_memory_and_series_bounded(tmp_path: Path) -> None:
         with open(log, "a") as handle:
             for i in range(n):
                 comm = rng.getrandbits(64)
-                handle.write(f"{stamp}evil:{i % 97}:1 [0] NCCL INFO ncclCommInitRank comm 0x{comm:x} rank 0 nranks "
-                             f"2 cudaDev 0 nvmlDev 0 busId 1000 commId 0x{comm:016x} - Init START\n")
-                handle.write(f"{stamp}evil:{i % 97}:1 [0] NCCL INFO Channel {i % 64:02d}/0 : {i % 512}[0] -> "
-                             f"{(i + 1) % 512}[1] via NET/Socket/{i % 8}\n")
+                handle.write(
+                    f"{stamp}evil:{i % 97}:1 [0] NCCL INFO ncclCommInitRank comm 0x{comm:x} rank 0 nranks "
+                    f"2 cudaDev 0 nvmlDev 0 busId 1000 commId 0x{comm:016x} - Init START\n"
+                )
+                handle.write(
+                    f"{stamp}evil:{i % 97}:1 [0] NCCL INFO Channel {i % 64:02d}/0 : {i % 512}[0] -> "
+                    f"{(i + 1) % 512}[1] via NET/Socket/{i % 8}\n"
+                )
         for _ in range(20):
             collector.step()
 
@@ -263,8 +292,10 @@ def polls_until_fallback_is_shown(tmp_path: Path, noisy_lines: int) -> tuple[int
     log = sim.pod_logs / f"team-x_noisy-0_{noisy.uid}" / "pytorch" / "0.log"
     stamp = "2026-03-01T10:00:00.000000000Z stdout F "
     with open(log, "a") as handle:
-        handle.writelines(f"{stamp}noisy:7:{n % 64} [0] NCCL INFO Channel {n % 32:02d}/0 : {n}[0] -> {n + 1}[1] "
-                          f"via P2P/CUMEM/read\n" for n in range(noisy_lines))
+        handle.writelines(
+            f"{stamp}noisy:7:{n % 64} [0] NCCL INFO Channel {n % 32:02d}/0 : {n}[0] -> {n + 1}[1] via P2P/CUMEM/read\n"
+            for n in range(noisy_lines)
+        )
     collector.step()
     sim.start_job(SimJob("research", "victim-0", pytorchjob_labels("victim"), network="Socket", node_index=1))
     fed: list[int] = []
@@ -281,8 +312,10 @@ def test_a_noisy_pod_does_not_delay_another_pods_fallback(tmp_path: Path) -> Non
     """Fair share, counted in polls and lines rather than timed: with a neighbour whose backlog
     would fill 40 polls, the victim's fallback shows at the same poll as on a quiet node, and no
     poll feeds more than ``tick_lines`` lines to the analyzers (what a poll costs)."""
-    quiet_polls, quiet_fed, _ = polls_until_fallback_is_shown(tmp_path / "quiet", 0)
-    noisy_polls, noisy_fed, waiting = polls_until_fallback_is_shown(tmp_path / "noisy", 80_000)
+    # short folder names: the simulated kubelet's socket path must fit in 107 bytes, under a
+    # pytest-xdist worker's longer tmp_path too
+    quiet_polls, quiet_fed, _ = polls_until_fallback_is_shown(tmp_path / "q", 0)
+    noisy_polls, noisy_fed, waiting = polls_until_fallback_is_shown(tmp_path / "n", 80_000)
     assert noisy_polls == quiet_polls == 1
     assert waiting > 4 << 20  # the neighbour still had most of its backlog
     assert max(noisy_fed) <= 2000 and min(noisy_fed) >= 1900, noisy_fed
@@ -305,9 +338,20 @@ def test_serve_simulate_shows_the_fallback(exporter_process) -> None:  # type: i
         if value(found, "ccl_nccl_tcp_fallback", pod="bert-finetune-worker-0") is not None:
             break
         time.sleep(0.2)
-    assert value(found, "ccl_nccl_tcp_fallback", namespace="research", pod="bert-finetune-worker-0",
-                 job_name="bert-finetune", job_kind="PyTorchJob") == 1
-    assert value(found, "ccl_nccl_tcp_fallback", namespace="ml-training", pod="llama-70b-worker-0",
-                 job_name="llama-70b") == 0
+    assert (
+        value(
+            found,
+            "ccl_nccl_tcp_fallback",
+            namespace="research",
+            pod="bert-finetune-worker-0",
+            job_name="bert-finetune",
+            job_kind="PyTorchJob",
+        )
+        == 1
+    )
+    assert (
+        value(found, "ccl_nccl_tcp_fallback", namespace="ml-training", pod="llama-70b-worker-0", job_name="llama-70b")
+        == 0
+    )
     assert value(found, "ccl_nccl_tcp_fallback", pod="resnet-eval-0") == 0
     assert value(found, "ccl_exporter_collector_success", collector="nccl") == 1

@@ -37,7 +37,8 @@ def test_shrinking_keeps_a_fallback_already_seen() -> None:
     for line in [
         "a:1:1 [0] NCCL INFO Using network Socket",
         "a:1:1 [0] NCCL INFO comm 0x1 rank 0 nRanks 16 nNodes 2 localRanks 8 localRank 0 MNNVL 0",
-        "a:1:1 [0] NCCL INFO ncclCommInitRank comm 0x1 rank 0 nranks 16 cudaDev 0 nvmlDev 0 busId 1000 commId 0xaa - Init COMPLETE",
+        "a:1:1 [0] NCCL INFO ncclCommInitRank comm 0x1 rank 0 nranks 16 cudaDev 0 nvmlDev 0 busId 1000 "
+        "commId 0xaa - Init COMPLETE",
         *communicator_flood("a", 8, 256),
     ]:
         analyzer.feed(line)
@@ -52,13 +53,22 @@ def test_shrinking_keeps_a_fallback_already_seen() -> None:
 def test_the_node_wide_budget_holds_and_says_what_it_dropped(tmp_path: Path) -> None:
     budget = 6 * 1024 * 1024
     pods = tmp_path / "pods"
-    write_pod_log(pods, "victim-0", socket_open_placement("victim-0", 0, 16) + [
-        "victim-0:101:101 [0] NCCL INFO comm 0x55d4c0a1b000 rank 0 nRanks 16 nNodes 2 localRanks 8 localRank 0 MNNVL 0"])
+    write_pod_log(
+        pods,
+        "victim-0",
+        socket_open_placement("victim-0", 0, 16)
+        + [
+            "victim-0:101:101 [0] NCCL INFO comm 0x55d4c0a1b000 rank 0 nRanks 16 nNodes 2 localRanks 8 "
+            "localRank 0 MNNVL 0"
+        ],
+    )
     for i in range(6):
         write_pod_log(pods, f"noisy-{i}", communicator_flood(f"noisy-{i}", 32, 512))
     node, _ = sim_node(tmp_path)
     tailer = PodLogTailer(pods, tmp_path / "nccl", tmp_path / "state")
-    collector = NcclCollector(tailer, node.sysfs, clock=Clock(), settings=NcclSettings(limits=NcclLimits(parser_memory_budget_bytes=budget)))
+    collector = NcclCollector(
+        tailer, node.sysfs, clock=Clock(), settings=NcclSettings(limits=NcclLimits(parser_memory_budget_bytes=budget))
+    )
     for _ in range(20):
         collector.step()
     found = samples(collector)

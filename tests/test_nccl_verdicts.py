@@ -54,8 +54,11 @@ class PodResources:
         self.calls += 1
         if self.held is None:
             raise PodResourcesUnavailable("no socket")
-        return [GpuAssignment(f"GPU-{pod}-{i}", self.resource, NS, pod, "trainer")
-                for pod, count in self.held.items() for i in range(count)]
+        return [
+            GpuAssignment(f"GPU-{pod}-{i}", self.resource, NS, pod, "trainer")
+            for pod, count in self.held.items()
+            for i in range(count)
+        ]
 
 
 def write_pod_log(root: Path, pod: str, lines: list[str]) -> None:
@@ -74,9 +77,9 @@ def socket_open_placement(host: str, rank: int, nranks: int) -> list[str]:
         p + "NET/Socket : Using [0]eth0:10.0.3.17<0>",
         p + "Using network Socket",
         p + f"ncclCommInitRank comm 0x55d4c0a1b000 rank {rank} nranks {nranks} cudaDev 0 nvmlDev 0 busId 18000 "
-            "commId 0x1111222233334444 - Init START",
+        "commId 0x1111222233334444 - Init START",
         p + f"ncclCommInitRank comm 0x55d4c0a1b000 rank {rank} nranks {nranks} cudaDev 0 nvmlDev 0 busId 18000 "
-            "commId 0x1111222233334444 - Init COMPLETE",
+        "commId 0x1111222233334444 - Init COMPLETE",
     ]
 
 
@@ -107,20 +110,26 @@ def test_the_simulated_node_has_one_verdict_per_pod(tmp_path: Path) -> None:
     assert verdict_of(found, "llama-70b-worker-0") == "rdma"
     assert verdict_of(found, "bert-finetune-worker-0") == "tcp_fallback"
     assert verdict_of(found, "resnet-eval-0") == "single_node"
-    assert value(found, "ccl_nccl_communicator_info", pod="bert-finetune-worker-0", network="Socket",
-                 network_class="tcp") == 1
+    assert (
+        value(found, "ccl_nccl_communicator_info", pod="bert-finetune-worker-0", network="Socket", network_class="tcp")
+        == 1
+    )
     assert value(found, "ccl_nccl_communicator_info", pod="llama-70b-worker-0", network="IB", network_class="rdma") == 1
 
 
-@pytest.mark.parametrize(("nvml_gpus", "held", "want"), [
-    (8, {"worker-0": 8}, "tcp_fallback"),  # 16 ranks, 8 GPUs on the node: the others are elsewhere
-    (16, {"worker-0": 8}, "tcp_fallback"),  # 16 GPUs here, but the job's pods hold 8 of them
-    (16, {"worker-0": 8, "worker-1": 8}, "unknown"),  # the job's two pods hold 16 here: could be one node
-    (None, None, "unknown"),  # neither NVML nor pod-resources readable: nothing to compare with
-    (16, None, "unknown"),  # 16 GPUs, pod-resources unreadable: 16 ranks fit on this node
-])
-def test_gpu_counts_decide_what_the_log_leaves_open(tmp_path: Path, nvml_gpus: int | None,
-                                                    held: dict[str, int] | None, want: str) -> None:
+@pytest.mark.parametrize(
+    ("nvml_gpus", "held", "want"),
+    [
+        (8, {"worker-0": 8}, "tcp_fallback"),  # 16 ranks, 8 GPUs on the node: the others are elsewhere
+        (16, {"worker-0": 8}, "tcp_fallback"),  # 16 GPUs here, but the job's pods hold 8 of them
+        (16, {"worker-0": 8, "worker-1": 8}, "unknown"),  # the job's two pods hold 16 here: could be one node
+        (None, None, "unknown"),  # neither NVML nor pod-resources readable: nothing to compare with
+        (16, None, "unknown"),  # 16 GPUs, pod-resources unreadable: 16 ranks fit on this node
+    ],
+)
+def test_gpu_counts_decide_what_the_log_leaves_open(
+    tmp_path: Path, nvml_gpus: int | None, held: dict[str, int] | None, want: str
+) -> None:
     write_pod_log(tmp_path / "pods", "worker-0", socket_open_placement("worker-0", 0, 16))
     c = collector(tmp_path, Pods(meta("worker-0"), meta("worker-1")), nvml_gpus, held)
     c.step()
@@ -149,8 +158,12 @@ def test_a_communicator_that_fits_on_the_node_stays_open(tmp_path: Path) -> None
 def test_gpu_pods_that_print_no_nccl_logs_are_said_unknown(tmp_path: Path) -> None:
     write_pod_log(tmp_path / "pods", "worker-0", socket_open_placement("worker-0", 0, 16))
     write_pod_log(tmp_path / "pods", "quiet-0", ["epoch 1 loss 0.3"])
-    c = collector(tmp_path, Pods(meta("worker-0"), meta("quiet-0", job="quiet"), meta("web-0", job="")),
-                  8, {"worker-0": 8, "quiet-0": 4})
+    c = collector(
+        tmp_path,
+        Pods(meta("worker-0"), meta("quiet-0", job="quiet"), meta("web-0", job="")),
+        8,
+        {"worker-0": 8, "quiet-0": 4},
+    )
     c.step()
     found = samples(c)
     assert verdict_of(found, "quiet-0") == "unknown"
@@ -161,12 +174,25 @@ def test_gpu_pods_that_print_no_nccl_logs_are_said_unknown(tmp_path: Path) -> No
 
 def test_pods_that_declare_their_network_are_listed(tmp_path: Path) -> None:
     write_pod_log(tmp_path / "pods", "worker-0", socket_open_placement("worker-0", 0, 16))
-    c = collector(tmp_path, Pods(meta("worker-0", expected="socket"), meta("etl-0", job="etl", expected="IB"),
-                                 meta("plain-0")), 8, {"worker-0": 8})
+    c = collector(
+        tmp_path,
+        Pods(meta("worker-0", expected="socket"), meta("etl-0", job="etl", expected="IB"), meta("plain-0")),
+        8,
+        {"worker-0": 8},
+    )
     c.step()
     found = samples(c)
-    assert value(found, "ccl_pod_expected_network_info", pod="worker-0", expected_network="socket",
-                 network_class="tcp", job_name="llama") == 1
+    assert (
+        value(
+            found,
+            "ccl_pod_expected_network_info",
+            pod="worker-0",
+            expected_network="socket",
+            network_class="tcp",
+            job_name="llama",
+        )
+        == 1
+    )
     assert value(found, "ccl_pod_expected_network_info", pod="etl-0", expected_network="IB", network_class="rdma") == 1
     assert value(found, "ccl_pod_expected_network_info", pod="plain-0") is None
     # The fact stays a fact: the rules, not the exporter, decide that declared TCP is not a page.

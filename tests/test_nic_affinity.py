@@ -48,8 +48,11 @@ def test_the_rail_aligned_pod_uses_pix_nics_and_the_crossed_pod_sys_ones(tmp_pat
         ("llama-70b-worker-0", "0", "mlx5_0", "PIX", "true", "PIX"),
         ("llama-70b-worker-0", "7", "mlx5_7", "PIX", "true", "PIX"),
     ]
-    job = {dict(labels)["pod"]: dict(labels)["job_name"] for (name, labels) in samples(collector)
-           if name == "ccl_nccl_nic_affinity"}
+    job = {
+        dict(labels)["pod"]: dict(labels)["job_name"]
+        for (name, labels) in samples(collector)
+        if name == "ccl_nccl_nic_affinity"
+    }
     assert job == {"gpt-neox-worker-0": "gpt-neox", "llama-70b-worker-0": "llama-70b"}
 
 
@@ -68,8 +71,10 @@ def test_a_gdr_less_restart_shows_gdr_false_on_the_same_nics(tmp_path: Path) -> 
     pods.restart_job("ml-training", "llama-70b-worker-0", network="IB", gdr=False)
     collector.step()
     rows = [r for r in affinity_rows(collector) if r[0] == "llama-70b-worker-0"]
-    assert rows == [("llama-70b-worker-0", "0", "mlx5_0", "PIX", "false", "PIX"),
-                    ("llama-70b-worker-0", "7", "mlx5_7", "PIX", "false", "PIX")]
+    assert rows == [
+        ("llama-70b-worker-0", "0", "mlx5_0", "PIX", "false", "PIX"),
+        ("llama-70b-worker-0", "7", "mlx5_7", "PIX", "false", "PIX"),
+    ]
 
 
 class WithHostNetwork:
@@ -107,8 +112,10 @@ def test_only_the_pods_own_processes_count(tmp_path: Path) -> None:
     assert [r for r in affinity_rows(collector) if r[0] == "launcher"] == []
     collector = collector_on(node, pods, WithHostNetwork(pods, "launcher"))
     collector.step()
-    assert [r[1:4] for r in affinity_rows(collector) if r[0] == "launcher"] == [("0", "mlx5_0", "PIX"),
-                                                                               ("7", "mlx5_7", "PIX")]
+    assert [r[1:4] for r in affinity_rows(collector) if r[0] == "launcher"] == [
+        ("0", "mlx5_0", "PIX"),
+        ("7", "mlx5_7", "PIX"),
+    ]
 
 
 def test_device_names_a_log_invents_make_no_series(tmp_path: Path) -> None:
@@ -141,7 +148,8 @@ def test_nearest_class_is_empty_only_when_an_unknown_nic_might_be_nearer() -> No
         assert pod_nic_affinity("worker-0", uses, False, known) == (("0", "mlx5_1", "SYS", "true", "PIX"),)
         partial = Topology(gpus=(gpu,), nics=(near, used), classes={(0, "mlx5_0"): "PIX"})
         assert pod_nic_affinity("worker-0", uses, False, partial) == (("0", "mlx5_1", "", "true", expected),), (
-            other_bridge)
+            other_bridge
+        )
 
 
 def test_a_software_rdma_device_and_a_nic_of_unknown_numa_node_leave_the_crossed_rail_visible(tmp_path: Path) -> None:

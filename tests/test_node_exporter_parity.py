@@ -29,13 +29,21 @@ SAME = {
     "node_infiniband_port_packets_transmitted_total": ("ccl_rdma_port_transmit_packets_total", {}),
     "node_infiniband_port_packets_received_total": ("ccl_rdma_port_receive_packets_total", {}),
     "node_infiniband_unicast_packets_transmitted_total": (
-        "ccl_rdma_port_cast_packets_total", {"cast": "unicast", "direction": "transmit"}),
+        "ccl_rdma_port_cast_packets_total",
+        {"cast": "unicast", "direction": "transmit"},
+    ),
     "node_infiniband_unicast_packets_received_total": (
-        "ccl_rdma_port_cast_packets_total", {"cast": "unicast", "direction": "receive"}),
+        "ccl_rdma_port_cast_packets_total",
+        {"cast": "unicast", "direction": "receive"},
+    ),
     "node_infiniband_multicast_packets_transmitted_total": (
-        "ccl_rdma_port_cast_packets_total", {"cast": "multicast", "direction": "transmit"}),
+        "ccl_rdma_port_cast_packets_total",
+        {"cast": "multicast", "direction": "transmit"},
+    ),
     "node_infiniband_multicast_packets_received_total": (
-        "ccl_rdma_port_cast_packets_total", {"cast": "multicast", "direction": "receive"}),
+        "ccl_rdma_port_cast_packets_total",
+        {"cast": "multicast", "direction": "receive"},
+    ),
     # congestion ticks, not an error: a family of its own, as node_exporter's
     "node_infiniband_port_transmit_wait_total": ("ccl_rdma_port_transmit_wait_total", {}),
 }
@@ -73,9 +81,16 @@ INFO = "node_infiniband_info"
 def node_exporter_metrics(binary: str, sysfs: Path) -> str:
     port = free_port()
     proc = subprocess.Popen(
-        [binary, f"--path.sysfs={sysfs}", "--collector.disable-defaults", "--collector.infiniband",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        [
+            binary,
+            f"--path.sysfs={sysfs}",
+            "--collector.disable-defaults",
+            "--collector.infiniband",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         return wait_http(f"http://127.0.0.1:{port}/metrics")
@@ -97,7 +112,8 @@ def compare(node_text: str, ours_text: str) -> Iterator[str]:
     theirs = samples(node_text)
     ours = samples(ours_text)
     assert theirs.get(("node_scrape_collector_success", (("collector", "infiniband"),))) == 1.0, (
-        "node_exporter could not read this tree")
+        "node_exporter could not read this tree"
+    )
     legacy_ports = {(name, labels) for (name, labels) in theirs if name in LEGACY}
     overridden = {(LEGACY[name], labels) for name, labels in legacy_ports}
     compared = 0
@@ -114,8 +130,7 @@ def compare(node_text: str, ours_text: str) -> Iterator[str]:
         elif name == INFO:
             facts = dict(labels)
             matching = [
-                lab for (n, lab) in ours
-                if n == "ccl_rdma_port_info" and dict(lab)["device"] == facts["device"]
+                lab for (n, lab) in ours if n == "ccl_rdma_port_info" and dict(lab)["device"] == facts["device"]
             ]
             if not matching:
                 yield f"{INFO} {facts}: no ccl_rdma_port_info for the device"
@@ -169,7 +184,9 @@ def test_parity_catches_a_difference(fixture_tree) -> None:  # type: ignore[no-u
     counter = sysfs / "devices/pci0000:00/0000:00:00.0/infiniband/mlx5_0/ports/1/counters/symbol_error"
     counter.write_text("2\n")
     problems = list(compare(node_text, our_metrics(sysfs)))
-    assert problems == ["node_infiniband_symbol_error_total{'device': 'mlx5_0', 'port': '1'}: node_exporter 1, ours 2.0"]
+    assert problems == [
+        "node_infiniband_symbol_error_total{'device': 'mlx5_0', 'port': '1'}: node_exporter 1, ours 2.0"
+    ]
 
 
 def test_rule_tests_use_the_labels_node_exporter_prints(fixture_tree) -> None:  # type: ignore[no-untyped-def]
@@ -185,10 +202,15 @@ def test_rule_tests_use_the_labels_node_exporter_prints(fixture_tree) -> None:  
     for name, labels in samples(node_exporter_metrics(binary, fixture_tree("sysfs_rdma"))):
         real.setdefault(name, set()).update(key for key, _ in labels)
     target = {"instance", "job", "node"}
-    used = re.findall(r"series: '(node_infiniband_\w+)\{([^}]*)\}'",
-                      (REPO / "alerts" / "tests" / "node-exporter-test.yaml").read_text())
-    assert {name for name, _ in used} >= {"node_infiniband_info", "node_infiniband_state_id",
-                                          "node_infiniband_port_data_transmitted_bytes_total"}
+    used = re.findall(
+        r"series: '(node_infiniband_\w+)\{([^}]*)\}'",
+        (REPO / "alerts" / "tests" / "node-exporter-test.yaml").read_text(),
+    )
+    assert {name for name, _ in used} >= {
+        "node_infiniband_info",
+        "node_infiniband_state_id",
+        "node_infiniband_port_data_transmitted_bytes_total",
+    }
     for name, body in used:
         assert name in real, f"node_exporter prints no {name}"
         labels = set(re.findall(r'(\w+)="', body)) - target

@@ -124,13 +124,28 @@ def test_per_gpu_series_in_both_modes_and_per_link_series_only_in_link_mode() ->
     reading = NvmlReading([gpu(0, link(0, 100, replay=1), link(1, 50, replay=2, active=False))])
     per_link = _families(NvmlCollector(Backend(reading), NvmlSettings(per_link=True)))
     per_gpu = _families(NvmlCollector(Backend(reading)))  # the default
-    gpu_names = {"ccl_gpu_info", "ccl_nvlink_gpu_links", "ccl_nvlink_gpu_links_active", "ccl_nvlink_gpu_transmit_bytes",
-                 "ccl_nvlink_gpu_receive_bytes", "ccl_nvlink_gpu_errors", "ccl_nvlink_node_links",
-                 "ccl_nvlink_node_links_active", "ccl_nvlink_node_transmit_bytes", "ccl_nvlink_node_receive_bytes",
-                 "ccl_nvlink_node_errors"}
+    gpu_names = {
+        "ccl_gpu_info",
+        "ccl_nvlink_gpu_links",
+        "ccl_nvlink_gpu_links_active",
+        "ccl_nvlink_gpu_transmit_bytes",
+        "ccl_nvlink_gpu_receive_bytes",
+        "ccl_nvlink_gpu_errors",
+        "ccl_nvlink_node_links",
+        "ccl_nvlink_node_links_active",
+        "ccl_nvlink_node_transmit_bytes",
+        "ccl_nvlink_node_receive_bytes",
+        "ccl_nvlink_node_errors",
+    }
     assert set(per_gpu) == gpu_names
-    assert set(per_link) == gpu_names | {"ccl_nvlink_state", "ccl_nvlink_speed_bytes_per_second", "ccl_nvlink_transmit_bytes",
-                                         "ccl_nvlink_receive_bytes", "ccl_nvlink_errors", "ccl_nvlink_remote_info"}
+    assert set(per_link) == gpu_names | {
+        "ccl_nvlink_state",
+        "ccl_nvlink_speed_bytes_per_second",
+        "ccl_nvlink_transmit_bytes",
+        "ccl_nvlink_receive_bytes",
+        "ccl_nvlink_errors",
+        "ccl_nvlink_remote_info",
+    }
     assert per_gpu["ccl_nvlink_gpu_links"] == [({"gpu": "0"}, 2.0)]
     assert per_gpu["ccl_nvlink_gpu_links_active"] == [({"gpu": "0"}, 1.0)]
     assert per_gpu["ccl_nvlink_gpu_transmit_bytes"] == [({"gpu": "0"}, 150.0)]
@@ -176,7 +191,9 @@ def test_promtool_accepts_the_per_gpu_page(tmp_path: Path) -> None:
 
     promtool = require_tool("promtool")
     registry = CollectorRegistry()
-    registry.register(NvmlCollector(Backend(NvmlReading([gpu(0, link(0, 100, replay=1))])), NvmlSettings(per_link=False)))
+    registry.register(
+        NvmlCollector(Backend(NvmlReading([gpu(0, link(0, 100, replay=1))])), NvmlSettings(per_link=False))
+    )
     page = generate_latest(registry)
     result = subprocess.run([promtool, "check", "metrics"], input=page, capture_output=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr

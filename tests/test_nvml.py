@@ -57,8 +57,9 @@ backend.close()
 
 def run_source(lib: Path, reads: int = 1, **settings: object) -> dict:  # type: ignore[type-arg]
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), **fake_nvml_env(lib, **settings)}
-    done = subprocess.run([sys.executable, "-c", READ_SCRIPT, str(reads)], env=env, capture_output=True,
-                          text=True, timeout=60, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", READ_SCRIPT, str(reads)], env=env, capture_output=True, text=True, timeout=60, check=True
+    )
     return json.loads(done.stdout)  # type: ignore[no-any-return]
 
 
@@ -78,8 +79,11 @@ def test_source_reads_every_gpu_and_link_with_exact_values(fake_lib: Path) -> No
     assert all(len(g["links"]) == LINKS for g in second["gpus"]) and len(second["gpus"]) == GPUS
     # Field-values call 1 was discovery (link count), so the reads are calls 2 and 3.
     assert link_of(second, 6, 17) == {
-        "link": 17, "active": True, "speed_bytes_per_second": SPEED,
-        "transmit_bytes": tx_bytes(6, 17, 3), "receive_bytes": 2 * tx_bytes(6, 17, 3),
+        "link": 17,
+        "active": True,
+        "speed_bytes_per_second": SPEED,
+        "transmit_bytes": tx_bytes(6, 17, 3),
+        "receive_bytes": 2 * tx_bytes(6, 17, 3),
         # links 12-17 have no CRC data field id in NVML: that error kind is absent, not 0
         "errors": {"crc_flit": 77, "replay": 17, "recovery": 6},
         "remote": {"kind": "nvswitch", "pci_bus_id": "00000000:06:00.0"},
@@ -191,8 +195,12 @@ def test_metrics_exact_values_one_batched_call_per_gpu_per_scrape(
     assert value(m, "ccl_nvlink_errors_total", gpu="3", link="5", error="recovery") == 3
     assert value(m, "ccl_nvlink_errors_total", gpu="3", link="12", error="crc_data") is None
     assert len(series(m, "ccl_nvlink_errors_total", error="crc_data")) == GPUS * 12
-    assert value(m, "ccl_nvlink_remote_info", gpu="0", link="2", remote_type="nvswitch",
-                 remote_pci_bus_id="00000000:07:00.0") == 1.0
+    assert (
+        value(
+            m, "ccl_nvlink_remote_info", gpu="0", link="2", remote_type="nvswitch", remote_pci_bus_id="00000000:07:00.0"
+        )
+        == 1.0
+    )
     assert series(m, "ccl_nvlink_remote_info", gpu="1", link="3") == []  # down: no remote end
     assert len(series(m, "ccl_nvlink_remote_info")) == GPUS * LINKS - 1
 
@@ -231,8 +239,9 @@ def test_no_nvml_library_reports_unavailable_once_and_serves_on(
 ) -> None:
     if ctypes.util.find_library("nvidia-ml"):
         pytest.skip("a real libnvidia-ml is installed on this machine")
-    proc = exporter_process(*NVML_ONLY, "--collector.rdma", "--path.sysfs", str(tmp_path),
-                            env={"LD_LIBRARY_PATH": str(tmp_path)})
+    proc = exporter_process(
+        *NVML_ONLY, "--collector.rdma", "--path.sysfs", str(tmp_path), env={"LD_LIBRARY_PATH": str(tmp_path)}
+    )
     for _ in range(3):
         status, body, _ = http_get(proc.url + "/metrics")
         assert status == 200
@@ -251,13 +260,18 @@ def test_field_value_decoding_from_raw_bytes_matches_the_struct_members() -> Non
     from exporter.sources.nvml import _decode_slow, decode_field_values
 
     array = (pynvml.c_nvmlFieldValue_t * 6)()
-    cases = [(0, "dVal", 2.5), (1, "uiVal", 4_000_000_000), (3, "ullVal", 2**63 + 5),
-             (4, "sllVal", -7), (6, "usVal", 65535), (5, "siVal", -3)]
-    for entry, (value_type, member, number) in zip(array, cases):
+    cases = [
+        (0, "dVal", 2.5),
+        (1, "uiVal", 4_000_000_000),
+        (3, "ullVal", 2**63 + 5),
+        (4, "sllVal", -7),
+        (6, "usVal", 65535),
+        (5, "siVal", -3),
+    ]
+    for entry, (value_type, member, number) in zip(array, cases, strict=True):
         entry.fieldId, entry.scopeId, entry.valueType = 138, 17, value_type
         setattr(entry.value, member, number)
     array[5].nvmlReturn = 3  # NOT_SUPPORTED: no value whatever the union holds
     fast = decode_field_values(array)
     assert fast == [_decode_slow(entry) for entry in array]
     assert fast == [(0, 2.5), (0, 4_000_000_000), (0, 2**63 + 5), (0, -7), (0, 65535), (3, None)]
-

@@ -97,8 +97,12 @@ def test_cri_records_are_a_line_or_a_skip(lines: list[bytes]) -> None:
 REAL_LINES = [line for path in sorted(NCCL_FIXTURES.glob("*.log")) for line in path.read_text().splitlines()]
 nccl_lines = st.one_of(
     st.builds(_digits_swapped, st.sampled_from(REAL_LINES), st.lists(number_texts, min_size=1, max_size=4)),
-    st.builds(lambda line, cut, junk: line[:cut] + junk, st.sampled_from(REAL_LINES), st.integers(0, 200),
-              st.sampled_from(NUMBER_TEXTS)),
+    st.builds(
+        lambda line, cut, junk: line[:cut] + junk,
+        st.sampled_from(REAL_LINES),
+        st.integers(0, 200),
+        st.sampled_from(NUMBER_TEXTS),
+    ),
     invalid_utf8.map(lambda b: b.decode("utf-8", "replace")),
     st.sampled_from(REAL_LINES),
 )
@@ -106,7 +110,7 @@ nccl_lines = st.one_of(
 
 @FUZZ
 @given(st.lists(nccl_lines, max_size=40))
-@example(["h:1:1 [٣] NCCL INFO comm 0x1 rank ² nRanks 1e400 nNodes " + "9" * 400 + " localRanks ١ localRank 0"])
+@example(["h:1:1 [٣] NCCL INFO comm 0x1 rank ² nRanks 1e400 nNodes " + "9" * 400 + " localRanks ١ localRank 0"])  # noqa: RUF001 - look-alike digits on purpose
 def test_nccl_lines_are_a_verdict_never_an_internal_error(lines: list[str]) -> None:
     analyzer = LogAnalyzer()
     for line in lines:
@@ -123,16 +127,23 @@ JSON_RECORDS = [json.loads(line) for line in (INSPECTOR / "nccl-2.30-json.log").
 
 
 @FUZZ
-@given(st.one_of(
-    st.sampled_from(JSON_RECORDS).flatmap(mutated).map(dumps),
-    json_values.map(dumps),
-    deep_json,
-    invalid_utf8.map(lambda b: b.decode("utf-8", "replace")),
-))
-@example('{"header":{"n_ranks":8,"nnodes":1},"coll_perf":{"coll":"AllReduce","coll_msg_size_bytes":' + "1" * 400
-         + ',"coll_exec_time_us":1e400,"coll_busbw_gbs":NaN}}')
-@example('{"header":{"n_ranks":8,"nnodes":1},"coll_perf":{"coll":"AllReduce","coll_msg_size_bytes":1,'
-         '"coll_exec_time_us":' + "1" * 400 + "}}")
+@given(
+    st.one_of(
+        st.sampled_from(JSON_RECORDS).flatmap(mutated).map(dumps),
+        json_values.map(dumps),
+        deep_json,
+        invalid_utf8.map(lambda b: b.decode("utf-8", "replace")),
+    )
+)
+@example(
+    '{"header":{"n_ranks":8,"nnodes":1},"coll_perf":{"coll":"AllReduce","coll_msg_size_bytes":'
+    + "1" * 400
+    + ',"coll_exec_time_us":1e400,"coll_busbw_gbs":NaN}}'
+)
+@example(
+    '{"header":{"n_ranks":8,"nnodes":1},"coll_perf":{"coll":"AllReduce","coll_msg_size_bytes":1,'
+    '"coll_exec_time_us":' + "1" * 400 + "}}"
+)
 def test_inspector_json_records_are_an_operation_or_a_reason(line: str) -> None:
     parsed = parse_json_record(line)
     if isinstance(parsed, str):
@@ -159,13 +170,20 @@ prom_texts = st.one_of(
 
 @FUZZ
 @given(prom_texts)
-@example('nccl_bus_bandwidth_gbs{nranks="2",n_nodes="1",collective="AllReduce",message_size="' + "1" * 400
-         + 'GB",version="v5.1"} 1\nnccl_collective_exec_time_microseconds{nranks="2",n_nodes="1",collective='
-         '"AllReduce",message_size="' + "1" * 400 + 'GB",version="v5.1"} 1\n')
-@example('nccl_bus_bandwidth_gbs{nranks="²",collective="AllReduce",message_size="1GB"} 1\n'
-         'nccl_collective_exec_time_microseconds{nranks="²",collective="AllReduce",message_size="1GB"} 1\n')
-@example('nccl_bus_bandwidth_gbs{nranks="٣",n_nodes="١",collective="AllReduce",message_size="٣-٤GB"} ٣\n'
-         'nccl_collective_exec_time_microseconds{nranks="٣",n_nodes="١",collective="AllReduce",message_size="٣-٤GB"} ٣\n')
+@example(
+    'nccl_bus_bandwidth_gbs{nranks="2",n_nodes="1",collective="AllReduce",message_size="'
+    + "1" * 400
+    + 'GB",version="v5.1"} 1\nnccl_collective_exec_time_microseconds{nranks="2",n_nodes="1",collective='
+    '"AllReduce",message_size="' + "1" * 400 + 'GB",version="v5.1"} 1\n'
+)
+@example(
+    'nccl_bus_bandwidth_gbs{nranks="²",collective="AllReduce",message_size="1GB"} 1\n'
+    'nccl_collective_exec_time_microseconds{nranks="²",collective="AllReduce",message_size="1GB"} 1\n'
+)
+@example(
+    'nccl_bus_bandwidth_gbs{nranks="٣",n_nodes="١",collective="AllReduce",message_size="٣-٤GB"} ٣\n'  # noqa: RUF001 - look-alike digits on purpose
+    'nccl_collective_exec_time_microseconds{nranks="٣",n_nodes="١",collective="AllReduce",message_size="٣-٤GB"} ٣\n'  # noqa: RUF001 - look-alike digits on purpose
+)
 def test_inspector_prom_files_are_operations_and_reasons(text: str) -> None:
     parsed = parse_prom(text)
     assert set(parsed.skipped) <= set(SKIP_REASONS)
@@ -181,17 +199,32 @@ class _Clock:
         return self.now
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(prom=st.one_of(prom_texts.map(str.encode), invalid_utf8), log=st.lists(st.one_of(invalid_utf8, json_values.map(
-    lambda v: dumps(v).encode())), max_size=5))
-@example(prom=('nccl_bus_bandwidth_gbs{nranks="2",n_nodes="1",collective="AllReduce",message_size="' + "1" * 400
-               + 'GB"} 1\nnccl_collective_exec_time_microseconds{nranks="2",n_nodes="1",collective="AllReduce",'
-               'message_size="' + "1" * 400 + 'GB"} 1').encode(), log=[])
-@example(prom=('nccl_bus_bandwidth_gbs{nranks="²",collective="AllReduce",message_size="1GB"} 1\n'
-               'nccl_collective_exec_time_microseconds{nranks="²",collective="AllReduce",message_size="1GB"} 1').encode(),
-         log=[])
-def test_the_inspector_collector_survives_any_file(tmp_path_factory: pytest.TempPathFactory, prom: bytes,
-                                                   log: list[bytes]) -> None:
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
+@given(
+    prom=st.one_of(prom_texts.map(str.encode), invalid_utf8),
+    log=st.lists(st.one_of(invalid_utf8, json_values.map(lambda v: dumps(v).encode())), max_size=5),
+)
+@example(
+    prom=(
+        'nccl_bus_bandwidth_gbs{nranks="2",n_nodes="1",collective="AllReduce",message_size="'
+        + "1" * 400
+        + 'GB"} 1\nnccl_collective_exec_time_microseconds{nranks="2",n_nodes="1",collective="AllReduce",'
+        'message_size="' + "1" * 400 + 'GB"} 1'
+    ).encode(),
+    log=[],
+)
+@example(
+    prom=(
+        'nccl_bus_bandwidth_gbs{nranks="²",collective="AllReduce",message_size="1GB"} 1\n'
+        'nccl_collective_exec_time_microseconds{nranks="²",collective="AllReduce",message_size="1GB"} 1'
+    ).encode(),
+    log=[],
+)
+def test_the_inspector_collector_survives_any_file(
+    tmp_path_factory: pytest.TempPathFactory, prom: bytes, log: list[bytes]
+) -> None:
     """The files as the collector reads them: a .prom and a JSON Lines file of any bytes, through
     the source and the collector's arithmetic (the step that once crash-restarted the collector)."""
     root = tmp_path_factory.mktemp("inspector")
@@ -217,13 +250,15 @@ MULTUS = json.loads((Path(__file__).resolve().parent / "fixtures" / "multus_netw
 
 
 @FUZZ
-@given(st.one_of(
-    mutated(MULTUS).map(dumps),
-    json_values.map(dumps),
-    json_values,
-    deep_json,
-    invalid_utf8.map(lambda b: b.decode("utf-8", "replace")),
-))
+@given(
+    st.one_of(
+        mutated(MULTUS).map(dumps),
+        json_values.map(dumps),
+        json_values,
+        deep_json,
+        invalid_utf8.map(lambda b: b.decode("utf-8", "replace")),
+    )
+)
 def test_multus_annotations_are_devices_or_nothing(value: Any) -> None:
     found = attached_devices({NETWORK_STATUS_ANNOTATION: value})
     assert isinstance(found, tuple)
@@ -241,21 +276,29 @@ SUMMARY = {
     "pods": [
         {
             "podRef": {"name": "gpt-0", "namespace": "team-a", "uid": UID},
-            "network": {"name": "eth0", "rxBytes": 10, "txBytes": 20,
-                        "interfaces": [{"name": "eth0", "rxBytes": 10, "txBytes": 20},
-                                       {"name": "net1", "rxBytes": 5, "txBytes": 6}]},
+            "network": {
+                "name": "eth0",
+                "rxBytes": 10,
+                "txBytes": 20,
+                "interfaces": [
+                    {"name": "eth0", "rxBytes": 10, "txBytes": 20},
+                    {"name": "net1", "rxBytes": 5, "txBytes": 6},
+                ],
+            },
         }
     ],
 }
 
 
 @FUZZ
-@given(st.one_of(
-    mutated(SUMMARY).map(lambda d: dumps(d).encode()),
-    json_values.map(lambda v: dumps(v).encode()),
-    deep_json.map(str.encode),
-    invalid_utf8,
-))
+@given(
+    st.one_of(
+        mutated(SUMMARY).map(lambda d: dumps(d).encode()),
+        json_values.map(lambda v: dumps(v).encode()),
+        deep_json.map(str.encode),
+        invalid_utf8,
+    )
+)
 def test_kubelet_summaries_are_pod_networks_or_a_typed_error(body: bytes) -> None:
     try:
         networks = summary_from_bytes(body, "https://kubelet:10250/stats/summary")
@@ -264,7 +307,7 @@ def test_kubelet_summaries_are_pod_networks_or_a_typed_error(body: bytes) -> Non
     assert isinstance(networks, PodNetworks)
     assert networks.malformed >= 0
     for pod in networks.pods:
-        assert 0 <= pod.transmit_bytes and 0 <= pod.receive_bytes
+        assert pod.transmit_bytes >= 0 and pod.receive_bytes >= 0
 
 
 def test_a_summary_that_is_not_an_object_is_a_typed_error() -> None:
@@ -285,12 +328,17 @@ def pod_resources_responses(draw: Any) -> api_pb2.ListPodResourcesResponse:
         for _ in range(draw(st.integers(0, 3))):
             container = pod.containers.add(name=draw(names))
             for _ in range(draw(st.integers(0, 2))):
-                container.devices.add(resource_name=draw(st.one_of(names, st.just("nvidia.com/gpu"))),
-                                      device_ids=draw(st.lists(names, max_size=3)))
+                container.devices.add(
+                    resource_name=draw(st.one_of(names, st.just("nvidia.com/gpu"))),
+                    device_ids=draw(st.lists(names, max_size=3)),
+                )
             for _ in range(draw(st.integers(0, 2))):
                 claim = container.dynamic_resources.add(claim_name=draw(names), claim_namespace=draw(names))
-                resource = claim.claim_resources.add(driver_name=draw(st.one_of(names, st.just("gpu.nvidia.com"))),
-                                                     pool_name=draw(names), device_name=draw(names))
+                resource = claim.claim_resources.add(
+                    driver_name=draw(st.one_of(names, st.just("gpu.nvidia.com"))),
+                    pool_name=draw(names),
+                    device_name=draw(names),
+                )
                 for _ in range(draw(st.integers(0, 10))):
                     resource.cdi_devices.add(name=draw(names))
     return response
@@ -317,25 +365,53 @@ def test_pod_resources_answers_are_assignments(response: api_pb2.ListPodResource
 # ---- probe and pre-flight result files ----------------------------------------------------------
 
 RESULT = json.loads(
-    ProbeResult(source="preflight", started_at=1.0, finished_at=2.0, namespace="team-a", pod="gpt-0", pod_uid=UID)
-    .to_json()
+    ProbeResult(
+        source="preflight", started_at=1.0, finished_at=2.0, namespace="team-a", pod="gpt-0", pod_uid=UID
+    ).to_json()
 )
-RESULT["collectives"] = [{"collective": "all_reduce", "error": None, "rows": [
-    {"size_bytes": 1, "count": 1, "type": "float", "time_seconds": 1.0, "algbw_bytes_per_second": 1.0,
-     "busbw_bytes_per_second": 1.0, "wrong": 0}]}]
+RESULT["collectives"] = [
+    {
+        "collective": "all_reduce",
+        "error": None,
+        "rows": [
+            {
+                "size_bytes": 1,
+                "count": 1,
+                "type": "float",
+                "time_seconds": 1.0,
+                "algbw_bytes_per_second": 1.0,
+                "busbw_bytes_per_second": 1.0,
+                "wrong": 0,
+            }
+        ],
+    }
+]
 RESULT["checks"] = [{"check": "port_state", "ok": True, "message": "ok"}]
 
 
 @FUZZ
-@given(st.one_of(
-    mutated(RESULT).map(dumps),
-    json_values.map(dumps),
-    deep_json,
-    invalid_utf8.map(lambda b: b.decode("utf-8", "replace")),
-))
+@given(
+    st.one_of(
+        mutated(RESULT).map(dumps),
+        json_values.map(dumps),
+        deep_json,
+        invalid_utf8.map(lambda b: b.decode("utf-8", "replace")),
+    )
+)
 @example(dumps({**RESULT, "finished_at": 10**400}))
-@example(dumps({**RESULT, "collectives": [{**RESULT["collectives"][0], "rows": [
-    {**RESULT["collectives"][0]["rows"][0], "time_seconds": -(10**400)}]}]}))
+@example(
+    dumps(
+        {
+            **RESULT,
+            "collectives": [
+                {
+                    **RESULT["collectives"][0],
+                    "rows": [{**RESULT["collectives"][0]["rows"][0], "time_seconds": -(10**400)}],
+                }
+            ],
+        }
+    )
+)
 def test_result_files_are_a_result_or_malformed(text: str) -> None:
     try:
         result = parse_result(text)
@@ -345,14 +421,19 @@ def test_result_files_are_a_result_or_malformed(text: str) -> None:
     assert math.isfinite(result.started_at) and math.isfinite(result.finished_at)
     for collective in result.collectives:
         for row in collective.rows:
-            assert all(math.isfinite(value) for value in (row.time_seconds, row.busbw_bytes_per_second,
-                                                          row.algbw_bytes_per_second))
+            assert all(
+                math.isfinite(value)
+                for value in (row.time_seconds, row.busbw_bytes_per_second, row.algbw_bytes_per_second)
+            )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(st.lists(st.one_of(invalid_utf8, mutated(RESULT).map(lambda d: dumps(d).encode())), min_size=1, max_size=4))
-def test_the_results_folder_reader_survives_any_file(tmp_path_factory: pytest.TempPathFactory,
-                                                     files: list[bytes]) -> None:
+def test_the_results_folder_reader_survives_any_file(
+    tmp_path_factory: pytest.TempPathFactory, files: list[bytes]
+) -> None:
     folder = tmp_path_factory.mktemp("results")
     for index, data in enumerate(files):
         (folder / f"preflight-{index}.json").write_bytes(data)
@@ -363,10 +444,14 @@ def test_the_results_folder_reader_survives_any_file(tmp_path_factory: pytest.Te
 # ---- pods of the node (labels and annotations are the tenant's) --------------------------------
 
 POD = {
-    "metadata": {"namespace": "team-a", "name": "gpt-0", "uid": UID,
-                 "labels": {"training.kubeflow.org/job-name": "gpt", "ccl-health.io/expected-network": "IB"},
-                 "annotations": {NETWORK_STATUS_ANNOTATION: dumps(MULTUS)},
-                 "ownerReferences": [{"kind": "PyTorchJob", "name": "gpt", "controller": True}]},
+    "metadata": {
+        "namespace": "team-a",
+        "name": "gpt-0",
+        "uid": UID,
+        "labels": {"training.kubeflow.org/job-name": "gpt", "ccl-health.io/expected-network": "IB"},
+        "annotations": {NETWORK_STATUS_ANNOTATION: dumps(MULTUS)},
+        "ownerReferences": [{"kind": "PyTorchJob", "name": "gpt", "controller": True}],
+    },
     "spec": {"hostNetwork": False, "readinessGates": [{"conditionType": "ccl-health.io/fabric-ready"}]},
     "status": {"conditions": [{"type": "ccl-health.io/fabric-ready", "status": "True"}]},
 }
@@ -378,5 +463,14 @@ def test_pod_objects_are_metadata_or_nothing(pod: Any) -> None:
     record = pod_metadata_from_object(pod)
     assert record is None or isinstance(record, PodMetadata)
     if record is not None:
-        assert all(isinstance(value, str) for value in (record.namespace, record.name, record.uid, record.job_name,
-                                                         record.job_kind, record.expected_network))
+        assert all(
+            isinstance(value, str)
+            for value in (
+                record.namespace,
+                record.name,
+                record.uid,
+                record.job_name,
+                record.job_kind,
+                record.expected_network,
+            )
+        )

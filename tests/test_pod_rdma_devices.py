@@ -59,8 +59,12 @@ def hgx_with_vfs(root: Path) -> Path:
     sysfs = root / "sys"
     tree = PciTreeWriter(sysfs)
     for device, bus, vf in (("mlx5_10", 0x18, "0000:19:00.2"), ("mlx5_11", 0x2A, "0000:2b:00.3")):
-        chain = [PciFunction(f"0000:{bus - 3:02x}:01.0"), PciFunction(f"0000:{bus - 2:02x}:00.0"),
-                 PciFunction(f"0000:{bus - 1:02x}:01.0"), PciFunction(vf, INFINIBAND_CLASS)]
+        chain = [
+            PciFunction(f"0000:{bus - 3:02x}:01.0"),
+            PciFunction(f"0000:{bus - 2:02x}:00.0"),
+            PciFunction(f"0000:{bus - 1:02x}:01.0"),
+            PciFunction(vf, INFINIBAND_CLASS),
+        ]
         folder = tree.add(f"pci0000:{bus - 3:02x}", chain, 0)
         os.symlink(f"../0000:{bus + 1:02x}:00.0", folder / "physfn")
         tree.link_rdma(device, folder)
@@ -68,24 +72,56 @@ def hgx_with_vfs(root: Path) -> Path:
 
 
 PODS = [
-    Pod("ml", "sriov-worker-0", [
-        Container("trainer", {"nvidia.com/gpu": [uuid(0), uuid(1)], "intel.com/sriov_rdma": ["0000:19:00.2"],
-                              "example.com/fpga": ["0000:19:00.2"]}),
-    ]),
+    Pod(
+        "ml",
+        "sriov-worker-0",
+        [
+            Container(
+                "trainer",
+                {
+                    "nvidia.com/gpu": [uuid(0), uuid(1)],
+                    "intel.com/sriov_rdma": ["0000:19:00.2"],
+                    "example.com/fpga": ["0000:19:00.2"],
+                },
+            ),
+        ],
+    ),
     Pod("ml", "shared-worker-0", [Container("trainer", {"rdma/hca_shared_devices_a": ["0", "1"]})]),
-    Pod("ml", "dra-worker-0", [
-        Container("trainer", claims=[
-            Claim("ml", "dra-worker-0-gpus", [
-                ClaimDevice("gpu.nvidia.com", "node-1", "gpu-7", ["k8s.gpu.nvidia.com/device=gpu-7"]),
-                ClaimDevice("gpu.nvidia.com", "node-1", "gpu-0-mig-9-0-1", ["k8s.gpu.nvidia.com/device=gpu-0-mig-9-0-1"]),
-            ]),
-            Claim("ml", "dra-worker-0-nics", [
-                ClaimDevice("dra.net", "node-1", "pci-0000-2b-00-0"),  # mlx5_1 by its PCI address
-                ClaimDevice("sriovnetwork.example.com", "node-1", "vf-3", ["sriov.example.com/vf=0000:19:00.2"]),
-                ClaimDevice("cpu.example.com", "node-1", "cpu-0"),  # not a NIC: no binding, not unresolved
-            ]),
-        ]),
-    ]),
+    Pod(
+        "ml",
+        "dra-worker-0",
+        [
+            Container(
+                "trainer",
+                claims=[
+                    Claim(
+                        "ml",
+                        "dra-worker-0-gpus",
+                        [
+                            ClaimDevice("gpu.nvidia.com", "node-1", "gpu-7", ["k8s.gpu.nvidia.com/device=gpu-7"]),
+                            ClaimDevice(
+                                "gpu.nvidia.com",
+                                "node-1",
+                                "gpu-0-mig-9-0-1",
+                                ["k8s.gpu.nvidia.com/device=gpu-0-mig-9-0-1"],
+                            ),
+                        ],
+                    ),
+                    Claim(
+                        "ml",
+                        "dra-worker-0-nics",
+                        [
+                            ClaimDevice("dra.net", "node-1", "pci-0000-2b-00-0"),  # mlx5_1 by its PCI address
+                            ClaimDevice(
+                                "sriovnetwork.example.com", "node-1", "vf-3", ["sriov.example.com/vf=0000:19:00.2"]
+                            ),
+                            ClaimDevice("cpu.example.com", "node-1", "cpu-0"),  # not a NIC: no binding, not unresolved
+                        ],
+                    ),
+                ],
+            ),
+        ],
+    ),
     Pod("kube-system", "coredns-1", [Container("coredns", {})]),
 ]
 
@@ -97,12 +133,18 @@ def socket_dir() -> Iterator[Path]:
 
 
 def multus_pod() -> PodMetadata:
-    record = pod_metadata_from_object({
-        "metadata": {"namespace": "ml", "name": "multus-worker-0", "uid": "u-1",
-                     "labels": {"training.kubeflow.org/job-name": "llama"},
-                     "annotations": {NETWORK_STATUS_ANNOTATION: FIXTURE.read_text()}},
-        "spec": {},
-    })
+    record = pod_metadata_from_object(
+        {
+            "metadata": {
+                "namespace": "ml",
+                "name": "multus-worker-0",
+                "uid": "u-1",
+                "labels": {"training.kubeflow.org/job-name": "llama"},
+                "annotations": {NETWORK_STATUS_ANNOTATION: FIXTURE.read_text()},
+            },
+            "spec": {},
+        }
+    )
     assert record is not None
     return record
 
@@ -128,24 +170,30 @@ def test_device_plugin_dra_and_multus_nics_over_a_real_grpc_exchange(socket_dir:
         found = scrape(collector)
         client.close()
     nics = [(r["pod"], r["device"], r["source"], r["resource"]) for r in rows(found, "ccl_pod_rdma_device_info")]
-    assert sorted(nics) == sorted([
-        ("sriov-worker-0", "mlx5_10", "device_plugin", "intel.com/sriov_rdma"),  # a VF, by PCI address
-        ("shared-worker-0", "mlx5_2", "device_plugin", "rdma/hca_shared_devices_a"),  # the named pool
-        ("shared-worker-0", "mlx5_3", "device_plugin", "rdma/hca_shared_devices_a"),
-        ("dra-worker-0", "mlx5_1", "dra", "dra.net"),
-        ("dra-worker-0", "mlx5_10", "dra", "sriovnetwork.example.com"),  # through its CDI device name
-        ("multus-worker-0", "mlx5_11", "multus", "ml/rdma-rail-1"),  # by rdma-device
-        ("multus-worker-0", "mlx5_2", "multus", "ml/rdma-rail-2"),  # by pci-address alone
-    ])
-    assert {r["job_name"] for r in rows(found, "ccl_pod_rdma_device_info") if r["pod"] == "multus-worker-0"} == {"llama"}
+    assert sorted(nics) == sorted(
+        [
+            ("sriov-worker-0", "mlx5_10", "device_plugin", "intel.com/sriov_rdma"),  # a VF, by PCI address
+            ("shared-worker-0", "mlx5_2", "device_plugin", "rdma/hca_shared_devices_a"),  # the named pool
+            ("shared-worker-0", "mlx5_3", "device_plugin", "rdma/hca_shared_devices_a"),
+            ("dra-worker-0", "mlx5_1", "dra", "dra.net"),
+            ("dra-worker-0", "mlx5_10", "dra", "sriovnetwork.example.com"),  # through its CDI device name
+            ("multus-worker-0", "mlx5_11", "multus", "ml/rdma-rail-1"),  # by rdma-device
+            ("multus-worker-0", "mlx5_2", "multus", "ml/rdma-rail-2"),  # by pci-address alone
+        ]
+    )
+    assert {r["job_name"] for r in rows(found, "ccl_pod_rdma_device_info") if r["pod"] == "multus-worker-0"} == {
+        "llama"
+    }
     assert found[("ccl_pod_rdma_devices_unresolved", ())] == 0.0
     gpus = [(r["pod"], r["gpu"], r["uuid"], r["resource"], r["source"]) for r in rows(found, "ccl_gpu_pod_info")]
-    assert sorted(gpus) == sorted([
-        ("sriov-worker-0", "0", uuid(0), "nvidia.com/gpu", "device_plugin"),
-        ("sriov-worker-0", "1", uuid(1), "nvidia.com/gpu", "device_plugin"),
-        ("dra-worker-0", "0", uuid(0), "gpu.nvidia.com", "dra"),  # gpu-7 is minor 7: NVML index 0
-        ("dra-worker-0", "", "gpu-0-mig-9-0-1", "gpu.nvidia.com", "dra"),  # a MIG device NVML cannot name here
-    ])
+    assert sorted(gpus) == sorted(
+        [
+            ("sriov-worker-0", "0", uuid(0), "nvidia.com/gpu", "device_plugin"),
+            ("sriov-worker-0", "1", uuid(1), "nvidia.com/gpu", "device_plugin"),
+            ("dra-worker-0", "0", uuid(0), "gpu.nvidia.com", "dra"),  # gpu-7 is minor 7: NVML index 0
+            ("dra-worker-0", "", "gpu-0-mig-9-0-1", "gpu.nvidia.com", "dra"),  # a MIG device NVML cannot name here
+        ]
+    )
 
 
 def test_dra_gpus_make_the_node_busy_for_the_probe(socket_dir: Path) -> None:
@@ -178,10 +226,21 @@ def test_multus_nics_are_shown_without_a_kubelet_socket(socket_dir: Path, tmp_pa
     assert nics == {"mlx5_11", "mlx5_2"}
 
 
-@pytest.mark.parametrize("text", [
-    "", "null", "{}", '{"name": "x"}', "[1, 2]", '[{"device-info": "pci"}]', '[{"device-info": {"pci": []}}]',
-    "[" * 10000, '[{"name": "a", "device-info": {"pci": {}}}]', "x" * 100_000,
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "null",
+        "{}",
+        '{"name": "x"}',
+        "[1, 2]",
+        '[{"device-info": "pci"}]',
+        '[{"device-info": {"pci": []}}]',
+        "[" * 10000,
+        '[{"name": "a", "device-info": {"pci": {}}}]',
+        "x" * 100_000,
+    ],
+)
 def test_malformed_network_status_is_ignored(text: str) -> None:
     assert attached_devices({NETWORK_STATUS_ANNOTATION: text}) == ()
 
@@ -202,7 +261,9 @@ def test_rdma_resource_flags() -> None:
     settings = settings_from_args(Args())  # type: ignore[arg-type]
     assert settings.rdma_resources.matches("rdma/hca_shared_devices_a")
     assert settings.rdma_resources.matches("nvidia.com/hostdev")
-    assert not settings.rdma_resources.matches("nvidia.com/hostdevx") and not settings.rdma_resources.matches("intel.com/x")
+    assert not settings.rdma_resources.matches("nvidia.com/hostdevx") and not settings.rdma_resources.matches(
+        "intel.com/x"
+    )
     assert settings.rdma_resources.pools == {"rdma/a": ("mlx5_0", "mlx5_1")}
     Args.podresources_rdma_shared_devices = "rdma/a"
     with pytest.raises(SystemExit, match="RESOURCE=device"):
@@ -217,9 +278,17 @@ def exclusive_netns_tree(root: Path) -> Path:
     SimTopology().setup(root)
     sysfs = root / "sys"
     tree = PciTreeWriter(sysfs)
-    for bus, vf, on_host in ((0x18, "0000:19:00.2", None), (0x2A, "0000:2b:00.5", None), (0x18, "0000:19:00.4", "mlx5_12")):
-        chain = [PciFunction(f"0000:{bus - 3:02x}:01.0"), PciFunction(f"0000:{bus - 2:02x}:00.0"),
-                 PciFunction(f"0000:{bus - 1:02x}:01.0"), PciFunction(vf, INFINIBAND_CLASS)]
+    for bus, vf, on_host in (
+        (0x18, "0000:19:00.2", None),
+        (0x2A, "0000:2b:00.5", None),
+        (0x18, "0000:19:00.4", "mlx5_12"),
+    ):
+        chain = [
+            PciFunction(f"0000:{bus - 3:02x}:01.0"),
+            PciFunction(f"0000:{bus - 2:02x}:00.0"),
+            PciFunction(f"0000:{bus - 1:02x}:01.0"),
+            PciFunction(vf, INFINIBAND_CLASS),
+        ]
         folder = tree.add(f"pci0000:{bus - 3:02x}", chain, 0)
         os.symlink(f"../0000:{bus + 1:02x}:00.0", folder / "physfn")
         if on_host:
@@ -242,22 +311,66 @@ def test_in_exclusive_netns_mode_a_vfs_pci_address_resolves_to_its_pf(tmp_path: 
     assert topology.physical_function_of("0000:19:00.2") == "0000:19:00.0"
 
     pods = [
-        PodMetadata("ml", "multus-1-0", "u1", "job", "PyTorchJob", attached_devices=attached_devices({
-            NETWORK_STATUS_ANNOTATION: json.dumps([
-                {"name": "ml/rail-1", "interface": "net1", "device-info": {"type": "pci", "version": "1.0.0", "pci": {
-                    "pci-address": "0000:2b:00.5", "rdma-device": "mlx5_15"}}},
-            ])})),
-        PodMetadata("ml", "multus-1-1", "u2", "job", "PyTorchJob", attached_devices=attached_devices({
-            NETWORK_STATUS_ANNOTATION: json.dumps([
-                {"name": "ml/rail-0", "interface": "net1", "device-info": {"type": "pci", "version": "1.1.0", "pci": {
-                    "pci-address": "0000:99:00.7", "rdma-device": "mlx5_20", "pf-pci-address": "0000:19:00.0"}}},
-            ])})),
+        PodMetadata(
+            "ml",
+            "multus-1-0",
+            "u1",
+            "job",
+            "PyTorchJob",
+            attached_devices=attached_devices(
+                {
+                    NETWORK_STATUS_ANNOTATION: json.dumps(
+                        [
+                            {
+                                "name": "ml/rail-1",
+                                "interface": "net1",
+                                "device-info": {
+                                    "type": "pci",
+                                    "version": "1.0.0",
+                                    "pci": {"pci-address": "0000:2b:00.5", "rdma-device": "mlx5_15"},
+                                },
+                            },
+                        ]
+                    )
+                }
+            ),
+        ),
+        PodMetadata(
+            "ml",
+            "multus-1-1",
+            "u2",
+            "job",
+            "PyTorchJob",
+            attached_devices=attached_devices(
+                {
+                    NETWORK_STATUS_ANNOTATION: json.dumps(
+                        [
+                            {
+                                "name": "ml/rail-0",
+                                "interface": "net1",
+                                "device-info": {
+                                    "type": "pci",
+                                    "version": "1.1.0",
+                                    "pci": {
+                                        "pci-address": "0000:99:00.7",
+                                        "rdma-device": "mlx5_20",
+                                        "pf-pci-address": "0000:19:00.0",
+                                    },
+                                },
+                            },
+                        ]
+                    )
+                }
+            ),
+        ),
     ]
-    listing = PodResourcesListing(devices=(
-        DeviceAssignment("intel.com/sriov_rdma", "0000:19:00.2", "ml", "sriov-worker-0", "trainer"),
-        DeviceAssignment("intel.com/sriov_rdma", "0000:19:00.4", "ml", "sriov-worker-1", "trainer"),
-        DeviceAssignment("intel.com/sriov_rdma", "0000:77:00.2", "ml", "elsewhere-0", "trainer"),
-    ))
+    listing = PodResourcesListing(
+        devices=(
+            DeviceAssignment("intel.com/sriov_rdma", "0000:19:00.2", "ml", "sriov-worker-0", "trainer"),
+            DeviceAssignment("intel.com/sriov_rdma", "0000:19:00.4", "ml", "sriov-worker-1", "trainer"),
+            DeviceAssignment("intel.com/sriov_rdma", "0000:77:00.2", "ml", "elsewhere-0", "trainer"),
+        )
+    )
     bindings, unresolved = rdma_bindings(listing, pods, topology, RdmaResources())
     assert [(b.pod, b.device, b.source) for b in bindings] == [
         ("multus-1-0", "mlx5_1", "multus"),  # VF 0000:2b:00.5 -> physfn -> PF 0000:2b:00.0

@@ -16,13 +16,28 @@ def restricted_pod() -> dict[str, Any]:
     """What the Pod Security Standards page shows as a restricted pod: non-root, RuntimeDefault
     seccomp at pod level, every container dropping ALL with no privilege escalation."""
     return {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "w-0", "namespace": "ml"},
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "w-0", "namespace": "ml"},
         "spec": {
             "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
-            "containers": [{"name": "train", "image": "t:1", "securityContext": {
-                "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}],
-            "initContainers": [{"name": "fetch", "image": "f:1", "securityContext": {
-                "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]}}}],
+            "containers": [
+                {
+                    "name": "train",
+                    "image": "t:1",
+                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                }
+            ],
+            "initContainers": [
+                {
+                    "name": "fetch",
+                    "image": "f:1",
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]},
+                    },
+                }
+            ],
             "volumes": [{"name": "data", "emptyDir": {}}, {"name": "cfg", "configMap": {"name": "c"}}],
         },
     }
@@ -57,12 +72,13 @@ BREAKS = [
     (changed("securityContext.seccompProfile", {"type": "Unconfined"}), "seccomp_baseline", BASELINE),
     (changed("spec.securityContext.sysctls", [{"name": "kernel.msgmax", "value": "1"}]), "sysctls", BASELINE),
     (changed("securityContext.windowsOptions", {"hostProcess": True}), "windows_host_process", BASELINE),
-    (changed("readinessProbe", {"httpGet": {"port": 80, "host": "10.0.0.1"}}), "host_probes_and_lifecycle",
-     BASELINE),
-    (changed("spec.volumes", [{"name": "n", "nfs": {"server": "s", "path": "/"}}]), "restricted_volumes",
-     RESTRICTED),
-    (changed("securityContext.allowPrivilegeEscalation", True, "initContainers"), "allow_privilege_escalation",
-     RESTRICTED),
+    (changed("readinessProbe", {"httpGet": {"port": 80, "host": "10.0.0.1"}}), "host_probes_and_lifecycle", BASELINE),
+    (changed("spec.volumes", [{"name": "n", "nfs": {"server": "s", "path": "/"}}]), "restricted_volumes", RESTRICTED),
+    (
+        changed("securityContext.allowPrivilegeEscalation", True, "initContainers"),
+        "allow_privilege_escalation",
+        RESTRICTED,
+    ),
     (changed("securityContext.runAsNonRoot", False), "run_as_non_root", RESTRICTED),
     (changed("securityContext.runAsUser", 0), "run_as_user", RESTRICTED),
     (changed("securityContext.capabilities", {"drop": ["NET_RAW"]}), "capabilities_restricted", RESTRICTED),
@@ -83,13 +99,18 @@ def test_the_pod_level_settings_restricted_accepts_from_either_place() -> None:
     del pod["spec"]["securityContext"]
     assert set(violations(pod, RESTRICTED)) == {"run_as_non_root", "seccomp_restricted"}
     for container in pod["spec"]["containers"] + pod["spec"]["initContainers"]:
-        container["securityContext"].update(runAsNonRoot=True, seccompProfile={"type": "Localhost",
-                                                                               "localhostProfile": "p.json"})
+        container["securityContext"].update(
+            runAsNonRoot=True, seccompProfile={"type": "Localhost", "localhostProfile": "p.json"}
+        )
     assert passes(pod, RESTRICTED)
     unset = copy.deepcopy(pod)
     del unset["spec"]["initContainers"][0]["securityContext"]["runAsNonRoot"]
     assert list(violations(unset, RESTRICTED)) == ["run_as_non_root"], "an init container counts too"
     ephemeral = copy.deepcopy(pod)
     ephemeral["spec"]["ephemeralContainers"] = [{"name": "debug", "image": "busybox"}]
-    assert set(violations(ephemeral, RESTRICTED)) == {"allow_privilege_escalation", "run_as_non_root",
-                                                      "seccomp_restricted", "capabilities_restricted"}
+    assert set(violations(ephemeral, RESTRICTED)) == {
+        "allow_privilege_escalation",
+        "run_as_non_root",
+        "seccomp_restricted",
+        "capabilities_restricted",
+    }

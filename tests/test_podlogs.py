@@ -45,7 +45,9 @@ def append(path: Path, text: str) -> None:
         handle.write(text)
 
 
-def container_dir(root: Path, namespace: str = "training", pod: str = "llama-worker-0", container: str = "pytorch") -> Path:
+def container_dir(
+    root: Path, namespace: str = "training", pod: str = "llama-worker-0", container: str = "pytorch"
+) -> Path:
     return root / f"{namespace}_{pod}_{UID}" / container
 
 
@@ -431,7 +433,9 @@ def test_state_saved_halfway_through_a_gz_resumes_it_and_a_finished_gz_is_not_re
     assert second.save_state()
     saved = json.loads((state / "podlogs-state.json").read_text())
     assert [Path(f["path"]).name for s in saved["streams"].values() for f in s["files"]] == [
-        "0.log.20260301-110000.gz", "0.log"]
+        "0.log.20260301-110000.gz",
+        "0.log",
+    ]
 
     third = PodLogTailer(pods, None, state, limits)
     got += all_lines(drain(third, 80))
@@ -579,8 +583,9 @@ def test_a_gz_that_is_not_gzip_is_not_read(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("poll_between_copy_and_truncate", [False, True])
-def test_copytruncate_copy_is_read_on_from_where_the_original_was(tmp_path: Path,
-                                                                   poll_between_copy_and_truncate: bool) -> None:
+def test_copytruncate_copy_is_read_on_from_where_the_original_was(
+    tmp_path: Path, poll_between_copy_and_truncate: bool
+) -> None:
     """logrotate's copytruncate copies ``0.log`` to ``0.log.1`` and truncates ``0.log`` in
     place: the copy starts with bytes already read; each line must arrive once."""
     folder = container_dir(tmp_path)
@@ -654,9 +659,11 @@ STATE_DAMAGE = {
     "files a mapping": lambda doc: next(iter(doc["streams"].values())).__setitem__("files", {"a": 1}),
     "partial a list": lambda doc: next(iter(doc["streams"].values())).__setitem__("partials", {"stdout": [1]}),
     "partial not base64": lambda doc: next(iter(doc["streams"].values())).__setitem__(
-        "partials", {"stdout": {"data": "!!", "cut": False}}),
+        "partials", {"stdout": {"data": "!!", "cut": False}}
+    ),
     "partial of no CRI stream": lambda doc: next(iter(doc["streams"].values())).__setitem__(
-        "partials", {"stdin": {"data": "", "cut": False}}),
+        "partials", {"stdin": {"data": "", "cut": False}}
+    ),
 }
 
 
@@ -708,7 +715,10 @@ def test_a_tailer_with_its_own_selection_reads_its_files_lines_and_state_only(tm
     )
     tailer = PodLogTailer(None, root, state, pod_known=None, selection=selection)
     batch = tailer.poll()
-    assert {k.name: v for k, v in batch.lines.items()} == {"llama-0-pid7.log": [record], "rank1/llama-0-pid8.log": [record]}
+    assert {k.name: v for k, v in batch.lines.items()} == {
+        "llama-0-pid7.log": [record],
+        "rank1/llama-0-pid8.log": [record],
+    }
     assert tailer.save_state()
     assert sorted(p.name for p in state.iterdir()) == ["inspector-state.json"]
     append(folder / "llama-0-pid7.log", f"{record}\n")

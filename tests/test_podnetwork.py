@@ -64,7 +64,9 @@ def test_a_pods_interfaces_are_summed_and_loopback_and_the_host_side_of_pod_netw
         "nodelocaldns": (8, 8),
     }
     found = pod_networks(summary_document([("ml", "worker-0", interfaces)]))
-    assert found.pods == (PodNetwork("ml", "worker-0", transmit_bytes=1_400, receive_bytes=2_300, interfaces=("eth0", "net1")),)
+    assert found.pods == (
+        PodNetwork("ml", "worker-0", transmit_bytes=1_400, receive_bytes=2_300, interfaces=("eth0", "net1")),
+    )
     assert found.malformed == 0
 
 
@@ -145,7 +147,7 @@ def kubelet(pki: Path) -> Iterator[FakeKubelet]:
     state = FakeKubelet(body=json.dumps(summary_document([("ml", "worker-0", {"eth0": (10, 20)})])).encode())
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             sent = self.headers.get("Authorization", "")
             state.seen_tokens.append(sent)
             time.sleep(state.delay)
@@ -182,13 +184,17 @@ def _client(kubelet: FakeKubelet, pki: Path, tmp_path: Path, **changes: Any) -> 
     token = tmp_path / "token"
     if not token.exists():
         token.write_text(TOKEN + "\n")
-    settings = KubeletStatsSettings(url=kubelet.url, token_file=str(token), ca_file=str(pki / "ca.crt"), timeout_seconds=2.0)
+    settings = KubeletStatsSettings(
+        url=kubelet.url, token_file=str(token), ca_file=str(pki / "ca.crt"), timeout_seconds=2.0
+    )
     for name, value in changes.items():
         settings = KubeletStatsSettings(**{**settings.__dict__, name: value})
     return KubeletStatsClient(settings)
 
 
-def test_the_summary_is_read_over_verified_tls_with_the_bearer_token(kubelet: FakeKubelet, pki: Path, tmp_path: Path) -> None:
+def test_the_summary_is_read_over_verified_tls_with_the_bearer_token(
+    kubelet: FakeKubelet, pki: Path, tmp_path: Path
+) -> None:
     found = _client(kubelet, pki, tmp_path).read()
     assert found.pods == (PodNetwork("ml", "worker-0", transmit_bytes=20, receive_bytes=10, interfaces=("eth0",)),)
     assert kubelet.seen_tokens == [f"Bearer {TOKEN}"]
@@ -207,7 +213,7 @@ def test_the_token_file_is_read_again_on_every_request(kubelet: FakeKubelet, pki
 def test_a_certificate_from_another_ca_is_refused_unless_verification_is_switched_off(
     kubelet: FakeKubelet, pki: Path, tmp_path: Path
 ) -> None:
-    with pytest.raises(KubeletStatsError, match="CERTIFICATE_VERIFY_FAILED|certificate verify failed"):
+    with pytest.raises(KubeletStatsError, match=r"CERTIFICATE_VERIFY_FAILED|certificate verify failed"):
         _client(kubelet, pki, tmp_path, ca_file=str(pki / "other-ca.crt")).read()
     found = _client(kubelet, pki, tmp_path, ca_file=str(pki / "other-ca.crt"), insecure_skip_verify=True).read()
     assert [p.pod for p in found.pods] == ["worker-0"]
@@ -215,7 +221,7 @@ def test_a_certificate_from_another_ca_is_refused_unless_verification_is_switche
 
 def test_a_refused_token_says_which_permission_is_missing(kubelet: FakeKubelet, pki: Path, tmp_path: Path) -> None:
     kubelet.token = "someone-else"
-    with pytest.raises(KubeletStatsError, match="HTTP 401.*nodes/stats"):
+    with pytest.raises(KubeletStatsError, match=r"HTTP 401.*nodes/stats"):
         _client(kubelet, pki, tmp_path).read()
 
 
@@ -229,14 +235,18 @@ def test_garbage_answers_are_errors(kubelet: FakeKubelet, pki: Path, tmp_path: P
         _client(kubelet, pki, tmp_path).read()
 
 
-def test_an_oversized_answer_is_cut_off_not_held(kubelet: FakeKubelet, pki: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_oversized_answer_is_cut_off_not_held(
+    kubelet: FakeKubelet, pki: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr("exporter.sources.kubelet_stats.MAX_RESPONSE_BYTES", 1024)
     kubelet.body = b" " * 4096 + b"{}"
     with pytest.raises(KubeletStatsError, match="larger than 1024 bytes"):
         _client(kubelet, pki, tmp_path).read()
 
 
-def test_a_kubelet_that_does_not_answer_in_time_is_an_error_not_a_hang(kubelet: FakeKubelet, pki: Path, tmp_path: Path) -> None:
+def test_a_kubelet_that_does_not_answer_in_time_is_an_error_not_a_hang(
+    kubelet: FakeKubelet, pki: Path, tmp_path: Path
+) -> None:
     kubelet.delay = 3.0
     started = time.monotonic()
     with pytest.raises(KubeletStatsError):
@@ -244,7 +254,9 @@ def test_a_kubelet_that_does_not_answer_in_time_is_an_error_not_a_hang(kubelet: 
     assert time.monotonic() - started < 2.5
 
 
-def test_a_missing_token_file_is_an_error_and_no_url_means_unavailable(kubelet: FakeKubelet, pki: Path, tmp_path: Path) -> None:
+def test_a_missing_token_file_is_an_error_and_no_url_means_unavailable(
+    kubelet: FakeKubelet, pki: Path, tmp_path: Path
+) -> None:
     with pytest.raises(KubeletStatsError, match="bearer token file"):
         _client(kubelet, pki, tmp_path, token_file=str(tmp_path / "absent")).read()
     with pytest.raises(KubeletStatsUnavailable):

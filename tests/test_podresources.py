@@ -28,19 +28,71 @@ from tests.test_nvml import promtool_check, samples, series, uuid
 
 MIG = "MIG-5c6a2b1e-0000-4000-8000-000000000001"
 PODS = [
-    Pod("ml-training", "llama-worker-0", [
-        Container("trainer", {"nvidia.com/gpu": [uuid(0), uuid(1)], "example.com/nic": ["mlx5_0"]}, cpu_ids=[1, 2]),
-        Container("sidecar", {}),
-    ]),
-    Pod("ml-training", "llama-worker-1", [Container("trainer", {"nvidia.com/gpu.shared": [f"{uuid(2)}::0", f"{uuid(2)}::3"]})]),
+    Pod(
+        "ml-training",
+        "llama-worker-0",
+        [
+            Container("trainer", {"nvidia.com/gpu": [uuid(0), uuid(1)], "example.com/nic": ["mlx5_0"]}, cpu_ids=[1, 2]),
+            Container("sidecar", {}),
+        ],
+    ),
+    Pod(
+        "ml-training",
+        "llama-worker-1",
+        [Container("trainer", {"nvidia.com/gpu.shared": [f"{uuid(2)}::0", f"{uuid(2)}::3"]})],
+    ),
     Pod("inference", "llm-0", [Container("server", {"nvidia.com/mig-1g.18gb": [MIG]})]),
     Pod("kube-system", "coredns-1", [Container("coredns", {})]),
 ]
 EXPECTED = [
-    {"gpu": "0", "uuid": uuid(0), "namespace": "ml-training", "pod": "llama-worker-0", "container": "trainer", "resource": "nvidia.com/gpu", "job_name": "", "job_kind": "", "host_network": "", "source": "device_plugin"},
-    {"gpu": "1", "uuid": uuid(1), "namespace": "ml-training", "pod": "llama-worker-0", "container": "trainer", "resource": "nvidia.com/gpu", "job_name": "", "job_kind": "", "host_network": "", "source": "device_plugin"},
-    {"gpu": "2", "uuid": uuid(2), "namespace": "ml-training", "pod": "llama-worker-1", "container": "trainer", "resource": "nvidia.com/gpu.shared", "job_name": "", "job_kind": "", "host_network": "", "source": "device_plugin"},
-    {"gpu": "", "uuid": MIG, "namespace": "inference", "pod": "llm-0", "container": "server", "resource": "nvidia.com/mig-1g.18gb", "job_name": "", "job_kind": "", "host_network": "", "source": "device_plugin"},
+    {
+        "gpu": "0",
+        "uuid": uuid(0),
+        "namespace": "ml-training",
+        "pod": "llama-worker-0",
+        "container": "trainer",
+        "resource": "nvidia.com/gpu",
+        "job_name": "",
+        "job_kind": "",
+        "host_network": "",
+        "source": "device_plugin",
+    },
+    {
+        "gpu": "1",
+        "uuid": uuid(1),
+        "namespace": "ml-training",
+        "pod": "llama-worker-0",
+        "container": "trainer",
+        "resource": "nvidia.com/gpu",
+        "job_name": "",
+        "job_kind": "",
+        "host_network": "",
+        "source": "device_plugin",
+    },
+    {
+        "gpu": "2",
+        "uuid": uuid(2),
+        "namespace": "ml-training",
+        "pod": "llama-worker-1",
+        "container": "trainer",
+        "resource": "nvidia.com/gpu.shared",
+        "job_name": "",
+        "job_kind": "",
+        "host_network": "",
+        "source": "device_plugin",
+    },
+    {
+        "gpu": "",
+        "uuid": MIG,
+        "namespace": "inference",
+        "pod": "llm-0",
+        "container": "server",
+        "resource": "nvidia.com/mig-1g.18gb",
+        "job_name": "",
+        "job_kind": "",
+        "host_network": "",
+        "source": "device_plugin",
+    },
 ]
 
 
@@ -92,8 +144,14 @@ def test_pod_info_joined_to_nvml_gpu_index(
 ) -> None:
     sock = socket_dir / "kubelet.sock"
     with serve_pod_resources(sock, TableLister(PODS)):
-        proc = exporter_process("--collector.disable-defaults", "--collector.nvml", "--collector.podresources",
-                                "--path.pod-resources", str(sock), env=fake_nvml_env(fake_lib))
+        proc = exporter_process(
+            "--collector.disable-defaults",
+            "--collector.nvml",
+            "--collector.podresources",
+            "--path.pod-resources",
+            str(sock),
+            env=fake_nvml_env(fake_lib),
+        )
         body = proc.metrics()
         promtool_check(body)
         m = samples(body)
@@ -108,8 +166,14 @@ def test_pod_info_without_nvml_has_empty_gpu(socket_dir: Path, exporter_process:
         pytest.skip("a real libnvidia-ml is installed on this machine")
     sock = socket_dir / "kubelet.sock"
     with serve_pod_resources(sock, TableLister(PODS)):
-        proc = exporter_process("--collector.disable-defaults", "--collector.nvml", "--collector.podresources",
-                                "--path.pod-resources", str(sock), env={"LD_LIBRARY_PATH": str(socket_dir)})
+        proc = exporter_process(
+            "--collector.disable-defaults",
+            "--collector.nvml",
+            "--collector.podresources",
+            "--path.pod-resources",
+            str(sock),
+            env={"LD_LIBRARY_PATH": str(socket_dir)},
+        )
         m = samples(proc.metrics())
         assert by_uuid(series(m, "ccl_gpu_pod_info")) == by_uuid([{**row, "gpu": ""} for row in EXPECTED])
 
@@ -118,7 +182,9 @@ def test_absent_socket_and_failing_kubelet_never_fail_the_scrape(
     socket_dir: Path, exporter_process: type[ExporterProcess]
 ) -> None:
     sock = socket_dir / "kubelet.sock"
-    proc = exporter_process("--collector.disable-defaults", "--collector.podresources", "--path.pod-resources", str(sock))
+    proc = exporter_process(
+        "--collector.disable-defaults", "--collector.podresources", "--path.pod-resources", str(sock)
+    )
     for _ in range(3):
         status, body, _ = http_get(proc.url + "/metrics")
         assert status == 200
@@ -151,16 +217,25 @@ def test_gpu_pod_info_names_the_training_job() -> None:
             return True
 
     assignments = [
-        GpuAssignment(namespace="ml", pod="llama-worker-0", container="trainer", resource="nvidia.com/gpu", device_id="GPU-a"),
+        GpuAssignment(
+            namespace="ml", pod="llama-worker-0", container="trainer", resource="nvidia.com/gpu", device_id="GPU-a"
+        ),
         GpuAssignment(namespace="ml", pod="unknown-0", container="c", resource="nvidia.com/gpu", device_id="GPU-b"),
-        GpuAssignment(namespace="ml", pod="mpi-launcher-0", container="c", resource="nvidia.com/gpu", device_id="GPU-c"),
+        GpuAssignment(
+            namespace="ml", pod="mpi-launcher-0", container="c", resource="nvidia.com/gpu", device_id="GPU-c"
+        ),
     ]
     family = PodResourcesCollector.family(assignments, {"GPU-a": "0"}, Known())
-    labels = sorted((s.labels["pod"], s.labels["job_name"], s.labels["job_kind"], s.labels["gpu"], s.labels["host_network"])
-                    for s in family.samples)
+    labels = sorted(
+        (s.labels["pod"], s.labels["job_name"], s.labels["job_kind"], s.labels["gpu"], s.labels["host_network"])
+        for s in family.samples
+    )
     # host_network tells the rules that cAdvisor's network counters of that pod are the host's.
-    assert labels == [("llama-worker-0", "llama", "PyTorchJob", "0", "false"), ("mpi-launcher-0", "mpi", "MPIJob", "", "true"),
-                      ("unknown-0", "", "", "", "")]
+    assert labels == [
+        ("llama-worker-0", "llama", "PyTorchJob", "0", "false"),
+        ("mpi-launcher-0", "mpi", "MPIJob", "", "true"),
+        ("unknown-0", "", "", "", ""),
+    ]
 
 
 def test_per_pod_counts_summarise_the_per_device_series() -> None:
@@ -180,9 +255,11 @@ def test_per_pod_counts_summarise_the_per_device_series() -> None:
     info = PodResourcesCollector.family(assignments, {})
     gpus = PodResourcesCollector.pod_gpus_family(info)
     assert sorted((s.labels["pod"], s.value) for s in gpus.samples) == [("mig-0", 0.0), ("w-0", 2.0)]
-    bindings = [RdmaBinding("ml", "w-0", "mlx5_0", "device_plugin", "nvidia.com/hostdev"),
-                RdmaBinding("ml", "w-0", "mlx5_1", "multus", "ml/rail-1"),
-                RdmaBinding("ml", "w-0", "mlx5_1", "device_plugin", "nvidia.com/hostdev")]
+    bindings = [
+        RdmaBinding("ml", "w-0", "mlx5_0", "device_plugin", "nvidia.com/hostdev"),
+        RdmaBinding("ml", "w-0", "mlx5_1", "multus", "ml/rail-1"),
+        RdmaBinding("ml", "w-0", "mlx5_1", "device_plugin", "nvidia.com/hostdev"),
+    ]
     rdma = PodResourcesCollector.rdma_families(bindings, 0)
     devices = PodResourcesCollector.pod_rdma_devices_family(rdma[0])
     assert [(s.labels["pod"], s.value) for s in devices.samples] == [("w-0", 2.0)]
@@ -196,16 +273,47 @@ def test_dra_gpus_are_attributed_like_device_plugin_ones(
     index by the minor number (which the fake numbers backwards: minor 6 is NVML index 1 of 8)."""
     from tests.podresources_server import Claim, ClaimDevice
 
-    pods = [Pod("ml", "dra-worker-0", [Container("trainer", claims=[
-        Claim("ml", "gpus", [ClaimDevice("gpu.nvidia.com", "node-1", "gpu-6", ["k8s.gpu.nvidia.com/device=gpu-6"])]),
-    ])])]
+    pods = [
+        Pod(
+            "ml",
+            "dra-worker-0",
+            [
+                Container(
+                    "trainer",
+                    claims=[
+                        Claim(
+                            "ml",
+                            "gpus",
+                            [ClaimDevice("gpu.nvidia.com", "node-1", "gpu-6", ["k8s.gpu.nvidia.com/device=gpu-6"])],
+                        ),
+                    ],
+                )
+            ],
+        )
+    ]
     sock = socket_dir / "kubelet.sock"
     with serve_pod_resources(sock, TableLister(pods)):
-        proc = exporter_process("--collector.disable-defaults", "--collector.nvml", "--collector.podresources",
-                                "--path.pod-resources", str(sock), env=fake_nvml_env(fake_lib))
+        proc = exporter_process(
+            "--collector.disable-defaults",
+            "--collector.nvml",
+            "--collector.podresources",
+            "--path.pod-resources",
+            str(sock),
+            env=fake_nvml_env(fake_lib),
+        )
         body = proc.metrics()
         promtool_check(body)
         assert series(samples(body), "ccl_gpu_pod_info") == [
-            {"gpu": "1", "uuid": uuid(1), "namespace": "ml", "pod": "dra-worker-0", "container": "trainer",
-             "resource": "gpu.nvidia.com", "job_name": "", "job_kind": "", "host_network": "", "source": "dra"},
+            {
+                "gpu": "1",
+                "uuid": uuid(1),
+                "namespace": "ml",
+                "pod": "dra-worker-0",
+                "container": "trainer",
+                "resource": "gpu.nvidia.com",
+                "job_name": "",
+                "job_kind": "",
+                "host_network": "",
+                "source": "dra",
+            },
         ]

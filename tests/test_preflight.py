@@ -28,9 +28,20 @@ def preflight(root: Path, *flags: str, env: dict[str, str] | None = None) -> tup
     termination_log = root / "termination-log"  # the kubelet makes it, empty, in every container
     if not termination_log.exists():
         termination_log.touch(mode=0o666)
-    argv = ["preflight", "--path.sysfs", str(root / "sys"), "--path.dev", str(root / "dev"),
-            "--path.procfs", str(root / "proc"), "--path.probe-results", str(results),
-            "--path.termination-message", str(termination_log), *flags]
+    argv = [
+        "preflight",
+        "--path.sysfs",
+        str(root / "sys"),
+        "--path.dev",
+        str(root / "dev"),
+        "--path.procfs",
+        str(root / "proc"),
+        "--path.probe-results",
+        str(results),
+        "--path.termination-message",
+        str(termination_log),
+        *flags,
+    ]
     args = build_parser({}).parse_args(argv)
     out = io.StringIO()
     code = run_preflight(args, environ={**HEALTHY_ENV, **(env or {})}, out=out)
@@ -58,17 +69,34 @@ def test_healthy_node_passes_and_writes_a_result(node: Path) -> None:
     assert [f.name for f in files] == [f"preflight-team-a-llama-worker-0-{POD_UID}.json"]
     result = parse_result(files[0].read_text())
     assert (result.source, result.namespace, result.pod, result.pod_uid, result.job_name) == (
-        "preflight", "team-a", "llama-worker-0", POD_UID, "llama")
-    assert {c.check for c in result.checks} == {"rdma_devices", "uverbs_devices", "port_state", "port_rate",
-                                                 "port_link_layer", "gpudirect_rdma", "nccl_env"}
+        "preflight",
+        "team-a",
+        "llama-worker-0",
+        POD_UID,
+        "llama",
+    )
+    assert {c.check for c in result.checks} == {
+        "rdma_devices",
+        "uverbs_devices",
+        "port_state",
+        "port_rate",
+        "port_link_layer",
+        "gpudirect_rdma",
+        "nccl_env",
+    }
     assert result.success
 
 
 def test_the_webhooks_identity_variables_win_and_name_the_result_file(node: Path) -> None:
     """``CCL_POD_*`` come from the downward API whatever the pod spec says (the webhook sets
     them); a ``POD_NAME`` the user wrote by hand does not name another pod's result."""
-    env = {"POD_NAME": "someone-else-0", "POD_UID": "forged", "CCL_POD_NAMESPACE": "team-a",
-           "CCL_POD_NAME": "llama-worker-0", "CCL_POD_UID": "9e8d7c6b-0000-4000-8000-000000000001"}
+    env = {
+        "POD_NAME": "someone-else-0",
+        "POD_UID": "forged",
+        "CCL_POD_NAMESPACE": "team-a",
+        "CCL_POD_NAME": "llama-worker-0",
+        "CCL_POD_UID": "9e8d7c6b-0000-4000-8000-000000000001",
+    }
     code, _, results = preflight(node, env=env)
     assert code == 0
     (written,) = results.iterdir()
@@ -86,7 +114,8 @@ def test_without_a_pod_uid_the_result_is_written_and_says_it_will_not_be_used(
         "metadata.uid): the exporter uses a result for team-a/llama-worker-0 only with that pod's UID\n"
     )
     assert read_probe_results(results, 2e9, 1e10).unattributed == [
-        ("preflight-team-a-llama-worker-0.json", "pod_uid_missing")]
+        ("preflight-team-a-llama-worker-0.json", "pod_uid_missing")
+    ]
 
 
 def test_port_down_fails_with_the_port_named(node: Path) -> None:
@@ -131,8 +160,15 @@ def test_nccl_env_that_forces_sockets_fails(node: Path, env: dict[str, str], exp
 
 
 @pytest.mark.parametrize(
-    "env", [{"NCCL_IB_DISABLE": "0"}, {"NCCL_NET": "IB"}, {"NCCL_IB_HCA": "mlx5"}, {"NCCL_IB_HCA": "^mlx5_7"},
-            {"NCCL_SOCKET_IFNAME": "^lo,docker"}, {"NCCL_SOCKET_IFNAME": "eth0"}],
+    "env",
+    [
+        {"NCCL_IB_DISABLE": "0"},
+        {"NCCL_NET": "IB"},
+        {"NCCL_IB_HCA": "mlx5"},
+        {"NCCL_IB_HCA": "^mlx5_7"},
+        {"NCCL_SOCKET_IFNAME": "^lo,docker"},
+        {"NCCL_SOCKET_IFNAME": "eth0"},
+    ],
 )
 def test_harmless_nccl_env_passes(node: Path, env: dict[str, str]) -> None:
     code, lines, _ = preflight(node, env=env)
@@ -169,12 +205,15 @@ def test_peermem_found_in_proc_modules_only(node: Path) -> None:
     (node / "sys/module/nvidia_peermem").rmdir()
     code, lines, _ = preflight(node)
     assert code == 0, lines
-    assert any(line.startswith("ok   gpudirect_rdma: nvidia_peermem loaded") and "proc/modules" in line for line in lines)
+    assert any(
+        line.startswith("ok   gpudirect_rdma: nvidia_peermem loaded") and "proc/modules" in line for line in lines
+    )
 
 
 @pytest.mark.parametrize("port_down", [False, True], ids=["checks-pass", "a-check-fails"])
 def test_an_unwritten_result_is_one_line_and_the_exit_code_stays_that_of_the_checks(
-        node: Path, capsys: pytest.CaptureFixture[str], port_down: bool) -> None:
+    node: Path, capsys: pytest.CaptureFixture[str], port_down: bool
+) -> None:
     """A result that cannot be written (here: a file where the folder should be) is one line on
     stderr naming what the exporter will not show; the exit code is the checks' (0 or 1)."""
     (node / "results").write_text("not a folder")
@@ -183,8 +222,10 @@ def test_an_unwritten_result_is_one_line_and_the_exit_code_stays_that_of_the_che
     code, lines, results = preflight(node)
     assert code == (1 if port_down else 0), lines
     (line,) = capsys.readouterr().err.splitlines()
-    assert line.startswith("ccl-exporter preflight: result not written, so the exporter shows no "
-                           "ccl_preflight_result and no PreflightPassed/PreflightFailed for this pod: ")
+    assert line.startswith(
+        "ccl-exporter preflight: result not written, so the exporter shows no "
+        "ccl_preflight_result and no PreflightPassed/PreflightFailed for this pod: "
+    )
     assert line.endswith(f"for this pod: {results} is not a folder")
     assert results.read_text() == "not a folder"
 
@@ -204,8 +245,24 @@ def test_parsers() -> None:
 def test_gang_probe_requires_rdma_and_a_floor(node: Path) -> None:
     """The real gloo probe runs over TCP: --require-transport rdma must fail, and say why."""
     code, lines, results = preflight(
-        node, "--probe", "--backend", "gloo", "--nprocs", "2", "-b", "64K", "-e", "64K", "-n", "2", "-w", "1",
-        "--require-transport", "rdma", "--min-busbw", "1000",
+        node,
+        "--probe",
+        "--backend",
+        "gloo",
+        "--nprocs",
+        "2",
+        "-b",
+        "64K",
+        "-e",
+        "64K",
+        "-n",
+        "2",
+        "-w",
+        "1",
+        "--require-transport",
+        "rdma",
+        "--min-busbw",
+        "1000",
     )
     found = failures(lines)
     assert code == 1
@@ -221,9 +278,17 @@ def test_gang_probe_requires_rdma_and_a_floor(node: Path) -> None:
 @pytest.mark.parametrize(("allow", "ok"), [(False, False), (True, True)])
 def test_a_transport_nccl_cannot_tell_fails_closed_unless_allowed(allow: bool, ok: bool) -> None:
     """NCCL's log of the probe did not show the transport: "cannot tell" is not a pass."""
-    unknown = ProbeResult(source="preflight", started_at=0.0, finished_at=1.0, world_size=16, nnodes=2,
-                          transport=Transport("unknown", "unknown", reasons=("the log shows no NCCL network selection",)))
-    (check,) = [c for c in probe_checks(unknown, "rdma", None, allow_unknown_transport=allow) if c.check == "probe_transport"]
+    unknown = ProbeResult(
+        source="preflight",
+        started_at=0.0,
+        finished_at=1.0,
+        world_size=16,
+        nnodes=2,
+        transport=Transport("unknown", "unknown", reasons=("the log shows no NCCL network selection",)),
+    )
+    (check,) = [
+        c for c in probe_checks(unknown, "rdma", None, allow_unknown_transport=allow) if c.check == "probe_transport"
+    ]
     assert check.ok is ok
     assert "cannot tell" in check.message and "the log shows no NCCL network selection" in check.message
     if not ok:
@@ -270,13 +335,16 @@ def test_outside_a_pod_no_termination_message_file_is_made(node: Path, capsys: p
 
 @pytest.mark.parametrize("port_down", [False, True], ids=["checks-pass", "a-check-fails"])
 def test_an_unwritable_termination_message_is_one_line_and_the_exit_code_stays(
-        node: Path, capsys: pytest.CaptureFixture[str], port_down: bool) -> None:
+    node: Path, capsys: pytest.CaptureFixture[str], port_down: bool
+) -> None:
     if port_down:
         (node / "sys/class/infiniband/mlx5_1/ports/1/state").write_text("1: DOWN\n")
     (node / "a-folder").mkdir()
     code, _, _ = preflight(node, "--path.termination-message", str(node / "a-folder"))
     assert code == (1 if port_down else 0)
     (line,) = capsys.readouterr().err.splitlines()
-    assert line.startswith("ccl-exporter preflight: termination message not written, so the exporter shows no "
-                           "ccl_preflight_result and no PreflightPassed/PreflightFailed from it: "
-                           f"{node / 'a-folder'}: ")
+    assert line.startswith(
+        "ccl-exporter preflight: termination message not written, so the exporter shows no "
+        "ccl_preflight_result and no PreflightPassed/PreflightFailed from it: "
+        f"{node / 'a-folder'}: "
+    )

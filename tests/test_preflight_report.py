@@ -30,8 +30,9 @@ DOWN = "mlx5_3 port 1 is DOWN/Disabled (expected ACTIVE/LinkUp)"
 
 
 def result(*checks: Check, error: str | None = None, finished_at: float = 1764457231.7006) -> ProbeResult:
-    return ProbeResult(source="preflight", started_at=finished_at - 30, finished_at=finished_at, checks=checks,
-                       error=error)
+    return ProbeResult(
+        source="preflight", started_at=finished_at - 30, finished_at=finished_at, checks=checks, error=error
+    )
 
 
 def kubelet_cut(file_text: str, containers: int) -> str:
@@ -40,19 +41,27 @@ def kubelet_cut(file_text: str, containers: int) -> str:
     return data[: POD_BYTES // containers].decode("utf-8", errors="replace")
 
 
-FAILED = result(Check("rdma_devices", True, "8 RDMA device(s)"), Check("port_state", False, DOWN),
-                Check("nccl_env", True, "NCCL environment does not force sockets"))
+FAILED = result(
+    Check("rdma_devices", True, "8 RDMA device(s)"),
+    Check("port_state", False, DOWN),
+    Check("nccl_env", True, "NCCL environment does not force sockets"),
+)
 
 
 def test_a_failed_pre_flight_reads_back_as_it_was_written() -> None:
     text = render_report(FAILED)
-    assert text == ("ccl-preflight/v1 failed finished_at=1764457231.700 checks=3 failed=1\n"
-                    f"FAIL port_state: {DOWN}\nok rdma_devices\nok nccl_env\n")
+    assert text == (
+        "ccl-preflight/v1 failed finished_at=1764457231.700 checks=3 failed=1\n"
+        f"FAIL port_state: {DOWN}\nok rdma_devices\nok nccl_env\n"
+    )
     report = parse_report(text)
     assert (report.passed, report.cut, report.error) == (False, False, None)
     assert report.finished_at == 1764457231.7
     assert [(c.check, c.ok, c.message) for c in report.checks] == [
-        ("port_state", False, DOWN), ("rdma_devices", True, ""), ("nccl_env", True, "")]
+        ("port_state", False, DOWN),
+        ("rdma_devices", True, ""),
+        ("nccl_env", True, ""),
+    ]
 
 
 def test_passed_and_the_probes_error() -> None:
@@ -107,19 +116,34 @@ def test_a_message_cut_inside_the_header_is_malformed_not_a_verdict() -> None:
         parse_report(render_report(FAILED)[:40])
 
 
-@pytest.mark.parametrize("message", [
-    "",
-    "Sleep expired\n",  # another program's termination message
-    "ccl-preflight/v2 passed finished_at=1 checks=0 failed=0\n",
-    "ccl-preflight/v1 passed finished_at=1 checks=1 failed=0\nFAIL port_state: down\n",  # says passed, lists a failure
-    "ccl-preflight/v1 failed finished_at=1 checks=1 failed=1\nFAIL port_state: a\nFAIL port_rate: b\n",
-    "ccl-preflight/v1 passed finished_at=1 checks=1 failed=0\nok bad name\n",
-    "ccl-preflight/v1 passed finished_at=1 checks=1 failed=0\nhello\n",
-    "ccl-preflight/v1 passed finished_at=١٢٣ checks=0 failed=0\n",  # digits that are not ASCII
-    "ccl-preflight/v1 passed finished_at=1e9 checks=0 failed=0\n",
-    "ccl-preflight/v1 passed finished_at=1 checks=99 failed=0\n" + "ok c\n" * 100,  # over MAX_CHECKS
-], ids=["empty", "other-program", "other-schema", "passed-with-failure", "more-failures-than-counted", "bad-name",
-        "not-a-check", "unicode-digits", "exponent", "too-many-checks"])
+@pytest.mark.parametrize(
+    "message",
+    [
+        "",
+        "Sleep expired\n",  # another program's termination message
+        "ccl-preflight/v2 passed finished_at=1 checks=0 failed=0\n",
+        # says passed, lists a failure
+        "ccl-preflight/v1 passed finished_at=1 checks=1 failed=0\nFAIL port_state: down\n",
+        "ccl-preflight/v1 failed finished_at=1 checks=1 failed=1\nFAIL port_state: a\nFAIL port_rate: b\n",
+        "ccl-preflight/v1 passed finished_at=1 checks=1 failed=0\nok bad name\n",
+        "ccl-preflight/v1 passed finished_at=1 checks=1 failed=0\nhello\n",
+        "ccl-preflight/v1 passed finished_at=١٢٣ checks=0 failed=0\n",  # digits that are not ASCII
+        "ccl-preflight/v1 passed finished_at=1e9 checks=0 failed=0\n",
+        "ccl-preflight/v1 passed finished_at=1 checks=99 failed=0\n" + "ok c\n" * 100,  # over MAX_CHECKS
+    ],
+    ids=[
+        "empty",
+        "other-program",
+        "other-schema",
+        "passed-with-failure",
+        "more-failures-than-counted",
+        "bad-name",
+        "not-a-check",
+        "unicode-digits",
+        "exponent",
+        "too-many-checks",
+    ],
+)
 def test_what_is_no_report_is_malformed(message: str) -> None:
     with pytest.raises(MalformedReport):
         parse_report(message)
@@ -129,8 +153,13 @@ def test_what_is_no_report_is_malformed(message: str) -> None:
 def test_a_pods_report_is_a_preflight_result_for_that_pod_only() -> None:
     found = pod_preflight("ml", "w-0", UID, "llama", render_report(FAILED))
     assert found.status == VALID and found.result is not None
-    assert (found.result.source, found.result.namespace, found.result.pod, found.result.pod_uid,
-            found.result.job_name) == ("preflight", "ml", "w-0", UID, "llama")
+    assert (
+        found.result.source,
+        found.result.namespace,
+        found.result.pod,
+        found.result.pod_uid,
+        found.result.job_name,
+    ) == ("preflight", "ml", "w-0", UID, "llama")
     assert not found.result.success
     assert pod_preflight("ml", "w-0", UID, "", render_report(FAILED)[:120]).status == CUT
 
@@ -151,8 +180,9 @@ checks = st.builds(Check, st.text(min_size=1, max_size=80), st.booleans(), texts
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(checks, max_size=40), st.none() | texts, st.floats(0, 4e9), st.integers(1, 200))
-def test_any_result_fits_and_reads_back_with_its_verdict(found: list[Check], error: str | None, finished: float,
-                                                         containers: int) -> None:
+def test_any_result_fits_and_reads_back_with_its_verdict(
+    found: list[Check], error: str | None, finished: float, containers: int
+) -> None:
     written = result(*found, error=error, finished_at=finished)
     text = render_report(written)
     assert len(text.encode()) <= MAX_MESSAGE_BYTES and text.isascii()

@@ -8,6 +8,7 @@ are shared with other work.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -21,7 +22,9 @@ from exporter.commands.probe import run_probe_command
 from exporter.probe import runner, worker
 from exporter.probe.runner import Identity, ProbeRequest
 
-pytest.importorskip("torch")
+# Whether torch is there, without importing it (seconds) into every run that collects this module.
+if importlib.util.find_spec("torch") is None:
+    pytest.skip("torch is not installed (the probe extra)", allow_module_level=True)
 
 # gloo on loopback needs a few operations before its TCP buffers reach steady state; both
 # timings warm up the same way.
@@ -72,8 +75,9 @@ INDEPENDENT_ALLREDUCE = textwrap.dedent(
 
 
 def run_cli(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", RUN_CLI_WITHOUT_TORCH, *argv],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", RUN_CLI_WITHOUT_TORCH, *argv], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def independent_seconds(tmp_path: Path, sizes: list[int], warmup: int, iters: int) -> dict[int, float]:
@@ -83,14 +87,46 @@ def independent_seconds(tmp_path: Path, sizes: list[int], warmup: int, iters: in
     script = tmp_path / "independent.py"
     script.write_text(INDEPENDENT_ALLREDUCE)
     out = tmp_path / "independent.json"
-    subprocess.run([sys.executable, "-W", "ignore", str(script), str(free_port()), str(warmup), str(iters), str(out),
-                    *map(str, sizes)], check=True, timeout=120, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-W",
+            "ignore",
+            str(script),
+            str(free_port()),
+            str(warmup),
+            str(iters),
+            str(out),
+            *map(str, sizes),
+        ],
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
     return {int(size): seconds for size, seconds in json.loads(out.read_text()).items()}
 
 
 def probe_json(tmp_path: Path) -> dict:  # type: ignore[type-arg]
-    done = run_cli("probe", "--backend", "gloo", "--nprocs", "2", "--json", "-b", "1M", "-e", "4M", "-f", "4",
-                   "-n", str(ITERS), "-w", str(WARMUP), "--path.probe-results", str(tmp_path / "results"))
+    done = run_cli(
+        "probe",
+        "--backend",
+        "gloo",
+        "--nprocs",
+        "2",
+        "--json",
+        "-b",
+        "1M",
+        "-e",
+        "4M",
+        "-f",
+        "4",
+        "-n",
+        str(ITERS),
+        "-w",
+        str(WARMUP),
+        "--path.probe-results",
+        str(tmp_path / "results"),
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     return json.loads(done.stdout)  # type: ignore[no-any-return]
 
@@ -99,7 +135,12 @@ def test_probe_json_matches_an_independent_timing_and_names_the_transport(tmp_pa
     document = probe_json(tmp_path)
     assert document["transport"]["name"] == "gloo/tcp"
     assert document["transport"]["kind"] == "tcp"
-    assert (document["backend"], document["world_size"], document["nnodes"], document["scope"]) == ("gloo", 2, 1, "intra_node")
+    assert (document["backend"], document["world_size"], document["nnodes"], document["scope"]) == (
+        "gloo",
+        2,
+        1,
+        "intra_node",
+    )
     assert len(list((tmp_path / "results").glob("job-*.json"))) == 1
     # Two cores shared with other work: one pair of timings can be thrown off by a burst of
     # load. Up to three pairs; a formula error is off in all of them. The comparison is at
@@ -124,13 +165,32 @@ def test_probe_json_matches_an_independent_timing_and_names_the_transport(tmp_pa
 
 
 def test_table_output_all_collectives(tmp_path: Path) -> None:
-    done = run_cli("probe", "--backend", "gloo", "--collective", "all", "-b", "64K", "-e", "64K",
-                   "-n", "2", "-w", "1", "--no-write")
+    done = run_cli(
+        "probe",
+        "--backend",
+        "gloo",
+        "--collective",
+        "all",
+        "-b",
+        "64K",
+        "-e",
+        "64K",
+        "-n",
+        "2",
+        "-w",
+        "1",
+        "--no-write",
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     lines = done.stdout.splitlines()
     assert lines[1] == "# transport: gloo/tcp (tcp)"
-    for collective, factor in (("all_reduce", "1"), ("all_gather", "0.5"), ("reduce_scatter", "0.5"),
-                               ("broadcast", "1"), ("alltoall", "0.5")):
+    for collective, factor in (
+        ("all_reduce", "1"),
+        ("all_gather", "0.5"),
+        ("reduce_scatter", "0.5"),
+        ("broadcast", "1"),
+        ("alltoall", "0.5"),
+    ):
         assert f"# {collective}: busbw = algbw x {factor}" in lines
     rows = [line.split() for line in lines if line.startswith("  ")]
     assert len(rows) == 5 and all(r[0] == "65536" and r[1] == "16384" and r[-1] == "0" for r in rows)
@@ -157,7 +217,9 @@ def test_timeout_kills_the_workers_and_fails(tmp_path: Path) -> None:
     ],
 )
 def test_bad_flags_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
-    args = build_parser({}).parse_args(["probe", "--backend", "gloo", *argv] if "--backend" not in argv else ["probe", *argv])
+    args = build_parser({}).parse_args(
+        ["probe", "--backend", "gloo", *argv] if "--backend" not in argv else ["probe", *argv]
+    )
     assert run_probe_command(args, environ={}) == 2
     assert capsys.readouterr().err.startswith(f"ccl-exporter probe: {message}")
 
@@ -172,15 +234,18 @@ class UnsupportedDist:
 def test_unsupported_collective_is_reported_not_crashed() -> None:
     with pytest.raises(worker.Unsupported, match="does not support alltoall"):
         worker._run_collective(UnsupportedDist(), None, "alltoall", None, None)
-    capture = runner._Capture(messages=[
-        {"kind": "start", "world_size": 2, "nnodes": 1},
-        {"kind": "unsupported", "collective": "alltoall", "error": "backend gloo cannot run alltoall: ..."},
-        {"kind": "done"},
-    ])
+    capture = runner._Capture(
+        messages=[
+            {"kind": "start", "world_size": 2, "nnodes": 1},
+            {"kind": "unsupported", "collective": "alltoall", "error": "backend gloo cannot run alltoall: ..."},
+            {"kind": "done"},
+        ]
+    )
     request = ProbeRequest("gloo", 2, ("alltoall",), (1024,))
     done = subprocess.run([sys.executable, "-c", "pass"])
-    result = runner._assemble(request, Identity(), [capture, runner._Capture()], [done, done], None, 0.0, 1.0,
-                              runner.default_analyzer)
+    result = runner._assemble(
+        request, Identity(), [capture, runner._Capture()], [done, done], None, 0.0, 1.0, runner.default_analyzer
+    )
     assert result.collectives[0].error == "backend gloo cannot run alltoall: ..."
     assert not result.success and result.error is None
 
@@ -199,9 +264,16 @@ node0:100:110 [0] NCCL INFO comm 0x1 rank 0 nranks 2 cudaDev 0 nvmlDev 0 busId 1
     ("log", "kind", "name", "network"),
     [
         (IB_TWO_NODES, "rdma", "net_ib", "IB"),
-        (IB_TWO_NODES.replace("NET/IB/0/GDRDMA", "NET/Socket/0").replace("network IB", "network Socket")
-         .replace("NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB ; OOB eth0:10.0.0.1<0>", "NET/IB : No device found."),
-         "tcp", "net_socket", "Socket"),
+        (
+            IB_TWO_NODES.replace("NET/IB/0/GDRDMA", "NET/Socket/0")
+            .replace("network IB", "network Socket")
+            .replace(
+                "NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB ; OOB eth0:10.0.0.1<0>", "NET/IB : No device found."
+            ),
+            "tcp",
+            "net_socket",
+            "Socket",
+        ),
     ],
 )
 def test_nccl_output_names_the_transport(log: str, kind: str, name: str, network: str) -> None:
@@ -219,6 +291,7 @@ def test_workers_without_torch_say_so(tmp_path: Path) -> None:
     request = ProbeRequest("gloo", 2, ("all_reduce",), (1024,), timeout_seconds=60, python=python)
     repo = str(Path(__file__).resolve().parent.parent)
     result = runner.run_probe(request, environ={"PYTHONPATH": repo, "PATH": "/usr/bin:/bin"})
-    assert result.error == ("rank 0: No module named 'torch': the probe's workers need torch "
-                            "(install the package with its 'probe' extra)")
+    assert result.error == (
+        "rank 0: No module named 'torch': the probe's workers need torch (install the package with its 'probe' extra)"
+    )
     assert not result.success

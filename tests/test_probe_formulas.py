@@ -48,8 +48,16 @@ def test_algbw_rejects_non_positive_time() -> None:
 
 @pytest.mark.parametrize(
     ("text", "value"),
-    [("8", 8), ("1K", 1024), ("32M", 32 * 1024**2), ("4G", 4 * 1024**3), ("64k", 65536), ("16MiB", 16 * 1024**2),
-     (" 2M ", 2 * 1024**2), ("0", 0)],
+    [
+        ("8", 8),
+        ("1K", 1024),
+        ("32M", 32 * 1024**2),
+        ("4G", 4 * 1024**3),
+        ("64k", 65536),
+        ("16MiB", 16 * 1024**2),
+        (" 2M ", 2 * 1024**2),
+        ("0", 0),
+    ],
 )
 def test_parse_size(text: str, value: int) -> None:
     assert parse_size(text) == value
@@ -75,7 +83,8 @@ def test_sweeps_like_nccl_tests() -> None:
 
 
 @pytest.mark.parametrize(
-    "args", [(0, 8), (16, 8), (8, 1024, 1.0), (8, 1024, 1.05), (1024, 2**35, 1.1)],
+    "args",
+    [(0, 8), (16, 8), (8, 1024, 1.0), (8, 1024, 1.05), (1024, 2**35, 1.1)],
 )
 def test_sweep_rejects_bad_ranges(args: tuple) -> None:  # type: ignore[type-arg]
     with pytest.raises(ValueError):

@@ -6,8 +6,9 @@ validated as Pods, the CRD wrapper is checked for the fields used."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import kubernetes_validate
 import pytest
@@ -23,8 +24,12 @@ K8S_VERSION = "1.30.0"
 
 
 def documents() -> list[tuple[str, dict[str, Any]]]:
-    return [(path.name, doc) for path in sorted(EXAMPLES.glob("*.yaml"))
-            for doc in yaml.safe_load_all(path.read_text()) if doc]
+    return [
+        (path.name, doc)
+        for path in sorted(EXAMPLES.glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc
+    ]
 
 
 def pod_templates(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -41,7 +46,9 @@ def pod_templates(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 def exporter_containers(template: dict[str, Any]) -> list[dict[str, Any]]:
     spec = template["spec"]
-    return [c for c in spec.get("initContainers", []) + spec["containers"] if c["image"].startswith("ccl-health-exporter")]
+    return [
+        c for c in spec.get("initContainers", []) + spec["containers"] if c["image"].startswith("ccl-health-exporter")
+    ]
 
 
 def test_examples_exist() -> None:
@@ -55,15 +62,22 @@ def test_manifest_is_valid(name: str, doc: dict[str, Any]) -> None:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
     templates = list(pod_templates(doc))
     for template in templates:
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "example", **template.get("metadata", {})},
-               "spec": template["spec"]}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "example", **template.get("metadata", {})},
+            "spec": template["spec"],
+        }
         kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
     if doc["kind"] != "Service":
         assert templates and all(exporter_containers(t) for t in templates)
 
 
-@pytest.mark.parametrize(("name", "doc"), [d for d in documents() if d[1]["kind"] != "Service"],
-                         ids=lambda v: v if isinstance(v, str) else v["kind"])
+@pytest.mark.parametrize(
+    ("name", "doc"),
+    [d for d in documents() if d[1]["kind"] != "Service"],
+    ids=lambda v: v if isinstance(v, str) else v["kind"],
+)
 def test_commands_parse_and_write_where_the_exporter_reads(name: str, doc: dict[str, Any]) -> None:
     parser = build_parser({})
     for template in pod_templates(doc):
@@ -83,8 +97,10 @@ def test_commands_parse_and_write_where_the_exporter_reads(name: str, doc: dict[
             # The pod's identity from the downward API, as the exporter needs it to use the result
             # for this pod (its UID): the variables resolved as the kubelet would.
             pod_object = {"metadata.namespace": "ml", "metadata.name": "worker-0", "metadata.uid": "8c1f-uid"}
-            environ = {e["name"]: pod_object.get(e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath"), "")
-                       for e in container["env"]}
+            environ = {
+                e["name"]: pod_object.get(e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath"), "")
+                for e in container["env"]
+            }
             identity = Identity.from_env(args.source if args.command == "probe" else "preflight", environ)
             assert (identity.namespace, identity.pod, identity.pod_uid) == ("ml", "worker-0", "8c1f-uid")
             assert identity.unattributable() is None and "JOB_NAME" in environ
@@ -111,8 +127,11 @@ def test_commands_that_run_torch_use_the_probe_image() -> None:
     assert seen == {True, False}, "the examples cover both images"
 
 
-@pytest.mark.parametrize(("name", "doc"), [d for d in documents() if d[1]["kind"] in ("PyTorchJob", "JobSet")],
-                         ids=lambda v: v if isinstance(v, str) else v["kind"])
+@pytest.mark.parametrize(
+    ("name", "doc"),
+    [d for d in documents() if d[1]["kind"] in ("PyTorchJob", "JobSet")],
+    ids=lambda v: v if isinstance(v, str) else v["kind"],
+)
 def test_the_preflights_cost_no_pod_security_level(name: str, doc: dict[str, Any]) -> None:
     """The pods fail or pass Pod Security baseline and restricted exactly as they would without
     their pre-flight init container (no hostPath; its capabilities are the trainer's or none)."""
@@ -120,7 +139,12 @@ def test_the_preflights_cost_no_pod_security_level(name: str, doc: dict[str, Any
 
     for template in pod_templates(doc):
         pod = {"metadata": template.get("metadata", {}), "spec": template["spec"]}
-        without = {"metadata": pod["metadata"], "spec": {**pod["spec"], "initContainers": [
-            c for c in pod["spec"]["initContainers"] if c["name"] != "ccl-preflight"]}}
+        without = {
+            "metadata": pod["metadata"],
+            "spec": {
+                **pod["spec"],
+                "initContainers": [c for c in pod["spec"]["initContainers"] if c["name"] != "ccl-preflight"],
+            },
+        }
         for level in (BASELINE, RESTRICTED):
             assert set(violations(pod, level)) == set(violations(without, level)), level

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -30,15 +31,31 @@ OTHER_UID = "c0ffee00-1111-4222-8333-999999999999"
 
 
 def sample(source: str = "job", finished_at: float = NOW - 60, pod: str = "p-0", **kw: object) -> ProbeResult:
-    row = Row(size_bytes=1048576, count=262144, type="float", time_seconds=0.002,
-              algbw_bytes_per_second=5.2e8, busbw_bytes_per_second=5.2e8, wrong=0)
-    fields: dict[str, object] = dict(
-        source=source, started_at=finished_at - 5, finished_at=finished_at, hostname="node-1",
-        namespace="team-a", pod=pod, pod_uid=UID if pod else "", job_name="llama", backend="nccl", world_size=16,
-        nnodes=2,
-        scope="inter_node", transport=Transport("rdma", "net_ib", "IB", True, ("Using network IB",)),
-        collectives=(CollectiveResult("all_reduce", (row,)),),
+    row = Row(
+        size_bytes=1048576,
+        count=262144,
+        type="float",
+        time_seconds=0.002,
+        algbw_bytes_per_second=5.2e8,
+        busbw_bytes_per_second=5.2e8,
+        wrong=0,
     )
+    fields: dict[str, object] = {
+        "source": source,
+        "started_at": finished_at - 5,
+        "finished_at": finished_at,
+        "hostname": "node-1",
+        "namespace": "team-a",
+        "pod": pod,
+        "pod_uid": UID if pod else "",
+        "job_name": "llama",
+        "backend": "nccl",
+        "world_size": 16,
+        "nnodes": 2,
+        "scope": "inter_node",
+        "transport": Transport("rdma", "net_ib", "IB", True, ("Using network IB",)),
+        "collectives": (CollectiveResult("all_reduce", (row,)),),
+    }
     fields.update(kw)
     return ProbeResult(**fields)  # type: ignore[arg-type]
 
@@ -96,10 +113,8 @@ def test_malformed_documents_say_why(mutate, reason: str) -> None:  # type: igno
 @given(st.text(max_size=300) | st.binary(max_size=300).map(lambda b: b.decode("latin-1")))
 @settings(max_examples=200, deadline=None)
 def test_garbage_never_crashes_the_parser(text: str) -> None:
-    try:
+    with contextlib.suppress(MalformedResult):
         parse_result(text)
-    except MalformedResult:
-        pass
 
 
 def test_deeply_nested_json_is_malformed_not_a_crash() -> None:
@@ -146,36 +161,85 @@ def metric_samples(collector: ProbeCollector) -> dict[str, list[tuple[dict[str, 
 
 def test_collector_exposes_results_and_counts_bad_files(tmp_path: Path) -> None:
     write_result(tmp_path, sample(source="job", pod="bench-0"))
-    write_result(tmp_path, sample(source="preflight", pod="llama-0", collectives=(),
-                                  checks=(Check("port_state", False, "mlx5_1 port 1 is DOWN/Disabled"),
-                                          Check("nccl_env", True, "ok"))))
+    write_result(
+        tmp_path,
+        sample(
+            source="preflight",
+            pod="llama-0",
+            collectives=(),
+            checks=(Check("port_state", False, "mlx5_1 port 1 is DOWN/Disabled"), Check("nccl_env", True, "ok")),
+        ),
+    )
     write_result(tmp_path, sample(source="job", pod="stale", finished_at=NOW - 7200))
     (tmp_path / "bad.json").write_text("[]")
     samples = metric_samples(ProbeCollector(tmp_path, max_age_seconds=3600, clock=lambda: NOW))
-    assert samples["ccl_probe_bus_bandwidth_bytes_per_second"] == [(
-        {"collective": "all_reduce", "scope": "inter_node", "size_bytes": "1048576", "source": "job",
-         "namespace": "team-a", "pod": "bench-0", "job_name": "llama"}, 5.2e8)]
+    assert samples["ccl_probe_bus_bandwidth_bytes_per_second"] == [
+        (
+            {
+                "collective": "all_reduce",
+                "scope": "inter_node",
+                "size_bytes": "1048576",
+                "source": "job",
+                "namespace": "team-a",
+                "pod": "bench-0",
+                "job_name": "llama",
+            },
+            5.2e8,
+        )
+    ]
     assert [v for _, v in samples["ccl_probe_success"]] == [1.0]
     assert [v for _, v in samples["ccl_probe_last_run_timestamp_seconds"]] == [NOW - 60]
     assert samples["ccl_probe_transport_info"][0][0]["transport_kind"] == "rdma"
     assert sorted((labels["check"], v) for labels, v in samples["ccl_preflight_result"]) == [
-        ("nccl_env", 1.0), ("port_state", 0.0)]
+        ("nccl_env", 1.0),
+        ("port_state", 0.0),
+    ]
     assert samples["ccl_preflight_result"][0][0]["pod"] == "llama-0"
     files = {labels["status"]: v for labels, v in samples["ccl_probe_result_files"]}
-    assert files == {"valid": 2.0, "stale": 1.0, "malformed": 1.0, "not_read": 0.0, "not_on_node": 0.0,
-                     "pod_uid_missing": 0.0, "pod_uid_mismatch": 0.0, "name_mismatch": 0.0,
-                     "pod_list_unavailable": 0.0, "foreign_owner": 0.0}
+    assert files == {
+        "valid": 2.0,
+        "stale": 1.0,
+        "malformed": 1.0,
+        "not_read": 0.0,
+        "not_on_node": 0.0,
+        "pod_uid_missing": 0.0,
+        "pod_uid_mismatch": 0.0,
+        "name_mismatch": 0.0,
+        "pod_list_unavailable": 0.0,
+        "foreign_owner": 0.0,
+    }
 
 
 def test_peak_is_the_best_size_of_each_probe_and_absent_without_rows(tmp_path: Path) -> None:
     """The rules compare each probe's best bus bandwidth: the large sizes reach it, a latency-bound
     1 MiB row must not count. A collective with no rows (it failed before measuring) has no peak."""
-    small = Row(size_bytes=1048576, count=262144, type="float", time_seconds=0.002,
-                algbw_bytes_per_second=1e9, busbw_bytes_per_second=1e9, wrong=0)
-    large = Row(size_bytes=1073741824, count=268435456, type="float", time_seconds=0.01,
-                algbw_bytes_per_second=2e11, busbw_bytes_per_second=3.5e11, wrong=0)
-    write_result(tmp_path, sample(collectives=(CollectiveResult("all_reduce", (small, large)),
-                                               CollectiveResult("all_gather", (), error="timeout"))))
+    small = Row(
+        size_bytes=1048576,
+        count=262144,
+        type="float",
+        time_seconds=0.002,
+        algbw_bytes_per_second=1e9,
+        busbw_bytes_per_second=1e9,
+        wrong=0,
+    )
+    large = Row(
+        size_bytes=1073741824,
+        count=268435456,
+        type="float",
+        time_seconds=0.01,
+        algbw_bytes_per_second=2e11,
+        busbw_bytes_per_second=3.5e11,
+        wrong=0,
+    )
+    write_result(
+        tmp_path,
+        sample(
+            collectives=(
+                CollectiveResult("all_reduce", (small, large)),
+                CollectiveResult("all_gather", (), error="timeout"),
+            )
+        ),
+    )
     samples = metric_samples(ProbeCollector(tmp_path, max_age_seconds=3600, clock=lambda: NOW))
     peaks = [(labels["collective"], v) for labels, v in samples["ccl_probe_peak_bus_bandwidth_bytes_per_second"]]
     assert peaks == [("all_reduce", 3.5e11)]
@@ -197,7 +261,9 @@ def test_results_naming_a_pod_not_on_this_node_are_not_used(tmp_path: Path) -> N
     write_result(tmp_path, sample(source="scheduled", pod="", namespace="", job_name=""))
     reading = read_probe_results(tmp_path, NOW, 86_400, pod_known=on_node("real-0"))
     assert [(r.source, r.namespace, r.pod) for r in reading.results] == [
-        ("preflight", "team-a", "real-0"), ("scheduled", "", "")]
+        ("preflight", "team-a", "real-0"),
+        ("scheduled", "", ""),
+    ]
     assert sorted(reading.not_on_node) == [f"job-team-a-ghost-0-{UID}.json", f"preflight-team-b-real-0-{UID}.json"]
 
     # Without a complete pod list only the node-wide result is used; the others wait for it.
@@ -218,11 +284,15 @@ def test_a_result_speaks_for_a_pod_only_through_the_pods_uid(tmp_path: Path) -> 
     pre-flight would write under a forged name), one with the victim's UID under another file
     name (to sit beside the victim's own file and outrank it with a later time). The victim's
     own result is used."""
-    own = write_result(tmp_path, sample(source="preflight", pod="victim-0", finished_at=NOW - 100,
-                                        checks=(Check("port_state", True, "ok"),)))
+    own = write_result(
+        tmp_path,
+        sample(source="preflight", pod="victim-0", finished_at=NOW - 100, checks=(Check("port_state", True, "ok"),)),
+    )
     write_result(tmp_path, sample(source="preflight", pod="victim-0", pod_uid=""))
-    write_result(tmp_path, sample(source="preflight", pod="victim-0", pod_uid=OTHER_UID,
-                                  checks=(Check("port_state", False, "forged"),)))
+    write_result(
+        tmp_path,
+        sample(source="preflight", pod="victim-0", pod_uid=OTHER_UID, checks=(Check("port_state", False, "forged"),)),
+    )
     forged = json.loads(own.read_text())
     forged.update(finished_at=NOW - 1, checks=[{"check": "port_state", "ok": False, "message": "forged"}])
     (tmp_path / "preflight-team-a-victim-0-x.json").write_text(json.dumps(forged))
@@ -287,17 +357,25 @@ def test_simulated_node_result_files(tmp_path: Path) -> None:
 
     SimProbeResults().setup(tmp_path)
     samples = metric_samples(ProbeCollector(tmp_path / "probe-results", 86_400))
-    preflight = {(l["pod"], l["check"]): v for l, v in samples["ccl_preflight_result"]}
+    preflight = {(labels["pod"], labels["check"]): v for labels, v in samples["ccl_preflight_result"]}
     assert preflight[("llama-70b-worker-0", "probe_transport")] == 1.0
     assert preflight[("gpt-neox-worker-1", "uverbs_devices")] == 0.0
     assert preflight[("gpt-neox-worker-1", "probe_transport")] == 0.0
-    kinds = {(l["source"], l["pod"]): l["transport_kind"] for l, _ in samples["ccl_probe_transport_info"]}
-    assert kinds == {("preflight", "llama-70b-worker-0"): "rdma", ("preflight", "gpt-neox-worker-1"): "tcp",
-                     ("job", "ccl-probe-0"): "rdma"}
-    job_busbw = [v for l, v in samples["ccl_probe_bus_bandwidth_bytes_per_second"]
-                 if l["source"] == "job" and l["collective"] == "all_reduce"]
+    kinds = {
+        (labels["source"], labels["pod"]): labels["transport_kind"] for labels, _ in samples["ccl_probe_transport_info"]
+    }
+    assert kinds == {
+        ("preflight", "llama-70b-worker-0"): "rdma",
+        ("preflight", "gpt-neox-worker-1"): "tcp",
+        ("job", "ccl-probe-0"): "rdma",
+    }
+    job_busbw = [
+        v
+        for labels, v in samples["ccl_probe_bus_bandwidth_bytes_per_second"]
+        if labels["source"] == "job" and labels["collective"] == "all_reduce"
+    ]
     assert len(job_busbw) == 10 and job_busbw == sorted(job_busbw) and 3.0e11 < job_busbw[-1] < 3.55e11
-    files = {l["status"]: v for l, v in samples["ccl_probe_result_files"]}
+    files = {labels["status"]: v for labels, v in samples["ccl_probe_result_files"]}
     assert files["valid"] == 3.0 and files["malformed"] == 0.0
 
 
@@ -313,10 +391,21 @@ def test_serve_binds_log_folders_and_result_files_to_the_node_pod_list(tmp_path:
     from tests.test_podlogs_hostile import UID, NodePods, append, debug_file, lines_by_pod, nccl
 
     node = NodePods({("training", "real-0"): UID})
-    config = HostPaths(pod_logs=tmp_path / "pods", nccl_debug_files=tmp_path / "nccl", state=tmp_path / "state",
-                       sysfs=tmp_path / "sys", probe_results=tmp_path / "results", pod_resources=tmp_path / "kubelet.sock")
-    resources = NodeResources(config, nvml=PynvmlBackend(), pod_resources=PodResourcesClient(config.pod_resources),
-                              pod_metadata=lambda: node, kube=KubeNode("gpu-node-1"))
+    config = HostPaths(
+        pod_logs=tmp_path / "pods",
+        nccl_debug_files=tmp_path / "nccl",
+        state=tmp_path / "state",
+        sysfs=tmp_path / "sys",
+        probe_results=tmp_path / "results",
+        pod_resources=tmp_path / "kubelet.sock",
+    )
+    resources = NodeResources(
+        config,
+        nvml=PynvmlBackend(),
+        pod_resources=PodResourcesClient(config.pod_resources),
+        pod_metadata=lambda: node,
+        kube=KubeNode("gpu-node-1"),
+    )
     append(debug_file(tmp_path / "nccl", "training_real-0"), nccl(1) + "\n")
     append(debug_file(tmp_path / "nccl", "training_victim-0"), nccl(2) + "\n")
     append(debug_file(tmp_path / "nccl", "training_real-0", uid=""), nccl(3) + "\n")
@@ -324,21 +413,42 @@ def test_serve_binds_log_folders_and_result_files_to_the_node_pod_list(tmp_path:
     assert lines_by_pod([tailer.poll()]) == {("nccl_debug_file", "real-0", UID): [nccl(1)]}
 
     for pod, uid in (("real-0", UID), ("victim-0", UID), ("real-0", "")):
-        write_result(config.probe_results, ProbeResult(source="preflight", started_at=0, finished_at=1e12,
-                                                       hostname="h", namespace="training", pod=pod, pod_uid=uid))
+        write_result(
+            config.probe_results,
+            ProbeResult(
+                source="preflight",
+                started_at=0,
+                finished_at=1e12,
+                hostname="h",
+                namespace="training",
+                pod=pod,
+                pod_uid=uid,
+            ),
+        )
     probe = build_probe(ProbeCollectorSettings(86_400.0, None), resources)
-    files = {s.labels["status"]: s.value for family in probe.collect() for s in family.samples
-             if s.name == "ccl_probe_result_files"}
+    files = {
+        s.labels["status"]: s.value
+        for family in probe.collect()
+        for s in family.samples
+        if s.name == "ccl_probe_result_files"
+    }
     assert (files["valid"], files["not_on_node"], files["pod_uid_missing"]) == (1.0, 1.0, 1.0)
 
     # A node without a node name has no pod list: what is named with a UID is taken as named.
-    unbound = NodeResources(config, nvml=PynvmlBackend(), pod_resources=PodResourcesClient(config.pod_resources),
-                            pod_metadata=lambda: node)
+    unbound = NodeResources(
+        config, nvml=PynvmlBackend(), pod_resources=PodResourcesClient(config.pod_resources), pod_metadata=lambda: node
+    )
     tailer = build_collector(NcclSettings(300.0, NcclLimits()), unbound).tailer
-    assert sorted(lines_by_pod([tailer.poll()])) == [("nccl_debug_file", "real-0", UID),
-                                                      ("nccl_debug_file", "victim-0", UID)]
-    files = {s.labels["status"]: s.value for family in build_probe(ProbeCollectorSettings(86_400.0, None), unbound)
-             .collect() for s in family.samples if s.name == "ccl_probe_result_files"}
+    assert sorted(lines_by_pod([tailer.poll()])) == [
+        ("nccl_debug_file", "real-0", UID),
+        ("nccl_debug_file", "victim-0", UID),
+    ]
+    files = {
+        s.labels["status"]: s.value
+        for family in build_probe(ProbeCollectorSettings(86_400.0, None), unbound).collect()
+        for s in family.samples
+        if s.name == "ccl_probe_result_files"
+    }
     assert (files["valid"], files["pod_uid_missing"]) == (2.0, 1.0)
 
 
@@ -363,12 +473,26 @@ class ListedPods:
 def listed_pod(name: str, message: str | None, uid: str = UID) -> dict:
     status: dict = {"phase": "Running"}
     if message is not None:
-        status["initContainerStatuses"] = [{"name": "ccl-preflight", "image": "i", "imageID": "", "ready": True,
-                                            "restartCount": 0, "state": {"terminated": {"exitCode": 0,
-                                                                                        "message": message}}}]
-    return {"metadata": {"namespace": "team-a", "name": name, "uid": uid,
-                         "labels": {"batch.kubernetes.io/job-name": "gpt"}},
-            "spec": {"containers": [{"name": "c"}]}, "status": status}
+        status["initContainerStatuses"] = [
+            {
+                "name": "ccl-preflight",
+                "image": "i",
+                "imageID": "",
+                "ready": True,
+                "restartCount": 0,
+                "state": {"terminated": {"exitCode": 0, "message": message}},
+            }
+        ]
+    return {
+        "metadata": {
+            "namespace": "team-a",
+            "name": name,
+            "uid": uid,
+            "labels": {"batch.kubernetes.io/job-name": "gpt"},
+        },
+        "spec": {"containers": [{"name": "c"}]},
+        "status": status,
+    }
 
 
 def test_preflights_from_termination_messages_with_no_file_at_all(tmp_path: Path) -> None:
@@ -378,22 +502,41 @@ def test_preflights_from_termination_messages_with_no_file_at_all(tmp_path: Path
     from exporter.results.preflight_message import render_report
 
     def report(finished: float, ok: bool) -> str:
-        return render_report(ProbeResult(source="preflight", started_at=finished - 5, finished_at=finished,
-                                         checks=(Check("port_state", ok, "mlx5_1 port 1 is DOWN/Disabled"),
-                                                 Check("nccl_env", True, "ok"))))
+        return render_report(
+            ProbeResult(
+                source="preflight",
+                started_at=finished - 5,
+                finished_at=finished,
+                checks=(Check("port_state", ok, "mlx5_1 port 1 is DOWN/Disabled"), Check("nccl_env", True, "ok")),
+            )
+        )
 
-    write_result(tmp_path, sample(source="preflight", pod="both-0", finished_at=NOW - 10, collectives=(),
-                                  checks=(Check("port_state", True, "8 port(s) ACTIVE/LinkUp"),)))
-    pods = ListedPods(listed_pod("message-0", report(NOW - 30, ok=False)),
-                      listed_pod("both-0", report(NOW - 300, ok=False)),
-                      listed_pod("garbled-0", "Sleep expired\n"),
-                      listed_pod("cut-0", report(NOW - 30, ok=False)[:90]),
-                      listed_pod("none-0", None))
+    write_result(
+        tmp_path,
+        sample(
+            source="preflight",
+            pod="both-0",
+            finished_at=NOW - 10,
+            collectives=(),
+            checks=(Check("port_state", True, "8 port(s) ACTIVE/LinkUp"),),
+        ),
+    )
+    pods = ListedPods(
+        listed_pod("message-0", report(NOW - 30, ok=False)),
+        listed_pod("both-0", report(NOW - 300, ok=False)),
+        listed_pod("garbled-0", "Sleep expired\n"),
+        listed_pod("cut-0", report(NOW - 30, ok=False)[:90]),
+        listed_pod("none-0", None),
+    )
     collector = ProbeCollector(tmp_path, 86_400, clock=lambda: NOW, pod_known=on_node("both-0"), pods=pods)
     samples = metric_samples(collector)
-    results = sorted((labels["pod"], labels["job_name"], labels["check"], v)
-                     for labels, v in samples["ccl_preflight_result"])
-    assert results == [("both-0", "llama", "port_state", 1.0),
-                       ("message-0", "gpt", "nccl_env", 1.0), ("message-0", "gpt", "port_state", 0.0)]
+    results = sorted(
+        (labels["pod"], labels["job_name"], labels["check"], v) for labels, v in samples["ccl_preflight_result"]
+    )
+    assert results == [
+        ("both-0", "llama", "port_state", 1.0),
+        ("message-0", "gpt", "nccl_env", 1.0),
+        ("message-0", "gpt", "port_state", 0.0),
+    ]
     messages = {labels["status"]: v for labels, v in samples["ccl_preflight_termination_messages"]}
     assert messages == {"valid": 2.0, "cut": 1.0, "malformed": 1.0}

@@ -27,13 +27,17 @@ from tests.podresources_server import Container, Pod, TableLister, serve_pod_res
 
 GPU = "GPU-8f6c1f5e-0000-4000-8000-000000000001"
 TRAINING_POD = Pod("team-a", "llama-worker-0", [Container("trainer", {"nvidia.com/gpu": [GPU]})])
-SMALL = dict(backend="gloo", nprocs=2, min_bytes="64K", max_bytes="256K", iters=3, warmup_iters=1)
+SMALL = {"backend": "gloo", "nprocs": 2, "min_bytes": "64K", "max_bytes": "256K", "iters": 3, "warmup_iters": 1}
 
 
 def scheduler(tmp_path: Path, checks: list, timeout: float = 60.0, **settings: object) -> ProbeScheduler:  # type: ignore[type-arg]
     merged = {**SMALL, **settings}
-    return ProbeScheduler(ProbeSettings(interval_seconds=3600, timeout_seconds=timeout, **merged),  # type: ignore[arg-type]
-                          tmp_path / "results", checks, poll_seconds=0.2)
+    return ProbeScheduler(
+        ProbeSettings(interval_seconds=3600, timeout_seconds=timeout, **merged),  # type: ignore[arg-type]
+        tmp_path / "results",
+        checks,
+        poll_seconds=0.2,
+    )
 
 
 def short_socket(tmp_path: Path) -> Path:
@@ -58,8 +62,9 @@ async def test_skipped_while_a_pod_holds_a_gpu_then_runs_when_released(tmp_path:
     assert document["transport"]["name"] == "gloo/tcp"
     assert [r["size_bytes"] for r in document["collectives"][0]["rows"]] == [65536, 131072, 262144]
     families = {f.name: f for f in ProbeCollector(tmp_path / "results", 3600, sched).collect()}
-    assert {s.labels["reason"]: s.value for s in families["ccl_probe_skipped"].samples
-            if s.name.endswith("_total")}["gpu_held_by_pod"] == 1.0
+    assert {s.labels["reason"]: s.value for s in families["ccl_probe_skipped"].samples if s.name.endswith("_total")}[
+        "gpu_held_by_pod"
+    ] == 1.0
     assert [s.value for s in families["ccl_probe_success"].samples] == [1.0]
     assert len(families["ccl_probe_bus_bandwidth_bytes_per_second"].samples) == 3
 
@@ -137,4 +142,7 @@ def test_bad_probe_flags_stop_serve_at_start(flags: list[str], message: str) -> 
     args = build_parser({}).parse_args(["serve", "--probe.interval", "60", *flags])
     with pytest.raises(SystemExit, match=f"^ccl-exporter: --probe.\\*: {message}"):
         config_from_args(args, all_collectors())
-    assert probe_settings(config_from_args(build_parser({}).parse_args(["serve"]), all_collectors()).collector_settings) is None
+    assert (
+        probe_settings(config_from_args(build_parser({}).parse_args(["serve"]), all_collectors()).collector_settings)
+        is None
+    )

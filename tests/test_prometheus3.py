@@ -74,11 +74,17 @@ def test_promtool_3_checks_the_rules_and_runs_their_tests() -> None:
     promtool = _promtool_3()
     if promtool is None:
         pytest.skip(NO_PROMETHEUS_3)
-    check = subprocess.run([promtool, "check", "rules", "--lint-fatal", *map(str, RULE_FILES)],
-                           capture_output=True, text=True, timeout=120)
+    check = subprocess.run(
+        [promtool, "check", "rules", "--lint-fatal", *map(str, RULE_FILES)], capture_output=True, text=True, timeout=120
+    )
     assert check.returncode == 0, check.stdout + check.stderr
-    unit = subprocess.run([promtool, "test", "rules", *map(str, RULE_TESTS)], capture_output=True, text=True,
-                          timeout=600, cwd=REPO / "alerts" / "tests")
+    unit = subprocess.run(
+        [promtool, "test", "rules", *map(str, RULE_TESTS)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO / "alerts" / "tests",
+    )
     assert unit.returncode == 0, unit.stdout + unit.stderr
 
 

@@ -50,8 +50,17 @@ def test_parse_rate(text: str | None, expected: int | None) -> None:
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("0", 0), ("18446744073709551615", 2**64 - 1), ("18446744073709551616", None), ("N/A (no PMA)", None),
-     ("-3", None), ("garbage", None), (" 12 ", 12), ("１２", None), (None, None)],
+    [
+        ("0", 0),
+        ("18446744073709551615", 2**64 - 1),
+        ("18446744073709551616", None),
+        ("N/A (no PMA)", None),
+        ("-3", None),
+        ("garbage", None),
+        (" 12 ", 12),
+        ("１２", None),  # noqa: RUF001 - FULLWIDTH digits on purpose
+        (None, None),
+    ],
 )
 def test_parse_uint(text: str | None, expected: int | None) -> None:
     assert parse_uint(text) == expected

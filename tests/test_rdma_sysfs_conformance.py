@@ -17,14 +17,27 @@ from tests.metrics_text import samples, scrape_collectors
 
 # The ABI document's counters/ files, by the section of its description.
 ERRORS_INFO = (
-    "symbol_error", "port_rcv_errors", "port_rcv_remote_physical_errors", "port_rcv_switch_relay_errors",
+    "symbol_error",
+    "port_rcv_errors",
+    "port_rcv_remote_physical_errors",
+    "port_rcv_switch_relay_errors",
     # the What: line spells the second "port_rcv_contraint_errors"; its description and the kernel spell it so:
-    "link_error_recovery", "port_xmit_constraint_errors", "port_rcv_constraint_errors",
-    "local_link_integrity_errors", "excessive_buffer_overrun_errors",
+    "link_error_recovery",
+    "port_xmit_constraint_errors",
+    "port_rcv_constraint_errors",
+    "local_link_integrity_errors",
+    "excessive_buffer_overrun_errors",
 )
 DATA_INFO = (
-    "port_xmit_data", "port_rcv_data", "port_xmit_packets", "port_rcv_packets", "link_downed",
-    "unicast_rcv_packets", "unicast_xmit_packets", "multicast_rcv_packets", "multicast_xmit_packets",
+    "port_xmit_data",
+    "port_rcv_data",
+    "port_xmit_packets",
+    "port_rcv_packets",
+    "link_downed",
+    "unicast_rcv_packets",
+    "unicast_xmit_packets",
+    "multicast_rcv_packets",
+    "multicast_xmit_packets",
 )
 MISC_INFO = ("port_xmit_discards", "VL15_dropped", "port_xmit_wait")
 # What each file counts: error-like events (errors family), or something else.
@@ -62,8 +75,10 @@ def test_every_documented_file_lands_where_its_meaning_says(tmp_path: Path) -> N
     assert get("ccl_rdma_port_transmit_bytes_total") == 4 * values["port_xmit_data"]
     assert get("ccl_rdma_port_receive_bytes_total") == 4 * values["port_rcv_data"]
     assert get("ccl_rdma_port_transmit_packets_total") == values["port_xmit_packets"]
-    assert get("ccl_rdma_port_cast_packets_total", cast="multicast", direction="receive") == values[
-        "multicast_rcv_packets"]
+    assert (
+        get("ccl_rdma_port_cast_packets_total", cast="multicast", direction="receive")
+        == values["multicast_rcv_packets"]
+    )
     # "ticks during which the port had data to transmit but no data was sent": congestion, its own family
     assert get("ccl_rdma_port_transmit_wait_total") == values["port_xmit_wait"]
     # lifespan "configures how frequently the core should update the counters": a setting, in seconds

@@ -82,9 +82,19 @@ def rendered(tmp_path: Path, log: Path, exit_code: int) -> Image:
     page, shot = tmp_path / "page.html", tmp_path / "page.png"
     assert main(["analyze", "--html", str(page), str(log)]) == exit_code
     subprocess.run(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1100,760",
-         f"--screenshot={shot}", page.as_uri()],
-        capture_output=True, timeout=120, check=True,
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--window-size=1100,760",
+            f"--screenshot={shot}",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        timeout=120,
+        check=True,
     )
     return read_png(shot)
 

@@ -59,7 +59,9 @@ class CountingClient(PodResourcesClient):
 
 
 def paths(root: Path) -> HostPaths:
-    return HostPaths(root / "sys", root / "pods", root / "nccl", root / "state", root / "kubelet.sock", root / "results")
+    return HostPaths(
+        root / "sys", root / "pods", root / "nccl", root / "state", root / "kubelet.sock", root / "results"
+    )
 
 
 def resources(root: Path, pods: CountingPods, made: list[int] | None = None, **kw: object) -> NodeResources:
@@ -68,8 +70,9 @@ def resources(root: Path, pods: CountingPods, made: list[int] | None = None, **k
             made.append(1)
         return pods
 
-    return NodeResources(paths(root), nvml=CountingNvml(), pod_resources=CountingClient(root / "kubelet.sock"),
-                         pod_metadata=make, **kw)  # type: ignore[arg-type]
+    return NodeResources(
+        paths(root), nvml=CountingNvml(), pod_resources=CountingClient(root / "kubelet.sock"), pod_metadata=make, **kw
+    )  # type: ignore[arg-type]
 
 
 def every_collector(node: NodeResources, *flags: str) -> list:  # type: ignore[type-arg]
@@ -103,7 +106,16 @@ def test_closing_the_collectors_leaves_the_shared_resources_open(tmp_path: Path)
     pods = CountingPods()
     node = resources(tmp_path, pods)
     collectors = every_collector(node)
-    assert [c.name for c in collectors] == ["rdma", "nvml", "podresources", "podnetwork", "nccl", "inspector", "probe", "topology"]
+    assert [c.name for c in collectors] == [
+        "rdma",
+        "nvml",
+        "podresources",
+        "podnetwork",
+        "nccl",
+        "inspector",
+        "probe",
+        "topology",
+    ]
     for collector in collectors:
         close_collector(collector)
     assert pods.closed == 0 and node.nvml.closed == 0 and node.pod_resources.closed == 0  # type: ignore[attr-defined]
@@ -115,7 +127,7 @@ def test_nvml_switched_off_reaches_no_other_collector(tmp_path: Path) -> None:
     collectors = {c.name: c for c in every_collector(node, "--no-collector.nvml")}
     assert "nvml" not in collectors
     assert collectors["podresources"]._nvml is None
-    assert collectors["nccl"]._gpu_inventory._nvml is None
+    assert collectors["nccl"]._attributor._gpu_inventory._nvml is None
     assert node.topology._nvml is None, "no GPUs from NVML on the topology either"
     assert collectors["topology"]._source is node.topology is collectors["nccl"]._topology, "one topology source"
 
@@ -157,7 +169,13 @@ with real_node_resources(config.paths, config.node_name) as node:
 
 def test_a_node_without_kubelet_socket_or_api_server_loads_neither_client(tmp_path: Path) -> None:
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}  # no KUBERNETES_SERVICE_HOST: not in a cluster
-    done = subprocess.run([sys.executable, "-c", REAL_NODE_SCRAPE, str(tmp_path)], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", REAL_NODE_SCRAPE, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1]) == []

@@ -49,7 +49,10 @@ def test_a_missing_folder_is_created_with_mode_1777(tmp_path: Path) -> None:
         os.umask(old_umask)
     assert mode(tmp_path / "probe-results") == FOLDER_MODE == 0o1777
     assert prepared.created and prepared.changed and prepared.previous_mode is None
-    assert prepared.describe() == f"{tmp_path / 'probe-results'} is ready: created with mode 1777 (owner UID {os.geteuid()})"
+    assert (
+        prepared.describe()
+        == f"{tmp_path / 'probe-results'} is ready: created with mode 1777 (owner UID {os.geteuid()})"
+    )
 
 
 def test_a_folder_as_kubelet_creates_it_gets_mode_1777(tmp_path: Path) -> None:
@@ -139,11 +142,15 @@ def test_a_path_without_a_parent_or_with_a_missing_parent_is_refused(tmp_path: P
         prepare_results_folder(tmp_path / "missing" / "probe-results")
 
 
-def test_the_command_says_in_one_line_what_it_did_or_why_not(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_command_says_in_one_line_what_it_did_or_why_not(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     folder = tmp_path / "probe-results"
     assert main(["prepare-results", "--path.probe-results", str(folder)]) == 0
     out, err = capsys.readouterr()
-    assert out == f"ccl-exporter prepare-results: {folder} is ready: created with mode 1777 (owner UID {os.geteuid()})\n"
+    assert (
+        out == f"ccl-exporter prepare-results: {folder} is ready: created with mode 1777 (owner UID {os.geteuid()})\n"
+    )
     assert err == ""
     os.rmdir(folder)
     folder.symlink_to(tmp_path)
@@ -170,11 +177,17 @@ def test_unwritten_reasons_say_what_to_do(tmp_path: Path) -> None:
     denied = unwritten_reason(folder, PermissionError(errno.EACCES, "Permission denied", str(folder / ".tmp-x")))
     assert f"{folder} is not writable by UID {os.geteuid()} (owner UID {os.geteuid()}, mode 0755)" in denied
     assert "prepare-results init container" in denied
-    sticky = unwritten_reason(folder, PermissionError(errno.EPERM, "Operation not permitted", "tmp", None, str(folder / "x.json")))
+    sticky = unwritten_reason(
+        folder, PermissionError(errno.EPERM, "Operation not permitted", "tmp", None, str(folder / "x.json"))
+    )
     assert sticky.startswith(f"x.json in {folder} belongs to another user; the folder's sticky bit")
-    assert unwritten_reason(folder, OSError(errno.EROFS, "Read-only file system")) == \
-        f"{folder} is on a read-only filesystem in this container (mount the probe-results hostPath there)"
-    assert unwritten_reason(folder, OSError(errno.ENOSPC, "No space left on device")).endswith("No space left on device")
+    assert (
+        unwritten_reason(folder, OSError(errno.EROFS, "Read-only file system"))
+        == f"{folder} is on a read-only filesystem in this container (mount the probe-results hostPath there)"
+    )
+    assert unwritten_reason(folder, OSError(errno.ENOSPC, "No space left on device")).endswith(
+        "No space left on device"
+    )
 
 
 # ---- other users, as on a node: the exporter's init container is root, the writers are not ----
@@ -228,9 +241,19 @@ def as_user(uid: int, work: Callable[[], Any]) -> Any:
 
 def preflight_as(uid: int, node: Path, results: Path) -> dict[str, Any]:
     """``ccl-exporter preflight`` of pod team-a/llama-worker-0, run as ``uid``."""
-    args = build_parser({}).parse_args([
-        "preflight", "--path.sysfs", str(node / "sys"), "--path.dev", str(node / "dev"),
-        "--path.procfs", str(node / "proc"), "--path.probe-results", str(results)])
+    args = build_parser({}).parse_args(
+        [
+            "preflight",
+            "--path.sysfs",
+            str(node / "sys"),
+            "--path.dev",
+            str(node / "dev"),
+            "--path.procfs",
+            str(node / "proc"),
+            "--path.probe-results",
+            str(results),
+        ]
+    )
     env = {"POD_NAMESPACE": "team-a", "POD_NAME": "llama-worker-0", "POD_UID": POD_UID, "JOB_NAME": "llama"}
 
     def run() -> dict[str, Any]:
@@ -295,8 +318,9 @@ def test_a_prepared_folder_takes_results_from_other_users_but_keeps_each_users_f
         "from replacing it"
     )
     assert parse_result(scheduled.read_text()).finished_at == 2.0 and written.exists()
-    assert sorted(p.name for p in results.iterdir()) == [written.name, "scheduled.json"], \
+    assert sorted(p.name for p in results.iterdir()) == [written.name, "scheduled.json"], (
         "no temporary file left behind"
+    )
     # What the sticky bit cannot stop: a writer of the pre-flights' own numeric UID may replace
     # another pod's file (docs/probe.md: mount the folder only into the injected pre-flight, which
     # writes only its own pod's identity). The reader still uses it for that pod only if it names
@@ -317,9 +341,21 @@ def test_root_without_capabilities_prepares_kubelets_folder_and_no_other_owners(
 
     def prepare(folder: Path) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [setpriv, "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs", sys.executable, "-m", "exporter",
-             "prepare-results", f"--path.probe-results={folder}"],
-            capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)},
+            [
+                setpriv,
+                "--bounding-set=-all",
+                "--inh-caps=-all",
+                "--no-new-privs",
+                sys.executable,
+                "-m",
+                "exporter",
+                "prepare-results",
+                f"--path.probe-results={folder}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
         )
 
     kubelets, users, ready = tmp_path / "kubelets", tmp_path / "users", tmp_path / "ready"
@@ -329,7 +365,9 @@ def test_root_without_capabilities_prepares_kubelets_folder_and_no_other_owners(
         os.chmod(folder, folder_mode)
     done = prepare(kubelets)
     assert done.returncode == 0, done.stderr
-    assert done.stdout == f"ccl-exporter prepare-results: {kubelets} is ready: mode 0755 changed to 1777 (owner UID 0)\n"
+    assert (
+        done.stdout == f"ccl-exporter prepare-results: {kubelets} is ready: mode 0755 changed to 1777 (owner UID 0)\n"
+    )
     assert mode(kubelets) == 0o1777
     refused = prepare(users)
     assert refused.returncode == 1 and refused.stdout == ""

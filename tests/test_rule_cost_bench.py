@@ -44,11 +44,18 @@ def test_range_reads_give_each_series_the_history_its_readers_need() -> None:
 
 
 def test_rule_reads_tell_raw_from_recorded_and_long_from_short() -> None:
-    rules = {"groups": [
-        {"name": "g", "rules": [{"record": "n:x:rate5m", "expr": "rate(x_total[5m])"},
-                                {"alert": "A", "expr": "max_over_time(n:x:rate5m[7d]) and increase(y_total[1h]) > 0"}]},
-        {"name": "h", "interval": "1h", "rules": [{"record": "n:y:max1h", "expr": "max_over_time(y[1h])"}]},
-    ]}
+    rules = {
+        "groups": [
+            {
+                "name": "g",
+                "rules": [
+                    {"record": "n:x:rate5m", "expr": "rate(x_total[5m])"},
+                    {"alert": "A", "expr": "max_over_time(n:x:rate5m[7d]) and increase(y_total[1h]) > 0"},
+                ],
+            },
+            {"name": "h", "interval": "1h", "rules": [{"record": "n:y:max1h", "expr": "max_over_time(y[1h])"}]},
+        ]
+    }
     reads = RuleReads.of(rules, {"x_total", "y_total", "y"})
     assert reads.raw() == {"y_total": 3600.0, "y": 3600.0}, "5 minutes fill from live scrapes"
     assert reads.recorded_ranges() == {"n:x:rate5m": 604800.0}
@@ -56,8 +63,16 @@ def test_rule_reads_tell_raw_from_recorded_and_long_from_short() -> None:
 
 
 def test_each_node_has_pods_of_its_own_in_jobs_of_four_nodes() -> None:
-    series = TemplateSeries("ccl_gpu_pod_info", (("job_name", "llama"), ("namespace", "ml"), ("pod", "llama-worker-0"),
-                                                 ("uuid", "GPU-5e1a0000-0000-4000-8000-000000000003")), 1.0)
+    series = TemplateSeries(
+        "ccl_gpu_pod_info",
+        (
+            ("job_name", "llama"),
+            ("namespace", "ml"),
+            ("pod", "llama-worker-0"),
+            ("uuid", "GPU-5e1a0000-0000-4000-8000-000000000003"),
+        ),
+        1.0,
+    )
     fifth, sixth = Node(5).stored_labels(series), Node(6).stored_labels(series)
     assert (fifth["pod"], fifth["job_name"]) == ("llama-0001-worker-1", "llama-0001")
     assert (sixth["pod"], sixth["job_name"]) == ("llama-0001-worker-2", "llama-0001")
@@ -65,11 +80,13 @@ def test_each_node_has_pods_of_its_own_in_jobs_of_four_nodes() -> None:
     assert fifth["namespace"] == "ml", "the training pod's namespace wins (honor_labels)"
     node_level = Node(5).stored_labels(TemplateSeries("ccl_rdma_port_state_id", (("device", "mlx5_0"),), 4.0))
     assert node_level["namespace"] == "ccl-exporter" and node_level["pod"] == "ccl-exporter-00005"
-    kubelet = Node(5).stored_labels(TemplateSeries("container_network_receive_bytes_total", (("pod", "x-0"),), 1.0,
-                                                   source="kubelet"))
+    kubelet = Node(5).stored_labels(
+        TemplateSeries("container_network_receive_bytes_total", (("pod", "x-0"),), 1.0, source="kubelet")
+    )
     assert kubelet["job"] == "kubelet" and kubelet["pod"] == "x-0-0005"
-    host = Node(5).stored_labels(TemplateSeries("container_network_receive_bytes_total", (("id", "/"), ("pod", "")), 1.0,
-                                                source="kubelet"))
+    host = Node(5).stored_labels(
+        TemplateSeries("container_network_receive_bytes_total", (("id", "/"), ("pod", "")), 1.0, source="kubelet")
+    )
     assert host["pod"] == "" and host["node"] == "gpu-node-0005", "the host's own interfaces name no pod"
 
 
@@ -78,7 +95,9 @@ def test_cadvisor_reports_each_pod_once_for_its_sandbox_and_the_host_without_a_p
     kubelet = [s for s in node_template(exporter) if s.name == "container_network_transmit_bytes_total"]
     per_pod = [dict(s.labels) for s in kubelet if dict(s.labels)["pod"]]
     assert len(per_pod) == CADVISOR_PODS and {p["interface"] for p in per_pod} == {"eth0"}
-    assert {p["container"] for p in per_pod} == {""} and ("ml", "llama-worker-0") in {(p["namespace"], p["pod"]) for p in per_pod}
+    assert {p["container"] for p in per_pod} == {""} and ("ml", "llama-worker-0") in {
+        (p["namespace"], p["pod"]) for p in per_pod
+    }
     host = [dict(s.labels) for s in kubelet if not dict(s.labels)["pod"]]
     assert {h["id"] for h in host} == {"/"} and len(host) == CADVISOR_PODS + 1, "the node's NIC and a cali* per pod"
 
@@ -92,17 +111,26 @@ def test_history_is_openmetrics_promtool_backfills(tmp_path: Path) -> None:
     assert 'c_total{node="a",q="say \\"hi\\""} 40 1015.000' in out.getvalue()
     source = tmp_path / "history.om"
     source.write_text(out.getvalue())
-    done = subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(source), str(tmp_path / "tsdb")],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [promtool, "tsdb", "create-blocks-from", "openmetrics", str(source), str(tmp_path / "tsdb")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_every_rule_runs_in_one_group_in_file_order_and_each_knows_its_group(tmp_path: Path) -> None:
-    rules = {"groups": [
-        {"name": "a", "interval": "5m", "rules": [{"record": "n:x:rate5m", "expr": "rate(x[5m])"},
-                                                  {"alert": "A", "expr": "n:x:rate5m > 1"}]},
-        {"name": "b", "rules": [{"record": "n:x:rate5m", "expr": "vector(1)", "labels": {"k": "v"}}]},
-    ]}
+    rules = {
+        "groups": [
+            {
+                "name": "a",
+                "interval": "5m",
+                "rules": [{"record": "n:x:rate5m", "expr": "rate(x[5m])"}, {"alert": "A", "expr": "n:x:rate5m > 1"}],
+            },
+            {"name": "b", "rules": [{"record": "n:x:rate5m", "expr": "vector(1)", "labels": {"k": "v"}}]},
+        ]
+    }
     owners = rules_in_sequence(rules, tmp_path / "rules.yaml")
     written = yaml.safe_load((tmp_path / "rules.yaml").read_text())
     assert owners == ["a", "a", "b"]
@@ -110,28 +138,48 @@ def test_every_rule_runs_in_one_group_in_file_order_and_each_knows_its_group(tmp
     # Group a runs every 5 minutes: its record is written under another name, so that alert A
     # (and every other reader) reads n:x:rate5m at its own interval, not every 10 s.
     assert [r.get("record") or r.get("alert") for r in written["groups"][0]["rules"]] == [
-        MEASURED_PREFIX + "n:x:rate5m", "A", "n:x:rate5m"]
+        MEASURED_PREFIX + "n:x:rate5m",
+        "A",
+        "n:x:rate5m",
+    ]
     assert written["groups"][0]["rules"][1]["expr"] == "n:x:rate5m > 1"
     assert written["groups"][0]["rules"][2]["labels"] == {"k": "v"}
 
 
 def test_only_the_records_of_groups_slower_than_the_default_interval_are_written_elsewhere() -> None:
-    rules = {"groups": [
-        {"name": "fast", "interval": "15s", "rules": [{"record": "a:x:rate5m", "expr": "rate(x[5m])"}]},
-        {"name": "default", "rules": [{"record": "b:x:max", "expr": "max(x)"}]},
-        {"name": "hourly", "interval": "1h", "rules": [{"record": "c:x:max1h", "expr": "max_over_time(b:x:max[1h])"},
-                                                       {"alert": "C", "expr": "c:x:max1h > 1"}]},
-        {"name": "daily", "interval": "1d", "rules": [{"record": "d:x:median1d", "expr": "vector(1)"}]},
-    ]}
-    assert written_as(rules) == {"a:x:rate5m": "a:x:rate5m", "b:x:max": "b:x:max",
-                                 "c:x:max1h": MEASURED_PREFIX + "c:x:max1h",
-                                 "d:x:median1d": MEASURED_PREFIX + "d:x:median1d"}
+    rules = {
+        "groups": [
+            {"name": "fast", "interval": "15s", "rules": [{"record": "a:x:rate5m", "expr": "rate(x[5m])"}]},
+            {"name": "default", "rules": [{"record": "b:x:max", "expr": "max(x)"}]},
+            {
+                "name": "hourly",
+                "interval": "1h",
+                "rules": [
+                    {"record": "c:x:max1h", "expr": "max_over_time(b:x:max[1h])"},
+                    {"alert": "C", "expr": "c:x:max1h > 1"},
+                ],
+            },
+            {"name": "daily", "interval": "1d", "rules": [{"record": "d:x:median1d", "expr": "vector(1)"}]},
+        ]
+    }
+    assert written_as(rules) == {
+        "a:x:rate5m": "a:x:rate5m",
+        "b:x:max": "b:x:max",
+        "c:x:max1h": MEASURED_PREFIX + "c:x:max1h",
+        "d:x:median1d": MEASURED_PREFIX + "d:x:median1d",
+    }
 
 
 def test_a_group_costs_the_sum_of_its_rules_per_cycle() -> None:
     owners = ["a", "a", "b"]
-    cycle = {"evaluationTime": 0.7, "rules": [{"name": "r1", "evaluationTime": 0.1}, {"name": "r2", "evaluationTime": 0.2},
-                                              {"name": "r1", "evaluationTime": 0.4}]}
+    cycle = {
+        "evaluationTime": 0.7,
+        "rules": [
+            {"name": "r1", "evaluationTime": 0.1},
+            {"name": "r2", "evaluationTime": 0.2},
+            {"name": "r1", "evaluationTime": 0.4},
+        ],
+    }
     costs = costs_of([cycle, cycle], owners)
     assert costs.groups == {"a": [0.1 + 0.2] * 2, "b": [0.4] * 2}
     assert costs.rules == {"a/r1": [0.1, 0.1], "a/r2": [0.2, 0.2], "b/r1": [0.4, 0.4]}
@@ -143,8 +191,15 @@ def test_a_group_costs_the_sum_of_its_rules_per_cycle() -> None:
 
 
 def test_evaluation_per_minute_weighs_each_group_by_its_interval() -> None:
-    intervals = group_intervals({"groups": [{"name": "a", "rules": []}, {"name": "b", "interval": "5m", "rules": []},
-                                            {"name": "c", "interval": "15s", "rules": []}]})
+    intervals = group_intervals(
+        {
+            "groups": [
+                {"name": "a", "rules": []},
+                {"name": "b", "interval": "5m", "rules": []},
+                {"name": "c", "interval": "15s", "rules": []},
+            ]
+        }
+    )
     assert intervals == {"a": 30.0, "b": 300.0, "c": 15.0}
     assert busy_per_minute({"a": 0.1, "b": 1.0, "c": 0.05}, intervals) == pytest.approx(0.2 + 0.2 + 0.2)
 
@@ -243,10 +298,22 @@ def test_a_page_that_never_settles_is_an_error() -> None:
 
 def test_a_healthy_template_grows_its_traffic_counters_and_not_its_error_counters() -> None:
     link = (("gpu", "0"), ("link", "3"))
-    first = {("ccl_nvlink_transmit_bytes_total", link): 100.0, ("ccl_nvlink_errors_total", link): 0.0,
-             ("ccl_nvlink_node_errors_total", ()): 4.0, ("ccl_rdma_node_ports", ()): 10.0}
-    second = {("ccl_nvlink_transmit_bytes_total", link): 400.0, ("ccl_nvlink_errors_total", link): 1.0,
-              ("ccl_nvlink_node_errors_total", ()): 5.0, ("ccl_rdma_node_ports", ()): 10.0}
+    first = {
+        ("ccl_nvlink_transmit_bytes_total", link): 100.0,
+        ("ccl_nvlink_errors_total", link): 0.0,
+        ("ccl_nvlink_node_errors_total", ()): 4.0,
+        ("ccl_rdma_node_ports", ()): 10.0,
+    }
+    second = {
+        ("ccl_nvlink_transmit_bytes_total", link): 400.0,
+        ("ccl_nvlink_errors_total", link): 1.0,
+        ("ccl_nvlink_node_errors_total", ()): 5.0,
+        ("ccl_rdma_node_ports", ()): 10.0,
+    }
     rates = {s.name: s.per_second for s in rule_cost.template_series(first, second, elapsed=3.0)}
-    assert rates == {"ccl_nvlink_transmit_bytes_total": 100.0, "ccl_nvlink_errors_total": 0.0,
-                     "ccl_nvlink_node_errors_total": 0.0, "ccl_rdma_node_ports": 0.0}
+    assert rates == {
+        "ccl_nvlink_transmit_bytes_total": 100.0,
+        "ccl_nvlink_errors_total": 0.0,
+        "ccl_nvlink_node_errors_total": 0.0,
+        "ccl_rdma_node_ports": 0.0,
+    }

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from devtools.stack import pod_monitor_endpoint
+from tests import yaml_docs
 from tests.conftest import REPO, require_tool
 from tests.promql_names import GLOBAL_RULES_FILE, RULE_FILES, RULES_FILE, grouping_labels, groups, referenced_names
 
@@ -32,7 +33,7 @@ _MARK = re.compile(r'label_replace\(.*?"(evidence|compared_to)", "([a-z_]+)", ""
 
 
 def _rules(path):  # type: ignore[no-untyped-def]
-    return [rule for group in yaml.safe_load(path.read_text())["groups"] for rule in group["rules"]]
+    return [rule for group in yaml_docs.load(path.read_text())["groups"] for rule in group["rules"]]
 
 
 def _name(rule) -> str:  # type: ignore[no-untyped-def]
@@ -50,7 +51,9 @@ def test_every_aggregation_and_join_carries_cluster(path) -> None:  # type: igno
             if keyword == "on" and set(labels) <= THRESHOLD_KEYS and "ccl:threshold:" in expr:
                 continue
             missing.append(f"{_name(rule)}: {keyword} ({', '.join(labels)})")
-        assert "without" not in [k for k, _ in grouping_labels(expr)], f"{_name(rule)}: `without` would keep cluster implicitly"
+        assert "without" not in [k for k, _ in grouping_labels(expr)], (
+            f"{_name(rule)}: `without` would keep cluster implicitly"
+        )
     assert not missing, "\n".join(missing)
 
 
@@ -93,25 +96,41 @@ def test_rules_across_nodes_are_global() -> None:
     (kube-state-metrics' target with every node's `up`) are in the global file only."""
     global_names = {_name(rule) for rule in _rules(GLOBAL_RULES_FILE)}
     node_names = {_name(rule) for rule in _rules(RULES_FILE)}
-    for name in ("namespace_job_name:ccl_gpu_pod_nodes:count", "CclSuspectedTcpFallback", "CclExporterAbsent",
-                 "job_name:ccl_nccl_nodes:count", "CclJobBusBandwidthDegraded"):
+    for name in (
+        "namespace_job_name:ccl_gpu_pod_nodes:count",
+        "CclSuspectedTcpFallback",
+        "CclExporterAbsent",
+        "job_name:ccl_nccl_nodes:count",
+        "CclJobBusBandwidthDegraded",
+    ):
         assert name in global_names and name not in node_names, name
-    evidences = {path.name: {rule["expr"].count('"evidence", "log"') + 2 * rule["expr"].count('"evidence", "placement"')
-                             for rule in _rules(path) if rule.get("alert") == "CclNcclTcpFallback"}
-                 for path in RULE_FILES}
+    evidences = {
+        path.name: {
+            rule["expr"].count('"evidence", "log"') + 2 * rule["expr"].count('"evidence", "placement"')
+            for rule in _rules(path)
+            if rule.get("alert") == "CclNcclTcpFallback"
+        }
+        for path in RULE_FILES
+    }
     assert evidences == {RULES_FILE.name: {1}, GLOBAL_RULES_FILE.name: {2}}, "log evidence per node, placement global"
 
 
 def test_each_threshold_is_defined_in_the_one_file_that_reads_it() -> None:
     """So no ruler reads a copy another ruler recorded (two copies would break `scalar()` and
     the `on (counter)` joins), and one Prometheus loading both files records each once."""
-    defined = {path: {r["record"] for r in _rules(path) if r.get("record", "").startswith("ccl:threshold:")}
-               for path in RULE_FILES}
+    defined = {
+        path: {r["record"] for r in _rules(path) if r.get("record", "").startswith("ccl:threshold:")}
+        for path in RULE_FILES
+    }
     assert not defined[RULES_FILE] & defined[GLOBAL_RULES_FILE]
     for path in RULE_FILES:
         read = set().union(*(referenced_names(r["expr"]) for r in _rules(path)))
-        read |= {name for r in _rules(path) for text in r.get("annotations", {}).values()
-                 for name in re.findall(r"ccl:threshold:[a-z_]+", text)}
+        read |= {
+            name
+            for r in _rules(path)
+            for text in r.get("annotations", {}).values()
+            for name in re.findall(r"ccl:threshold:[a-z_]+", text)
+        }
         assert {n for n in read if n.startswith("ccl:threshold:")} <= defined[path], path.name
 
 
@@ -155,8 +174,9 @@ def test_a_rule_split_between_groups_carries_its_groups_empty_label(path) -> Non
 def test_vmalert_accepts_the_same_rule_text(path) -> None:  # type: ignore[no-untyped-def]
     """No Prometheus-only syntax: vmalert parses every expression and annotation template."""
     vmalert = require_tool("vmalert")
-    result = subprocess.run([vmalert, "-dryRun", f"-rule={path}", "-loggerLevel=ERROR"], capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(
+        [vmalert, "-dryRun", f"-rule={path}", "-loggerLevel=ERROR"], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -371,4 +391,6 @@ def test_the_in_job_rate_groups_read_each_node_once() -> None:
     assert len(texts) == 1, texts
     read = {name for rule in partition_groups[0]["rules"] for name in referenced_names(rule["expr"])}
     assert {name for name in read if name.endswith("_total")} == {
-        "ccl_nccl_collective_seconds_total", "ccl_nccl_collective_bus_bytes_total"}
+        "ccl_nccl_collective_seconds_total",
+        "ccl_nccl_collective_bus_bytes_total",
+    }

@@ -89,8 +89,10 @@ async def test_one_failing_collector_never_fails_the_scrape(app_client, fixture_
         response = await client.get("/metrics")
         assert response.status == 200
         text = await response.text()
-        success = {name: value(text, "ccl_exporter_collector_success", collector=name)
-                   for name in ("rdma", "raising", "hanging", "garbage", "unavailable", "ok")}
+        success = {
+            name: value(text, "ccl_exporter_collector_success", collector=name)
+            for name in ("rdma", "raising", "hanging", "garbage", "unavailable", "ok")
+        }
         assert success == {"rdma": 1.0, "raising": 0.0, "hanging": 0.0, "garbage": 0.0, "unavailable": 0.0, "ok": 1.0}
         assert value(text, "ccl_rdma_port_state_id", device="mlx5_0", port="1") == 4.0
         assert value(text, "ccl_test_ok", x="a") == 1.0
@@ -125,8 +127,16 @@ async def test_killing_the_rdma_reader_leaves_other_metrics(app_client, fixture_
     assert value(text, "ccl_exporter_collector_success", collector="rdma") == 0.0
     assert value(text, "ccl_test_other", x="a") == 1.0
     build = read_build_info()
-    assert value(text, "ccl_exporter_build_info", version=build.version, revision=build.revision,
-                 python_version=build.python_version) == 1.0
+    assert (
+        value(
+            text,
+            "ccl_exporter_build_info",
+            version=build.version,
+            revision=build.revision,
+            python_version=build.python_version,
+        )
+        == 1.0
+    )
     assert "process_resident_memory_bytes" in text
 
 
@@ -348,7 +358,9 @@ def test_web_flags_are_validated_before_anything_starts() -> None:
     for flags in (("--web.max-page-bytes", "100"), ("--web.max-connections", "0"), ("--web.keepalive-timeout", "0")):
         with pytest.raises(SystemExit):
             settings(*flags)
-    env_limits, env_page = _web_settings(build_parser(environ={"CCL_EXPORTER_WEB_MAX_PAGE_BYTES": "65536"}).parse_args(["serve"]))
+    env_limits, env_page = _web_settings(
+        build_parser(environ={"CCL_EXPORTER_WEB_MAX_PAGE_BYTES": "65536"}).parse_args(["serve"])
+    )
     assert env_page == 65536 and env_limits == ConnectionLimits()
 
 
@@ -358,9 +370,19 @@ def test_an_address_in_use_is_one_error_line_and_exit_1(tmp_path: Path) -> None:
         taken.listen()
         port = taken.getsockname()[1]
         result = subprocess.run(
-            [sys.executable, "-m", "exporter", "serve", "--collector.disable-defaults",
-             f"--web.listen-address=127.0.0.1:{port}", f"--path.state={tmp_path}"],
-            capture_output=True, text=True, timeout=60, cwd=REPO,
+            [
+                sys.executable,
+                "-m",
+                "exporter",
+                "serve",
+                "--collector.disable-defaults",
+                f"--web.listen-address=127.0.0.1:{port}",
+                f"--path.state={tmp_path}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO,
         )
     assert result.returncode == 1
     assert "Traceback" not in result.stderr

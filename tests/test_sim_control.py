@@ -76,8 +76,11 @@ async def test_bad_requests_are_refused_with_a_reason(controlled) -> None:  # ty
     assert bad_device.status == 400 and "mlx5_99" in (await bad_device.json())["error"]
     bad_seconds = await client.post("/-/sim/advance", params={"seconds": "-1"})
     assert bad_seconds.status == 400
-    for params in ({"transmit_bytes_per_second": "2e9"}, {"transmit_bytes_per_second": "fast", "receive_bytes_per_second": "1"},
-                   {"transmit_bytes_per_second": "-1", "receive_bytes_per_second": "1"}):
+    for params in (
+        {"transmit_bytes_per_second": "2e9"},
+        {"transmit_bytes_per_second": "fast", "receive_bytes_per_second": "1"},
+        {"transmit_bytes_per_second": "-1", "receive_bytes_per_second": "1"},
+    ):
         bad_traffic = await client.post("/-/sim/pod-traffic", params=params)
         assert bad_traffic.status == 400 and "bytes_per_second" in (await bad_traffic.json())["error"]
     listing = await client.get("/-/sim")
@@ -103,13 +106,15 @@ async def test_clients_off_loopback_are_forbidden(tmp_path: Path) -> None:
     node.setup()
     app = create_app([], process_metrics=False)
     add_control_routes(app, SimControl(node))
-    transport = mock.Mock(**{"get_extra_info.side_effect": {"peername": ("10.0.0.5", 51000),
-                                                             "sockname": ("10.0.0.1", 40000)}.get})
+    transport = mock.Mock(
+        **{"get_extra_info.side_effect": {"peername": ("10.0.0.5", 51000), "sockname": ("10.0.0.1", 40000)}.get}
+    )
     try:
         for method, path in (("POST", "/-/sim/rdma-port-down"), ("GET", "/-/sim")):
             handler = app.routes[(method, "/-/sim/{action}" if method == "POST" else path)]
-            response = await handler(make_mocked_request(method, path, transport=transport,
-                                                         match_info={"action": "rdma-port-down"}))
+            response = await handler(
+                make_mocked_request(method, path, transport=transport, match_info={"action": "rdma-port-down"})
+            )
             assert response.status == 403 and b"loopback clients only" in response.body
     finally:
         node.close()
@@ -135,8 +140,9 @@ async def test_nvml_actions_reach_the_simulated_gpus(controlled) -> None:  # typ
 async def test_nccl_job_actions_write_and_remove_pod_logs(controlled) -> None:  # type: ignore[no-untyped-def]
     client, control, _ = controlled
     pods = control.node.root / "pods"
-    started = await client.post("/-/sim/nccl-job-start",
-                                params={"namespace": "ns", "pod": "gpt-worker-0", "job_name": "gpt"})
+    started = await client.post(
+        "/-/sim/nccl-job-start", params={"namespace": "ns", "pod": "gpt-worker-0", "job_name": "gpt"}
+    )
     assert started.status == 200
     folder = next(pods.glob("ns_gpt-worker-0_*"))
     assert "Using network IB" in (folder / "pytorch" / "0.log").read_text()
@@ -152,8 +158,9 @@ async def test_nccl_job_actions_write_and_remove_pod_logs(controlled) -> None:  
     assert gone.status == 400 and "no running simulated pod" in (await gone.json())["error"]
     incomplete = await client.post("/-/sim/nccl-job-start", params={"namespace": "ns"})
     assert incomplete.status == 400 and "pod=, job_name= required" in (await incomplete.json())["error"]
-    wrong = await client.post("/-/sim/nccl-job-start", params={"namespace": "n", "pod": "p", "job_name": "j",
-                                                                "network": "Ethernet"})
+    wrong = await client.post(
+        "/-/sim/nccl-job-start", params={"namespace": "n", "pod": "p", "job_name": "j", "network": "Ethernet"}
+    )
     assert wrong.status == 400
 
 
@@ -163,7 +170,8 @@ async def test_rdma_errors_bump_one_counter(controlled) -> None:  # type: ignore
     def symbol_errors() -> dict[str, float]:
         return {
             s.labels["device"]: s.value
-            for family in collector.collect() for s in family.samples
+            for family in collector.collect()
+            for s in family.samples
             if s.name == "ccl_rdma_port_errors_total" and s.labels["counter"] == "symbol_error"
         }
 
@@ -180,9 +188,10 @@ async def test_rdma_errors_bump_one_counter(controlled) -> None:  # type: ignore
 async def test_hw_counter_errors_and_garbage_attributes(controlled) -> None:  # type: ignore[no-untyped-def]
     from exporter.collectors.base import PartialCollection
 
-    client, control, collector = controlled
-    response = await client.post("/-/sim/rdma-errors", params={"device": "mlx5_2", "counter": "out_of_sequence",
-                                                                "count": "7"})
+    client, _, collector = controlled
+    response = await client.post(
+        "/-/sim/rdma-errors", params={"device": "mlx5_2", "counter": "out_of_sequence", "count": "7"}
+    )
     assert response.status == 200 and (await response.json())["value"] >= 7
     assert (await client.post("/-/sim/rdma-garbage", params={"device": "mlx5_5"})).status == 200
     with pytest.raises(PartialCollection):
@@ -203,16 +212,19 @@ async def test_probe_result_lands_where_the_probe_collector_reads(controlled) ->
     assert (await client.post("/-/sim/probe-result", params={"busbw_gbps": "-3"})).status == 400
 
 
-@pytest.mark.parametrize("params", [
-    {"namespace": "../../..", "pod": "escape", "job_name": "j"},
-    {"namespace": "ns", "pod": "../../../../tmp/x", "job_name": "j"},
-    {"namespace": "ns", "pod": "..", "job_name": "j"},
-    {"namespace": "NS", "pod": "p", "job_name": "j"},
-    {"namespace": "ns", "pod": "p", "job_name": "a/b"},
-    {"namespace": "n" * 64, "pod": "p", "job_name": "j"},
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"namespace": "../../..", "pod": "escape", "job_name": "j"},
+        {"namespace": "ns", "pod": "../../../../tmp/x", "job_name": "j"},
+        {"namespace": "ns", "pod": "..", "job_name": "j"},
+        {"namespace": "NS", "pod": "p", "job_name": "j"},
+        {"namespace": "ns", "pod": "p", "job_name": "a/b"},
+        {"namespace": "n" * 64, "pod": "p", "job_name": "j"},
+    ],
+)
 async def test_names_that_are_not_kubernetes_names_are_refused(controlled, params, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    client, control, _ = controlled
+    client, _, _ = controlled
     response = await client.post("/-/sim/nccl-job-start", params=params)
     assert response.status == 400 and "Kubernetes name" in (await response.json())["error"]
     assert not list(tmp_path.parent.glob("*escape*")), "nothing written outside the simulated tree"
@@ -228,17 +240,23 @@ async def test_cross_origin_posts_are_refused(controlled) -> None:  # type: igno
     """A web page (any other origin, or a rebound DNS name) must not drive the node; curl and our own page may."""
     client, _, _ = controlled
     port = client.server.port
-    for headers in ({"Origin": "http://evil.example"},
-                    {"Origin": f"http://evil.example:{port}"},  # DNS rebinding keeps the port, not the origin
-                    {"Origin": "null"},
-                    {"Origin": f"https://127.0.0.1:{port}"},
-                    {"Origin": f"http://127.0.0.1:{port + 1}"},
-                    {"Referer": "http://evil.example/page.html"}):
+    for headers in (
+        {"Origin": "http://evil.example"},
+        {"Origin": f"http://evil.example:{port}"},  # DNS rebinding keeps the port, not the origin
+        {"Origin": "null"},
+        {"Origin": f"https://127.0.0.1:{port}"},
+        {"Origin": f"http://127.0.0.1:{port + 1}"},
+        {"Referer": "http://evil.example/page.html"},
+    ):
         response = await client.post("/-/sim/advance", headers=headers)
         assert response.status == 403, headers
         assert "cross-origin" in await response.text()
-    for headers in ({}, {"Origin": f"http://127.0.0.1:{port}"}, {"Origin": f"http://localhost:{port}"},
-                    {"Referer": f"http://127.0.0.1:{port}/-/sim"}):
+    for headers in (
+        {},
+        {"Origin": f"http://127.0.0.1:{port}"},
+        {"Origin": f"http://localhost:{port}"},
+        {"Referer": f"http://127.0.0.1:{port}/-/sim"},
+    ):
         assert (await client.post("/-/sim/advance", headers=headers)).status == 200, headers
 
 
@@ -256,9 +274,15 @@ async def test_pod_traffic_sets_the_rates_the_kubelet_summary_counts(controlled)
     before = sent()
     control.advance(1.0)
     assert sent() - before == 20_000, "chatter before"
-    response = await client.post("/-/sim/pod-traffic", params={
-        "namespace": TRAINING_NAMESPACE, "pod": TRAINING_POD,
-        "transmit_bytes_per_second": "2e9", "receive_bytes_per_second": "5e7"})
+    response = await client.post(
+        "/-/sim/pod-traffic",
+        params={
+            "namespace": TRAINING_NAMESPACE,
+            "pod": TRAINING_POD,
+            "transmit_bytes_per_second": "2e9",
+            "receive_bytes_per_second": "5e7",
+        },
+    )
     assert response.status == 200 and (await response.json())["transmit_bytes_per_second"] == 2e9
     before = sent()
     control.advance(2.0)

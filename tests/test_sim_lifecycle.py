@@ -55,12 +55,16 @@ def test_the_simulated_api_behaves_like_the_api_server() -> None:
     assert refused.value.status == 415, "a JSON merge patch would replace the whole list: refused"
     strategic = {"_content_type": "application/strategic-merge-patch+json"}
     kube.patch_node_status("simulated-node", {"status": {"conditions": [{"type": "A", "status": "True"}]}}, **strategic)
-    kube.patch_node_status("simulated-node", {"status": {"conditions": [{"type": "B", "status": "False"}]}},
-                           **strategic)
-    kube.patch_node_status("simulated-node", {"status": {"conditions": [{"type": "A", "status": "False"}]}},
-                           **strategic)
+    kube.patch_node_status(
+        "simulated-node", {"status": {"conditions": [{"type": "B", "status": "False"}]}}, **strategic
+    )
+    kube.patch_node_status(
+        "simulated-node", {"status": {"conditions": [{"type": "A", "status": "False"}]}}, **strategic
+    )
     assert kube.read_node_status("simulated-node")["status"]["conditions"] == [
-        {"type": "A", "status": "False"}, {"type": "B", "status": "False"}]
+        {"type": "A", "status": "False"},
+        {"type": "B", "status": "False"},
+    ]
     with pytest.raises(SimApiError):
         kube.patch_node_status("another-node", {}, **strategic)
     event = {"metadata": {"name": "p.ccl-1"}, "reason": "NcclTcpFallback"}

@@ -55,7 +55,12 @@ def test_nvlink_traffic_follows_the_job_and_stops_when_gpus_are_released(node: S
     families = {f.name: f for f in NvmlCollector(node.nvml, NvmlSettings(per_link=True)).collect()}
     assert len(families["ccl_gpu_info"].samples) == 8
     assert len(families["ccl_nvlink_state"].samples) == 144
-    assert {s.labels["error"] for s in families["ccl_nvlink_errors"].samples} == {"crc_flit", "crc_data", "replay", "recovery"}
+    assert {s.labels["error"] for s in families["ccl_nvlink_errors"].samples} == {
+        "crc_flit",
+        "crc_data",
+        "replay",
+        "recovery",
+    }
 
 
 def test_pod_resources_served_over_grpc_follow_assign_and_release(node: SimulatedNode) -> None:
@@ -74,7 +79,8 @@ def test_pod_resources_served_over_grpc_follow_assign_and_release(node: Simulate
         node.nvml.assign("team-b", "bert-0", "main", [sim_gpu_uuid(2), sim_gpu_uuid(5)])
         family = PodResourcesCollector(client, node.nvml).family(client.list_gpus(), {sim_gpu_uuid(2): "2"})
         assert sorted((s.labels["gpu"], s.labels["pod"], s.labels["container"]) for s in family.samples) == [
-            ("", "bert-0", "main"), ("2", "bert-0", "main")
+            ("", "bert-0", "main"),
+            ("2", "bert-0", "main"),
         ]
         with pytest.raises(KeyError):
             node.nvml.assign("x", "y", "z", ["GPU-nope"])
@@ -84,8 +90,13 @@ def test_pod_resources_served_over_grpc_follow_assign_and_release(node: Simulate
 
 def test_simulate_serves_nvlink_and_pod_metrics(exporter_process: type[ExporterProcess]) -> None:
     # only our collectors: promtool's lint is about this part's metrics
-    proc = exporter_process("--collector.disable-defaults", "--collector.nvml", "--collector.podresources",
-                            "--collector.nvml.nvlink-granularity=link", simulated=True)
+    proc = exporter_process(
+        "--collector.disable-defaults",
+        "--collector.nvml",
+        "--collector.podresources",
+        "--collector.nvml.nvlink-granularity=link",
+        simulated=True,
+    )
     body = proc.metrics()
     promtool_check(body)
     m = samples(body)

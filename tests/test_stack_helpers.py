@@ -67,8 +67,12 @@ def test_parse_timestamp() -> None:
 
 
 def test_configs_scrape_like_the_podmonitor_and_stay_on_loopback() -> None:
-    config = prometheus_config([ScrapeTarget("127.0.0.1:19400", {"node": "n1"})], [], "127.0.0.1:9093",
-                               Intervals(scrape_seconds=30, evaluation_seconds=30))
+    config = prometheus_config(
+        [ScrapeTarget("127.0.0.1:19400", {"node": "n1"})],
+        [],
+        "127.0.0.1:9093",
+        Intervals(scrape_seconds=30, evaluation_seconds=30),
+    )
     job = config["scrape_configs"][0]
     assert job["job_name"] == "ccl-exporter" and job["honor_labels"] is True
     assert job["static_configs"] == [{"targets": ["127.0.0.1:19400"], "labels": {"node": "n1"}}]

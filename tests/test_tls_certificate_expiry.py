@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import shutil
 import ssl
 import subprocess
@@ -41,15 +42,35 @@ class Fixed:
 def _self_signed(folder: Path, name: str, days: int, key: str = "ec") -> Path:
     """``name.crt``/``name.key``: a v3 certificate for 127.0.0.1 valid for ``days`` days."""
     new_key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256"] if key == "ec" else ["-newkey", "rsa:2048"]
-    openssl("req", "-x509", *new_key, "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.crt", "-days", str(days),
-            "-subj", f"/CN={name}", "-addext", "subjectAltName=IP:127.0.0.1", cwd=folder)
+    openssl(
+        "req",
+        "-x509",
+        *new_key,
+        "-nodes",
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.crt",
+        "-days",
+        str(days),
+        "-subj",
+        f"/CN={name}",
+        "-addext",
+        "subjectAltName=IP:127.0.0.1",
+        cwd=folder,
+    )
     return folder / f"{name}.crt"
 
 
 def _openssl_not_after(path: Path) -> float:
     """``openssl x509 -enddate``, in seconds since the epoch."""
-    out = subprocess.run([require_tool("openssl"), "x509", "-in", str(path), "-noout", "-enddate"],
-                         capture_output=True, text=True, check=True, timeout=60).stdout
+    out = subprocess.run(
+        [require_tool("openssl"), "x509", "-in", str(path), "-noout", "-enddate"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
     return float(ssl.cert_time_to_seconds(out.strip().removeprefix("notAfter=")))
 
 
@@ -60,8 +81,20 @@ def certificates(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _self_signed(folder, "rsa", 400, key="rsa")
     _self_signed(folder, "century", 40000)  # after 2049: GeneralizedTime instead of UTCTime
     # A version-1 certificate (no [0] version field), signed by its own key.
-    openssl("req", "-new", "-newkey", "rsa:2048", "-nodes", "-keyout", "v1.key", "-out", "v1.csr", "-subj", "/CN=v1",
-            cwd=folder)
+    openssl(
+        "req",
+        "-new",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "v1.key",
+        "-out",
+        "v1.csr",
+        "-subj",
+        "/CN=v1",
+        cwd=folder,
+    )
     openssl("x509", "-req", "-in", "v1.csr", "-signkey", "v1.key", "-out", "v1.crt", "-days", "10", cwd=folder)
     return folder
 
@@ -76,9 +109,15 @@ def test_not_after_is_what_openssl_reads(certificates: Path, name: str) -> None:
 
 def test_the_versions_and_time_types_are_the_ones_meant(certificates: Path) -> None:
     """The cases above cover both Time types, and certificates with and without the version field."""
+
     def text(name: str) -> str:
-        return subprocess.run([require_tool("openssl"), "x509", "-in", str(certificates / f"{name}.crt"), "-noout",
-                               "-text"], capture_output=True, text=True, check=True, timeout=60).stdout
+        return subprocess.run(
+            [require_tool("openssl"), "x509", "-in", str(certificates / f"{name}.crt"), "-noout", "-text"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout
 
     assert "Version: 1 (0x0)" in text("v1") and "Version: 3 (0x2)" in text("month")
     (century,) = pem_certificates((certificates / "century.crt").read_bytes())
@@ -116,8 +155,13 @@ def _time_in_der(der: bytes, replacement: bytes) -> bytes:
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [(b"491231235959Z", 2524607999.0), (b"500101000000Z", -631152000.0), (b"991301000000Z", None),
-     (b"4912312359+01", None), (b"49123123595.Z", None)],
+    [
+        (b"491231235959Z", 2524607999.0),
+        (b"500101000000Z", -631152000.0),
+        (b"991301000000Z", None),
+        (b"4912312359+01", None),
+        (b"49123123595.Z", None),
+    ],
 )
 def test_utc_time_years_and_malformed_times(certificates: Path, text: bytes, expected: float | None) -> None:
     """RFC 5280: a UTCTime year below 50 is 20YY, from 50 it is 19YY; a month 13, an offset instead
@@ -151,10 +195,8 @@ def test_any_bytes_are_a_time_or_a_certificate_error(data: bytes) -> None:
             continue
         assert isinstance(seconds, float)
     pem = b"-----BEGIN CERTIFICATE-----\n" + base64.encodebytes(data) + b"-----END CERTIFICATE-----\n"
-    try:
+    with contextlib.suppress(CertificateError):
         earliest_not_after(pem)
-    except CertificateError:
-        pass
 
 
 # --- the web configuration and the servers' gauges ---------------------------------------------
@@ -165,12 +207,14 @@ def test_the_web_config_knows_when_its_certificate_expires(tmp_path: Path, certi
     shutil.copy(certificates / "month.key", tmp_path / "tls.key")
     files = WebConfigSource.from_tls_files(tmp_path / "tls.crt", tmp_path / "tls.key")
     assert files.certificate_expiry() == _openssl_not_after(certificates / "month.crt")
-    inline = "".join(f"  {key}: |\n" + "".join(f"    {line}\n" for line in (certificates / f"rsa.{suffix}")
-                                                  .read_text().splitlines())
-                     for key, suffix in (("cert", "crt"), ("key", "key")))
+    inline = "".join(
+        f"  {key}: |\n" + "".join(f"    {line}\n" for line in (certificates / f"rsa.{suffix}").read_text().splitlines())
+        for key, suffix in (("cert", "crt"), ("key", "key"))
+    )
     (tmp_path / "web.yml").write_text("tls_server_config:\n" + inline)
     assert WebConfigSource.from_file(tmp_path / "web.yml").certificate_expiry() == _openssl_not_after(
-        certificates / "rsa.crt")
+        certificates / "rsa.crt"
+    )
     (tmp_path / "plain.yml").write_text("")
     assert WebConfigSource.from_file(tmp_path / "plain.yml").certificate_expiry() is None
 
@@ -185,8 +229,7 @@ async def _peer_not_after_and_metrics(port: int, ca: Path) -> tuple[float, str]:
     return float(ssl.cert_time_to_seconds(peer["notAfter"])), raw.partition(b"\r\n\r\n")[2].decode()
 
 
-async def test_the_exporter_exposes_the_expiry_of_the_certificate_it_serves(tmp_path: Path,
-                                                                            certificates: Path) -> None:
+async def test_the_exporter_exposes_the_expiry_of_the_certificate_it_serves(tmp_path: Path, certificates: Path) -> None:
     for suffix in ("crt", "key"):
         shutil.copy(certificates / f"month.{suffix}", tmp_path / f"tls.{suffix}")
     config = tmp_path / "web.yml"
@@ -208,8 +251,9 @@ async def test_the_exporter_exposes_the_expiry_of_the_certificate_it_serves(tmp_
 async def test_without_tls_the_exporter_has_no_certificate_gauge(tmp_path: Path) -> None:
     config = tmp_path / "web.yml"
     config.write_text("")
-    async with serving(create_app([Fixed()], process_metrics=False), "127.0.0.1", 0,
-                       web_config=WebConfigSource.from_file(config)) as server:
+    async with serving(
+        create_app([Fixed()], process_metrics=False), "127.0.0.1", 0, web_config=WebConfigSource.from_file(config)
+    ) as server:
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
         writer.write(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
         body = (await asyncio.wait_for(reader.read(), 10)).decode()

@@ -45,7 +45,9 @@ class StaticNvml:
         self.calls += 1
         if self.unavailable:
             raise NvmlUnavailable("libnvidia-ml.so.1 not found")
-        return [GpuIdentity(i, f"GPU-{i}", "NVIDIA H200", f"00000000:{bus:02X}:00.0") for i, bus in enumerate(self.buses)]
+        return [
+            GpuIdentity(i, f"GPU-{i}", "NVIDIA H200", f"00000000:{bus:02X}:00.0") for i, bus in enumerate(self.buses)
+        ]
 
 
 def hgx_tree(root: Path) -> Path:
@@ -163,7 +165,10 @@ def test_links_that_leave_sysfs_or_point_at_no_pci_function_are_problems_not_cra
     names = {n.device: n.placement for n in topology.nics}
     assert names["mlx5_1"] is None and names["rxe0"] is None and names["mlx5_2"] is None
     assert {n.device: n.unplaced for n in topology.unplaced_nics} == {
-        "mlx5_1": "unreadable", "mlx5_2": "unreadable", "rxe0": "not_pci"}
+        "mlx5_1": "unreadable",
+        "mlx5_2": "unreadable",
+        "rxe0": "not_pci",
+    }
     assert len(topology.problems) == 2, "a software RDMA device is no problem"
     assert topology.affinity(0, "mlx5_0") == "PIX" and topology.affinity(1, "mlx5_1") is None
     # NICs without a placement are out of the matrix: the others still have a nearest NIC
@@ -177,8 +182,10 @@ def test_class_entries_without_a_device_link_are_placed_through_their_pci_functi
     nic = write_chain(tree, "pci0000:00", ["0000:00:01.0", "0000:01:00.0"], INFINIBAND_CLASS)
     (nic / "infiniband" / "mlx5_0").mkdir(parents=True)
     os.makedirs(sysfs / "class" / "infiniband")
-    os.symlink("../../devices/pci0000:00/0000:00:01.0/0000:01:00.0/infiniband/mlx5_0",
-               sysfs / "class" / "infiniband" / "mlx5_0")
+    os.symlink(
+        "../../devices/pci0000:00/0000:00:01.0/0000:01:00.0/infiniband/mlx5_0",
+        sysfs / "class" / "infiniband" / "mlx5_0",
+    )
     topology = build_topology(sysfs, [])
     assert topology.nics[0].placement is not None and topology.nics[0].placement.address == "0000:01:00.0"
 
@@ -255,16 +262,39 @@ def test_collector_exposes_the_matrix_the_nearest_nic_and_placements(tmp_path: P
     samples = scrape(collector)
     pairs = [dict(labels) for (name, labels) in samples if name == "ccl_topology_gpu_nic_info"]
     assert len(pairs) == 80
-    assert {"gpu": "3", "uuid": "GPU-3", "device": "mlx5_3", "affinity": "PIX", "numa_node": "0",
-            "gpu_numa_node": "0"} in pairs
-    assert {"gpu": "3", "uuid": "GPU-3", "device": "mlx5_9", "affinity": "SYS", "numa_node": "1",
-            "gpu_numa_node": "0"} in pairs
-    nearest = sorted((d["gpu"], d["device"], d["affinity"]) for (name, labels) in samples
-                     if name == "ccl_topology_gpu_nearest_nic_info" for d in [dict(labels)])
+    assert {
+        "gpu": "3",
+        "uuid": "GPU-3",
+        "device": "mlx5_3",
+        "affinity": "PIX",
+        "numa_node": "0",
+        "gpu_numa_node": "0",
+    } in pairs
+    assert {
+        "gpu": "3",
+        "uuid": "GPU-3",
+        "device": "mlx5_9",
+        "affinity": "SYS",
+        "numa_node": "1",
+        "gpu_numa_node": "0",
+    } in pairs
+    nearest = sorted(
+        (d["gpu"], d["device"], d["affinity"])
+        for (name, labels) in samples
+        if name == "ccl_topology_gpu_nearest_nic_info"
+        for d in [dict(labels)]
+    )
     assert nearest == [(str(i), f"mlx5_{i}", "PIX") for i in range(8)]
     gpu_pci = [dict(labels) for (name, labels) in samples if name == "ccl_topology_gpu_pci_info"]
-    assert {"gpu": "0", "uuid": "GPU-0", "pci_address": "0000:18:00.0", "numa_node": "0", "host_bridge": "pci0000:15",
-            "pci_switches": "0000:16:00.0", "pci_path": "0000:15:01.0/0000:16:00.0/0000:17:00.0/0000:18:00.0"} in gpu_pci
+    assert {
+        "gpu": "0",
+        "uuid": "GPU-0",
+        "pci_address": "0000:18:00.0",
+        "numa_node": "0",
+        "host_bridge": "pci0000:15",
+        "pci_switches": "0000:16:00.0",
+        "pci_path": "0000:15:01.0/0000:16:00.0/0000:17:00.0/0000:18:00.0",
+    } in gpu_pci
     assert len([1 for (name, _) in samples if name == "ccl_topology_nic_pci_info"]) == 10
 
 
@@ -285,11 +315,15 @@ def test_collector_on_a_partial_tree_drops_only_the_affected_series(tmp_path: Pa
 
 def summary_of(samples: list[tuple[str, tuple[tuple[str, str], ...]]], values: dict[str, float]) -> dict[str, float]:
     """The node summary, and what the rules used to count from the per-GPU series."""
-    nearest_local = [dict(labels) for (name, labels) in samples
-                     if name == "ccl_topology_gpu_nearest_nic_info" and dict(labels)["affinity"] in ("PIX", "PXB")]
+    nearest_local = [
+        dict(labels)
+        for (name, labels) in samples
+        if name == "ccl_topology_gpu_nearest_nic_info" and dict(labels)["affinity"] in ("PIX", "PXB")
+    ]
     from_series = {
-        "ccl_topology_node_gpus": len({dict(labels)["gpu"] for (name, labels) in samples
-                                       if name == "ccl_topology_gpu_pci_info"}),
+        "ccl_topology_node_gpus": len(
+            {dict(labels)["gpu"] for (name, labels) in samples if name == "ccl_topology_gpu_pci_info"}
+        ),
         "ccl_topology_node_gpus_with_local_nic": len({d["gpu"] for d in nearest_local}),
         "ccl_topology_node_local_nics": len({d["device"] for d in nearest_local}),
     }
@@ -303,8 +337,11 @@ def test_the_node_summary_counts_what_the_per_gpu_series_say(tmp_path: Path) -> 
     families = list(collector.collect())
     values = {f.name: f.samples[0].value for f in families if f.name.startswith("ccl_topology_node_")}
     samples = scrape(collector)
-    assert summary_of(samples, values) == {"ccl_topology_node_gpus": 8, "ccl_topology_node_gpus_with_local_nic": 8,
-                                           "ccl_topology_node_local_nics": 8}
+    assert summary_of(samples, values) == {
+        "ccl_topology_node_gpus": 8,
+        "ccl_topology_node_gpus_with_local_nic": 8,
+        "ccl_topology_node_local_nics": 8,
+    }
     (sysfs / "bus" / "pci" / "devices" / "0000:5d:00.0").unlink()  # GPU 3 gone from the bus
     collector = TopologyCollector(TopologySource(sysfs, StaticNvml()))
     families = []
@@ -312,8 +349,11 @@ def test_the_node_summary_counts_what_the_per_gpu_series_say(tmp_path: Path) -> 
         for family in collector.collect():
             families.append(family)
     values = {f.name: f.samples[0].value for f in families if f.name.startswith("ccl_topology_node_")}
-    assert values == {"ccl_topology_node_gpus": 7, "ccl_topology_node_gpus_with_local_nic": 7,
-                      "ccl_topology_node_local_nics": 7}
+    assert values == {
+        "ccl_topology_node_gpus": 7,
+        "ccl_topology_node_gpus_with_local_nic": 7,
+        "ccl_topology_node_local_nics": 7,
+    }
 
 
 def synthetic_place(address: str, host_bridge: str = "pci0000:00") -> PciPlacement:
@@ -324,11 +364,23 @@ def synthetic_place(address: str, host_bridge: str = "pci0000:00") -> PciPlaceme
 def test_the_node_summary_counts_shared_and_far_nics_once() -> None:
     """Two GPUs beside one NIC (one local NIC for two GPUs), a GPU whose nearest NIC is across the host
     bridge (no local NIC), and a GPU whose nearest NIC is unknown (not counted as local)."""
-    gpus = tuple(GpuTopology(i, f"GPU-{i}", f"00000000:{0x18 + i:02x}:00.0", synthetic_place(f"0000:{0x18 + i:02x}:00.0"))
-                 for i in range(4))
-    nics = (NicTopology("mlx5_0", synthetic_place("0000:30:00.0")), NicTopology("mlx5_1", synthetic_place("0000:31:00.0")))
-    classes = {(0, "mlx5_0"): "PIX", (0, "mlx5_1"): "SYS", (1, "mlx5_0"): "PXB", (1, "mlx5_1"): "SYS",
-               (2, "mlx5_0"): "PHB", (2, "mlx5_1"): "SYS", (3, "mlx5_1"): "PIX"}  # GPU 3 - mlx5_0: unknown
+    gpus = tuple(
+        GpuTopology(i, f"GPU-{i}", f"00000000:{0x18 + i:02x}:00.0", synthetic_place(f"0000:{0x18 + i:02x}:00.0"))
+        for i in range(4)
+    )
+    nics = (
+        NicTopology("mlx5_0", synthetic_place("0000:30:00.0")),
+        NicTopology("mlx5_1", synthetic_place("0000:31:00.0")),
+    )
+    classes = {
+        (0, "mlx5_0"): "PIX",
+        (0, "mlx5_1"): "SYS",
+        (1, "mlx5_0"): "PXB",
+        (1, "mlx5_1"): "SYS",
+        (2, "mlx5_0"): "PHB",
+        (2, "mlx5_1"): "SYS",
+        (3, "mlx5_1"): "PIX",
+    }  # GPU 3 - mlx5_0: unknown
     families = TopologyCollector.node_families(Topology(gpus=gpus, nics=nics, classes=classes))
     assert {f.name: f.samples[0].value for f in families} == {
         "ccl_topology_node_gpus": 4,

@@ -65,7 +65,9 @@ def _node(sysfs: Path) -> None:
     tree = PciTreeWriter(sysfs)
     up, down = ["0000:10:01.0", "0000:11:00.0"], ["0000:12:00.0", "0000:13:00.0"]  # switch A, then switch B below it
     _chain(tree, "pci0000:10", up + down + ["0000:14:00.0", "0000:15:00.0"], GPU_CLASS, 0)
-    tree.link_rdma("nic_pix", _chain(tree, "pci0000:10", up + down + ["0000:14:01.0", "0000:16:00.0"], INFINIBAND_CLASS, 0))
+    tree.link_rdma(
+        "nic_pix", _chain(tree, "pci0000:10", up + down + ["0000:14:01.0", "0000:16:00.0"], INFINIBAND_CLASS, 0)
+    )
     tree.link_rdma("nic_pxb", _chain(tree, "pci0000:10", up + ["0000:12:01.0", "0000:17:00.0"], INFINIBAND_CLASS, 0))
     tree.link_rdma("nic_phb", _chain(tree, "pci0000:10", ["0000:10:02.0", "0000:18:00.0"], INFINIBAND_CLASS, 0))
     tree.link_rdma("nic_node", _chain(tree, "pci0000:30", ["0000:30:01.0", "0000:31:00.0"], INFINIBAND_CLASS, 0))

@@ -10,13 +10,22 @@ from devtools.stack import Intervals, ScrapeTarget
 from devtools.vmstack import VictoriaMetrics, VmAgent, VmAlert, scrape_config
 from tests.conftest import require_tool
 
-TARGETS = [ScrapeTarget("127.0.0.1:19401", {"node": "gpu-node-01"}), ScrapeTarget("127.0.0.1:19402", {"node": "gpu-node-02"})]
+TARGETS = [
+    ScrapeTarget("127.0.0.1:19401", {"node": "gpu-node-01"}),
+    ScrapeTarget("127.0.0.1:19402", {"node": "gpu-node-02"}),
+]
 
 
 def _agent(tmp_path: Path, binary: str = "vmagent") -> VmAgent:
-    return VmAgent(binary, tmp_path / "agent", scrape_config(TARGETS, Intervals(), {}),
-                   write_urls=["http://127.0.0.1:1/api/v1/write", "http://127.0.0.1:2/api/v1/write"],
-                   member=1, members=2, labels={"cluster": "east"})
+    return VmAgent(
+        binary,
+        tmp_path / "agent",
+        scrape_config(TARGETS, Intervals(), {}),
+        write_urls=["http://127.0.0.1:1/api/v1/write", "http://127.0.0.1:2/api/v1/write"],
+        member=1,
+        members=2,
+        labels={"cluster": "east"},
+    )
 
 
 def test_scrape_config_is_prometheus_scrape_part_only() -> None:
@@ -35,12 +44,21 @@ def test_command_lines_shard_label_and_stay_on_loopback(tmp_path: Path) -> None:
     assert "-promscrape.cluster.membersCount=2" in argv and "-promscrape.cluster.memberNum=1" in argv
     assert "-remoteWrite.label=cluster=east" in argv
     assert [a for a in argv if a.startswith("-remoteWrite.url=")] == [
-        "-remoteWrite.url=http://127.0.0.1:1/api/v1/write", "-remoteWrite.url=http://127.0.0.1:2/api/v1/write"]
-    ruler = VmAlert("vmalert", tmp_path / "ruler", "vmalert-global", [Path("a.yaml"), Path("b.yaml")],
-                    datasource_url="http://127.0.0.1:3", write_url="http://127.0.0.1:3",
-                    notifier_url="http://127.0.0.1:4", intervals=Intervals())
+        "-remoteWrite.url=http://127.0.0.1:1/api/v1/write",
+        "-remoteWrite.url=http://127.0.0.1:2/api/v1/write",
+    ]
+    ruler = VmAlert(
+        "vmalert",
+        tmp_path / "ruler",
+        "vmalert-global",
+        [Path("a.yaml"), Path("b.yaml")],
+        datasource_url="http://127.0.0.1:3",
+        write_url="http://127.0.0.1:3",
+        notifier_url="http://127.0.0.1:4",
+        intervals=Intervals(),
+    )
     ruler_argv = ruler.argv()
-    assert ["-rule=a.yaml", "-rule=b.yaml"] == [a for a in ruler_argv if a.startswith("-rule=")]
+    assert [a for a in ruler_argv if a.startswith("-rule=")] == ["-rule=a.yaml", "-rule=b.yaml"]
     assert not [a for a in ruler_argv if a.startswith("-external.label")], "a global ruler adds no cluster"
     assert "-datasource.queryStep=5000ms" in ruler_argv
     store = VictoriaMetrics("victoria-metrics", tmp_path / "store")
@@ -51,6 +69,10 @@ def test_command_lines_shard_label_and_stay_on_loopback(tmp_path: Path) -> None:
 
 def test_vmagent_accepts_the_scrape_config(tmp_path: Path) -> None:
     agent = _agent(tmp_path, require_tool("vmagent"))
-    result = subprocess.run([agent.binary, f"-promscrape.config={agent.config_path}", "-promscrape.config.dryRun",
-                             "-loggerLevel=ERROR"], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [agent.binary, f"-promscrape.config={agent.config_path}", "-promscrape.config.dryRun", "-loggerLevel=ERROR"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stdout + result.stderr

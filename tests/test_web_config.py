@@ -71,8 +71,10 @@ def _write_config(folder: Path, text: str) -> Path:
 
 def _mtls(pki: Path) -> str:
     """A web config that requires client certificates signed by the test CA."""
-    return (f"tls_server_config:\n  cert_file: {pki}/server.crt\n  key_file: {pki}/server.key\n"
-            f"  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {pki}/ca.crt\n")
+    return (
+        f"tls_server_config:\n  cert_file: {pki}/server.crt\n  key_file: {pki}/server.key\n"
+        f"  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {pki}/ca.crt\n"
+    )
 
 
 def _client_context(pki: Path, cert: str | None = None) -> ssl.SSLContext:
@@ -88,8 +90,9 @@ def _auth(user: str, password: str) -> dict[str, str]:
 
 async def _get(port: int, path: str, context: ssl.SSLContext | None, headers: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
     """(status, headers, body) of one GET over a fresh connection."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context,
-                                                   server_hostname="127.0.0.1" if context else None)
+    reader, writer = await asyncio.open_connection(
+        "127.0.0.1", port, ssl=context, server_hostname="127.0.0.1" if context else None
+    )
     fields = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
     writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n{fields}\r\n".encode())
     raw = await asyncio.wait_for(reader.read(), 10)
@@ -104,8 +107,9 @@ async def _get(port: int, path: str, context: ssl.SSLContext | None, headers: di
 
 @contextlib.asynccontextmanager
 async def _serving(config: Path):  # type: ignore[no-untyped-def]
-    async with serving(create_app([Fixed()], process_metrics=False), "127.0.0.1", 0,
-                       web_config=WebConfigSource.from_file(config)) as server:
+    async with serving(
+        create_app([Fixed()], process_metrics=False), "127.0.0.1", 0, web_config=WebConfigSource.from_file(config)
+    ) as server:
         yield server.port
 
 
@@ -159,17 +163,19 @@ def test_no_tls_key_means_plain_http_and_an_empty_file_is_valid(tmp_path: Path) 
         ("tls_server_config:\n  cert_file: a\n  key_file: b\n  client_ca_file: ca.crt\n", "without a client_auth_type"),
         ("tls_server_config:\n  cert_file: a\n  key_file: b\n  client_auth_type: Sometimes\n", "invalid 'Sometimes'"),
         ("tls_server_config:\n  cert_file: a\n  key_file: b\n  min_version: SSL3\n", "unknown 'SSL3'"),
-        ("tls_server_config:\n  cert_file: a\n  key_file: b\n  cipher_suites: [TLS_RSA_WITH_AES_128_GCM_SHA256]\n",
-         "unknown cipher"),
+        (
+            "tls_server_config:\n  cert_file: a\n  key_file: b\n  cipher_suites: [TLS_RSA_WITH_AES_128_GCM_SHA256]\n",
+            "unknown cipher",
+        ),
         ("tls_server_config:\n  certfile: a\n", "unknown field 'certfile'"),
         ("tls_server_config:\n  cert_file: a\n  cert_file: b\n", "set twice"),
         ("tls_config:\n  cert_file: a\n", "unknown field 'tls_config'"),
         ("basic_auth_users:\n  u: plaintext\n", "too short to be a bcrypted password"),
         ("http_server_config:\n  headers:\n    Server: ours\n", "'Server' can not be configured"),
         ("http_server_config:\n  headers:\n    X-Frame-Options: allow\n", "is not one of deny, sameorigin"),
-        ("http_server_config:\n  http2: \"yes\"\n", "must be true or false"),
+        ('http_server_config:\n  http2: "yes"\n', "must be true or false"),
         ("rate_limit:\n  burst: 5\n  interval: soon\n", "not a duration"),
-        ("rate_limit:\n  burst: \"5\"\n  interval: 1s\n", "must be a whole number"),
+        ('rate_limit:\n  burst: "5"\n  interval: 1s\n', "must be a whole number"),
         ("rate_limit:\n  burst: 1e400\n  interval: 1s\n", "must be a whole number"),
         ("rate_limit:\n  burst: 1\n  interval: 1sec\n", "not a duration"),
         ("[1, 2", "not YAML"),
@@ -245,7 +251,9 @@ def test_client_allowed_sans_apply_only_when_a_certificate_is_asked_for(tmp_path
 
 
 def test_a_certificate_that_does_not_load_stops_the_start(tmp_path: Path, pki: Path) -> None:
-    config = _write_config(tmp_path, f"tls_server_config:\n  cert_file: {pki}/server.crt\n  key_file: {pki}/client.key\n")
+    config = _write_config(
+        tmp_path, f"tls_server_config:\n  cert_file: {pki}/server.crt\n  key_file: {pki}/client.key\n"
+    )
     with pytest.raises(WebConfigError, match="TLS:"):
         WebConfigSource.from_file(config)
 
@@ -254,7 +262,9 @@ def test_a_certificate_that_does_not_load_stops_the_start(tmp_path: Path, pki: P
 
 
 async def test_tls_and_basic_auth(tmp_path: Path, pki: Path) -> None:
-    config = _write_config(tmp_path, f"""
+    config = _write_config(
+        tmp_path,
+        f"""
 tls_server_config:
   cert_file: {pki}/server.crt
   key_file: {pki}/server.key
@@ -263,7 +273,8 @@ http_server_config:
     X-Content-Type-Options: nosniff
 basic_auth_users:
   prometheus: {HASH}
-""")
+""",
+    )
     context = _client_context(pki)
     async with _serving(config) as port:
         status, headers, body = await _get(port, "/metrics", context, _auth("prometheus", PASSWORD))
@@ -278,7 +289,9 @@ basic_auth_users:
 
 
 async def test_plain_http_on_the_tls_port_gets_no_metrics(tmp_path: Path, pki: Path) -> None:
-    config = _write_config(tmp_path, f"tls_server_config:\n  cert_file: {pki}/server.crt\n  key_file: {pki}/server.key\n")
+    config = _write_config(
+        tmp_path, f"tls_server_config:\n  cert_file: {pki}/server.crt\n  key_file: {pki}/server.key\n"
+    )
     async with _serving(config) as port:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
@@ -306,8 +319,9 @@ async def test_rotated_certificates_apply_to_new_connections(tmp_path: Path, pki
     config = _write_config(tmp_path, "tls_server_config:\n  cert_file: tls/server.crt\n  key_file: tls/server.key\n")
 
     async def served_subject(port: int) -> str:
-        _, writer = await asyncio.open_connection("127.0.0.1", port, ssl=_client_context(pki),
-                                                  server_hostname="127.0.0.1")
+        _, writer = await asyncio.open_connection(
+            "127.0.0.1", port, ssl=_client_context(pki), server_hostname="127.0.0.1"
+        )
         cert = writer.get_extra_info("peercert")
         writer.close()
         return dict(item[0] for item in cert["subject"])["commonName"]
@@ -333,11 +347,14 @@ async def test_the_rate_limit_answers_429_but_never_to_the_health_paths(tmp_path
     assert health == [200] * 6, "kubelet probes are never rate limited"
 
 
-@pytest.mark.parametrize(("rate_limit", "expected"), [
-    ("burst: 0\n  interval: 1s", [429, 429, 429]),  # exporter-toolkit: a zero burst allows nothing
-    ("burst: 1\n  interval: 0", [200, 200, 200]),  # a zero interval turns the limiter off
-    ("burst: 1", [200, 200, 200]),
-])
+@pytest.mark.parametrize(
+    ("rate_limit", "expected"),
+    [
+        ("burst: 0\n  interval: 1s", [429, 429, 429]),  # exporter-toolkit: a zero burst allows nothing
+        ("burst: 1\n  interval: 0", [200, 200, 200]),  # a zero interval turns the limiter off
+        ("burst: 1", [200, 200, 200]),
+    ],
+)
 async def test_rate_limit_edges_as_exporter_toolkit(tmp_path: Path, rate_limit: str, expected: list[int]) -> None:
     config = _write_config(tmp_path, f"rate_limit:\n  {rate_limit}\n")
     async with _serving(config) as port:
@@ -345,8 +362,9 @@ async def test_rate_limit_edges_as_exporter_toolkit(tmp_path: Path, rate_limit: 
 
 
 async def test_anonymous_clients_exhausting_the_rate_limit_leave_a_known_scraper_alone(tmp_path: Path) -> None:
-    config = _write_config(tmp_path, f"basic_auth_users:\n  prometheus: {HASH}\nrate_limit:\n  burst: 3\n"
-                                     "  interval: 1h\n")
+    config = _write_config(
+        tmp_path, f"basic_auth_users:\n  prometheus: {HASH}\nrate_limit:\n  burst: 3\n  interval: 1h\n"
+    )
     async with _serving(config) as port:
         good = _auth("prometheus", PASSWORD)
         assert (await _get(port, "/metrics", None, good))[0] == 200  # checked once: takes a token
@@ -373,8 +391,10 @@ async def test_a_cached_login_never_waits_for_bcrypt(tmp_path: Path) -> None:
         return bcrypt.checkpw(password, hashed)
 
     source.auth._check = slow
-    floods = [asyncio.create_task(source.auth.allows(users, _auth("prometheus", f"guess{i}")["Authorization"]))
-              for i in range(source.auth.MAX_WAITING)]
+    floods = [
+        asyncio.create_task(source.auth.allows(users, _auth("prometheus", f"guess{i}")["Authorization"]))
+        for i in range(source.auth.MAX_WAITING)
+    ]
     await asyncio.to_thread(hashing.wait, 5)
     started = time.perf_counter()
     assert await source.auth.allows(users, good)
@@ -410,8 +430,10 @@ async def test_basic_auth_checks_bcrypt_once_per_credentials(tmp_path: Path) -> 
     source.auth.close()
 
 
-async def test_a_reload_that_would_leave_no_user_keeps_the_last_good_config(tmp_path: Path,
-                                                                           caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_reload_that_would_leave_no_user_keeps_the_last_good_config(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(WebConfigSource, "RECHECK_SECONDS", 0.2)  # eight rechecks: no need to wait seconds each
     config = _write_config(tmp_path, f"basic_auth_users:\n  prometheus: {HASH}\n")
     async with _serving(config) as port:
         assert (await _get(port, "/metrics", None))[0] == 401
@@ -435,12 +457,25 @@ async def test_a_reload_that_would_leave_no_user_keeps_the_last_good_config(tmp_
 def test_serve_refuses_a_bad_web_config_with_one_line(tmp_path: Path) -> None:
     config = _write_config(tmp_path, "tls_server_config:\n  cert_file: missing.crt\n")
     result = subprocess.run(
-        [sys.executable, "-m", "exporter", "serve", "--collector.disable-defaults", f"--path.state={tmp_path}",
-         f"--web.config.file={config}", f"--web.listen-address=127.0.0.1:{free_port()}"],
-        capture_output=True, text=True, timeout=60, cwd=REPO,
+        [
+            sys.executable,
+            "-m",
+            "exporter",
+            "serve",
+            "--collector.disable-defaults",
+            f"--path.state={tmp_path}",
+            f"--web.config.file={config}",
+            f"--web.listen-address=127.0.0.1:{free_port()}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
     )
     assert result.returncode == 1 and "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines() == [f"ccl-exporter: --web.config.file {config}: tls_server_config: missing one of key or key_file"]
+    assert result.stderr.strip().splitlines() == [
+        f"ccl-exporter: --web.config.file {config}: tls_server_config: missing one of key or key_file"
+    ]
 
 
 def test_a_real_prometheus_scrapes_over_tls_with_basic_auth(tmp_path: Path, pki: Path) -> None:
@@ -450,33 +485,56 @@ def test_a_real_prometheus_scrapes_over_tls_with_basic_auth(tmp_path: Path, pki:
     config = _write_config(tmp_path, _mtls(pki) + f"basic_auth_users:\n  prometheus: {HASH}\n")
     port = free_port()
     exporter = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "serve", "--collector.disable-defaults", f"--path.state={tmp_path}",
-         f"--web.config.file={config}", f"--web.listen-address=127.0.0.1:{port}"],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        [
+            sys.executable,
+            "-m",
+            "exporter",
+            "serve",
+            "--collector.disable-defaults",
+            f"--path.state={tmp_path}",
+            f"--web.config.file={config}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
 
     def job(name: str, password: str) -> dict[str, object]:
         return {
             "job_name": name,
             "scheme": "https",
-            "tls_config": {"ca_file": str(pki / "ca.crt"), "cert_file": str(pki / "client.crt"),
-                           "key_file": str(pki / "client.key"), "server_name": "127.0.0.1"},
+            "tls_config": {
+                "ca_file": str(pki / "ca.crt"),
+                "cert_file": str(pki / "client.crt"),
+                "key_file": str(pki / "client.key"),
+                "server_name": "127.0.0.1",
+            },
             "basic_auth": {"username": "prometheus", "password": password},
             "static_configs": [{"targets": [f"127.0.0.1:{port}"]}],
         }
 
     plain = {"job_name": "plain", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
-    prometheus = Prometheus(prometheus_binary, tmp_path / "prometheus", {
-        "global": {"scrape_interval": "1s", "scrape_timeout": "900ms"},
-        "scrape_configs": [job("right", PASSWORD), job("wrong", "guess"), plain],
-    })
+    prometheus = Prometheus(
+        prometheus_binary,
+        tmp_path / "prometheus",
+        {
+            "global": {"scrape_interval": "1s", "scrape_timeout": "900ms"},
+            "scrape_configs": [job("right", PASSWORD), job("wrong", "guess"), plain],
+        },
+    )
     try:
         _wait_listening(port)
         prometheus.start()
         up = prometheus.wait_until(
-            lambda: (values := {s["metric"]["job"]: s["value"][1] for s in prometheus.query("up")})
-            and len(values) == 3 and values,
-            timeout=30, what="three scrape jobs reporting",
+            lambda: (
+                (values := {s["metric"]["job"]: s["value"][1] for s in prometheus.query("up")})
+                and len(values) == 3
+                and values
+            ),
+            timeout=30,
+            what="three scrape jobs reporting",
         )
         assert up == {"right": "1", "wrong": "0", "plain": "0"}, json.dumps(up)
         assert prometheus.values('ccl_exporter_build_info{job="right"}') == [1.0]
@@ -497,16 +555,45 @@ def _wait_listening(port: int, timeout: float = 30.0) -> bool:
     raise TimeoutError(f"the exporter did not listen on {port}")
 
 
-_KEYS = ["tls_server_config", "http_server_config", "basic_auth_users", "rate_limit", "cert", "key", "cert_file",
-         "key_file", "client_ca", "client_ca_file", "client_auth_type", "cipher_suites", "curve_preferences",
-         "min_version", "max_version", "prefer_server_cipher_suites", "client_allowed_sans", "http2", "headers",
-         "burst", "interval", "X-Frame-Options"]
-_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True),
-                     st.text(max_size=12), st.sampled_from(["TLS13", "X25519", "1s", "-1.5h", "0x1F", ".s", "1e400",
-                                                            "RequireAnyClientCert", "$2y$99$" + "a" * 53]))
-_VALUES = st.recursive(_SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                         st.dictionaries(st.sampled_from(_KEYS), inner, max_size=4)),
-                       max_leaves=12)
+_KEYS = [
+    "tls_server_config",
+    "http_server_config",
+    "basic_auth_users",
+    "rate_limit",
+    "cert",
+    "key",
+    "cert_file",
+    "key_file",
+    "client_ca",
+    "client_ca_file",
+    "client_auth_type",
+    "cipher_suites",
+    "curve_preferences",
+    "min_version",
+    "max_version",
+    "prefer_server_cipher_suites",
+    "client_allowed_sans",
+    "http2",
+    "headers",
+    "burst",
+    "interval",
+    "X-Frame-Options",
+]
+_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True),
+    st.text(max_size=12),
+    st.sampled_from(
+        ["TLS13", "X25519", "1s", "-1.5h", "0x1F", ".s", "1e400", "RequireAnyClientCert", "$2y$99$" + "a" * 53]
+    ),
+)
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.sampled_from(_KEYS), inner, max_size=4)),
+    max_leaves=12,
+)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -63,7 +63,9 @@ CONFIGS: dict[str, str] = {
         f'tls_server_config:\n{TLS}  client_auth_type: "RequireAndVerifyClientCert"\n'
         '  client_ca_file: "client_selfsigned.pem"\n'
     ),
-    "tls_config_noAuth.requireanyclientcert.good.yml": f'tls_server_config:\n{TLS}  client_auth_type: "RequireAnyClientCert"\n',
+    "tls_config_noAuth.requireanyclientcert.good.yml": (
+        f'tls_server_config:\n{TLS}  client_auth_type: "RequireAnyClientCert"\n'
+    ),
     "tls_config_noAuth.requireanyclientcertkeyinline.good.yml": (
         'tls_server_config:\n  cert_file: "server.crt"\n  key: |\n%KEY%  client_auth_type: "RequireAnyClientCert"\n'
     ),
@@ -95,7 +97,9 @@ CONFIGS: dict[str, str] = {
     "web_config_junk.yml": _junk(),
     "web_config_junk_key.yml": 'tls_server_config:\n  cert_filse: "server.crt"\n',
     "web_config_noAuth.bad.yml": f'tls_server_config:\n{TLS}  client_ca_file: "/dev/null"\n',
-    "web_config_noAuth.good.blocking.yml": f'tls_server_config:\n{TLS}  client_auth_type: "RequireAndVerifyClientCert"\n',
+    "web_config_noAuth.good.blocking.yml": (
+        f'tls_server_config:\n{TLS}  client_auth_type: "RequireAndVerifyClientCert"\n'
+    ),
     "web_config_noAuth.good.yml": f"tls_server_config:\n{NO_AUTH}",
     "web_config_noAuth_allCiphers.good.yml": (
         f"tls_server_config:\n{NO_AUTH}  cipher_suites:\n"
@@ -123,7 +127,9 @@ CONFIGS: dict[str, str] = {
         "    - X25519\n"
     ),
     "web_config_noAuth_certPath_empty.bad.yml": 'tls_server_config:\n  cert_file: ""\n  key_file: "server.key"\n',
-    "web_config_noAuth_certPath_invalid.bad.yml": 'tls_server_config:\n  cert_file: "somefile"\n  key_file: "server.key"\n',
+    "web_config_noAuth_certPath_invalid.bad.yml": (
+        'tls_server_config:\n  cert_file: "somefile"\n  key_file: "server.key"\n'
+    ),
     "web_config_noAuth_certPath_keyPath_empty.bad.yml": (
         'tls_server_config:\n  cert_file: ""\n  key_file: ""\n  client_auth_type: "x"\n'
     ),
@@ -136,7 +142,9 @@ CONFIGS: dict[str, str] = {
     ),
     "web_config_noAuth_inventedCurves.bad.yml": f"tls_server_config:\n{NO_AUTH}  curve_preferences:\n    - CurveP257\n",
     "web_config_noAuth_keyPath_empty.bad.yml": 'tls_server_config:\n  cert_file: "server.crt"\n  key_file: ""\n',
-    "web_config_noAuth_keyPath_invalid.bad.yml": 'tls_server_config:\n  cert_file: "server.cert"\n  key_file: "somefile"\n',
+    "web_config_noAuth_keyPath_invalid.bad.yml": (
+        'tls_server_config:\n  cert_file: "server.cert"\n  key_file: "somefile"\n'
+    ),
     "web_config_noAuth_key_empty.bad.yml": 'tls_server_config:\n  cert_file: "server.crt"\n  key: ""\n',
     "web_config_noAuth_noHTTP2.good.yml": (
         f"tls_server_config:\n{NO_AUTH}  cipher_suites:\n    - TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384\n"

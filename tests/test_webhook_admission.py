@@ -44,17 +44,32 @@ def gpu_pod(**extra: Any) -> dict[str, Any]:
         "metadata": {
             "generateName": "llama-worker-",
             "namespace": "ml-training",
-            "labels": {"training.kubeflow.org/job-name": "llama",
-                       "training.kubeflow.org/operator-name": "pytorchjob-controller"},
-            "ownerReferences": [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "llama",
-                                 "uid": "6f1e2d3c-0000-4000-8000-000000000001", "controller": True}],
+            "labels": {
+                "training.kubeflow.org/job-name": "llama",
+                "training.kubeflow.org/operator-name": "pytorchjob-controller",
+            },
+            "ownerReferences": [
+                {
+                    "apiVersion": "kubeflow.org/v1",
+                    "kind": "PyTorchJob",
+                    "name": "llama",
+                    "uid": "6f1e2d3c-0000-4000-8000-000000000001",
+                    "controller": True,
+                }
+            ],
         },
         "spec": {
             "containers": [
-                {"name": "pytorch", "image": "llama-train:2024.06", "command": ["torchrun", "train.py"],
-                 "env": [{"name": "NCCL_IB_HCA", "value": "mlx5"}],
-                 "resources": {"limits": {"nvidia.com/gpu": "8", "rdma/ib": "8", "cpu": "64", "memory": "512Gi"},
-                               "requests": {"cpu": "32", "memory": "256Gi"}}},
+                {
+                    "name": "pytorch",
+                    "image": "llama-train:2024.06",
+                    "command": ["torchrun", "train.py"],
+                    "env": [{"name": "NCCL_IB_HCA", "value": "mlx5"}],
+                    "resources": {
+                        "limits": {"nvidia.com/gpu": "8", "rdma/ib": "8", "cpu": "64", "memory": "512Gi"},
+                        "requests": {"cpu": "32", "memory": "256Gi"},
+                    },
+                },
                 {"name": "log-shipper", "image": "fluent-bit:3", "resources": {"limits": {"cpu": "100m"}}},
             ],
             "restartPolicy": "OnFailure",
@@ -118,8 +133,10 @@ def test_env_is_created_when_the_container_has_none() -> None:
     pod = gpu_pod()
     del pod["spec"]["containers"][0]["env"]
     out, _, _ = patched(pod)
-    assert out["spec"]["containers"][0]["env"] == [{"name": "NCCL_DEBUG", "value": "INFO"},
-                                                   {"name": "NCCL_DEBUG_SUBSYS", "value": "INIT,NET"}]
+    assert out["spec"]["containers"][0]["env"] == [
+        {"name": "NCCL_DEBUG", "value": "INFO"},
+        {"name": "NCCL_DEBUG_SUBSYS", "value": "INIT,NET"},
+    ]
 
 
 def test_a_container_that_sets_nccl_debug_is_left_exactly_as_it_is() -> None:
@@ -157,7 +174,10 @@ def test_readiness_gate_and_preflight_when_annotated() -> None:
     assert out["spec"]["readinessGates"] == [{"conditionType": FABRIC_READY_CONDITION}]
     (init,) = out["spec"]["initContainers"]
     assert init["name"] == PREFLIGHT_CONTAINER
-    assert init["image"] == f"ccl-health-exporter:{exporter.__version__}" and init["args"] == ["preflight", "--no-write"]
+    assert init["image"] == f"ccl-health-exporter:{exporter.__version__}" and init["args"] == [
+        "preflight",
+        "--no-write",
+    ]
     # Its result goes to the exporter as its termination message: no volume, no hostPath.
     assert (init["terminationMessagePath"], init["terminationMessagePolicy"]) == ("/dev/termination-log", "File")
     assert "volumeMounts" not in init and "volumes" not in out["spec"]
@@ -172,8 +192,11 @@ def test_readiness_gate_and_preflight_when_annotated() -> None:
     assert env["CCL_POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
     assert env["NCCL_IB_HCA"] == "mlx5", "the trainer's NCCL settings: preflight fails when they force sockets"
     assert init["resources"] == pod["spec"]["containers"][0]["resources"], "the devices the job will use"
-    assert init["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-                                       "seccompProfile": {"type": "RuntimeDefault"}}
+    assert init["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
     annotations = out["metadata"]["annotations"]
     assert annotations[INJECTED_ANNOTATION] == "nccl_env,readiness_gate,preflight"
     assert annotations["ccl-health.io/preflight"] == "True", "the pod's own annotations stay"
@@ -181,9 +204,12 @@ def test_readiness_gate_and_preflight_when_annotated() -> None:
 
 def test_existing_arrays_are_appended_to_and_the_preflight_goes_first() -> None:
     existing_init = {"name": "fetch-data", "image": "busybox:1.36", "command": ["true"]}
-    pod = gpu_pod(annotations={"ccl-health.io/readiness-gate": "true", "ccl-health.io/preflight": "true"},
-                  readinessGates=[{"conditionType": "example.com/ready"}], initContainers=[existing_init],
-                  volumes=[{"name": "dshm", "emptyDir": {"medium": "Memory"}}])
+    pod = gpu_pod(
+        annotations={"ccl-health.io/readiness-gate": "true", "ccl-health.io/preflight": "true"},
+        readinessGates=[{"conditionType": "example.com/ready"}],
+        initContainers=[existing_init],
+        volumes=[{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+    )
     out, _, _ = patched(pod, WebhookConfig(probe_results_host_path="/var/lib/ccl-exporter/probe-results"))
     assert [g["conditionType"] for g in out["spec"]["readinessGates"]] == ["example.com/ready", FABRIC_READY_CONDITION]
     assert [c["name"] for c in out["spec"]["initContainers"]] == [PREFLIGHT_CONTAINER, "fetch-data"]
@@ -217,20 +243,28 @@ def test_nccl_debug_file_goes_to_a_per_pod_folder_the_exporter_reads() -> None:
     assert env["CCL_POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
     (mount,) = trainer["volumeMounts"]
     assert mount["subPathExpr"] == "$(CCL_POD_NAMESPACE)_$(CCL_POD_NAME)_$(CCL_POD_UID)"
-    assert out["spec"]["volumes"] == [{"name": "ccl-nccl-debug", "hostPath": {"path": "/var/log/nccl",
-                                                                           "type": "DirectoryOrCreate"}}]
+    assert out["spec"]["volumes"] == [
+        {"name": "ccl-nccl-debug", "hostPath": {"path": "/var/log/nccl", "type": "DirectoryOrCreate"}}
+    ]
     # The folder name is one the exporter's tailer attributes to the pod.
     from exporter.sources.podlogs.layout import parse_debug_folder
 
-    expanded = mount["subPathExpr"].replace("$(CCL_POD_NAMESPACE)", "ml-training").replace(
-        "$(CCL_POD_NAME)", "llama-worker-x7k2p").replace("$(CCL_POD_UID)", "5b0c9c1e-8d6f-4d2a-9f1b-0e9d1c2b3a4f")
+    expanded = (
+        mount["subPathExpr"]
+        .replace("$(CCL_POD_NAMESPACE)", "ml-training")
+        .replace("$(CCL_POD_NAME)", "llama-worker-x7k2p")
+        .replace("$(CCL_POD_UID)", "5b0c9c1e-8d6f-4d2a-9f1b-0e9d1c2b3a4f")
+    )
     assert parse_debug_folder(expanded) == ("ml-training", "llama-worker-x7k2p", "5b0c9c1e-8d6f-4d2a-9f1b-0e9d1c2b3a4f")
     assert out["metadata"]["annotations"][INJECTED_ANNOTATION] == "nccl_env,nccl_debug_file"
 
 
 def test_without_a_results_folder_the_preflight_writes_no_file() -> None:
-    config = WebhookConfig(probe_results_host_path="", preflight_image="registry.example/ccl:1.2",
-                           preflight_args=("preflight", "--expect-rate=400"))
+    config = WebhookConfig(
+        probe_results_host_path="",
+        preflight_image="registry.example/ccl:1.2",
+        preflight_args=("preflight", "--expect-rate=400"),
+    )
     out, _, _ = patched(gpu_pod(annotations={"ccl-health.io/preflight": "true"}), config)
     (init,) = out["spec"]["initContainers"]
     assert init["image"] == "registry.example/ccl:1.2"
@@ -245,8 +279,12 @@ def test_with_a_results_folder_the_preflight_also_writes_a_file_there() -> None:
     (init,) = out["spec"]["initContainers"]
     assert init["args"] == ["preflight"]
     assert init["volumeMounts"] == [{"name": "ccl-probe-results", "mountPath": "/var/lib/ccl-exporter/probe-results"}]
-    assert out["spec"]["volumes"] == [{"name": "ccl-probe-results", "hostPath": {
-        "path": "/var/lib/ccl-exporter/probe-results", "type": "DirectoryOrCreate"}}]
+    assert out["spec"]["volumes"] == [
+        {
+            "name": "ccl-probe-results",
+            "hostPath": {"path": "/var/lib/ccl-exporter/probe-results", "type": "DirectoryOrCreate"},
+        }
+    ]
     assert init["terminationMessagePath"] == "/dev/termination-log"
 
 
@@ -254,26 +292,31 @@ def test_with_a_results_folder_the_preflight_also_writes_a_file_there() -> None:
 def test_the_preflight_args_parse_as_the_preflight_command(host_path: str) -> None:
     from exporter.commands import build_parser
 
-    out, _, _ = patched(gpu_pod(annotations={"ccl-health.io/preflight": "true"}),
-                        WebhookConfig(probe_results_host_path=host_path))
+    out, _, _ = patched(
+        gpu_pod(annotations={"ccl-health.io/preflight": "true"}), WebhookConfig(probe_results_host_path=host_path)
+    )
     (init,) = out["spec"]["initContainers"]
     args = build_parser(environ={}).parse_args(init["args"])
     assert args.termination_message == init["terminationMessagePath"], "the report lands where the kubelet reads"
     if host_path:
-        assert args.write_results and args.probe_results == init["volumeMounts"][0]["mountPath"], \
+        assert args.write_results and args.probe_results == init["volumeMounts"][0]["mountPath"], (
             "the result file lands in the mounted folder"
+        )
     else:
         assert not args.write_results and "volumeMounts" not in init
 
 
-@pytest.mark.parametrize("resources", [
-    {"limits": {"cpu": "4"}},
-    {"limits": {"nvidia.com/gpu": "0"}},
-    {"limits": {"nvidia.com/gpu": 0}},
-    {"requests": {"nvidia.com/gpu": "garbage"}},
-    {},
-    None,
-])
+@pytest.mark.parametrize(
+    "resources",
+    [
+        {"limits": {"cpu": "4"}},
+        {"limits": {"nvidia.com/gpu": "0"}},
+        {"limits": {"nvidia.com/gpu": 0}},
+        {"requests": {"nvidia.com/gpu": "garbage"}},
+        {},
+        None,
+    ],
+)
 def test_a_pod_without_gpus_is_allowed_without_a_patch(resources: dict[str, Any] | None) -> None:
     pod = gpu_pod(annotations={"ccl-health.io/preflight": "true"})
     pod["spec"]["containers"][0]["resources"] = resources
@@ -291,8 +334,11 @@ def test_gpus_in_requests_or_configured_names_count() -> None:
 
 
 def test_requests_without_a_pod_being_created_are_allowed_without_a_patch() -> None:
-    for document in (admission(gpu_pod(), operation="UPDATE"), admission(None),
-                     admission(gpu_pod(), kind="Deployment")):
+    for document in (
+        admission(gpu_pod(), operation="UPDATE"),
+        admission(None),
+        admission(gpu_pod(), kind="Deployment"),
+    ):
         result = review(document, CONFIG)
         assert result.decision == SKIPPED
         assert result.response["response"] == {"uid": document["request"]["uid"], "allowed": True}
@@ -304,14 +350,17 @@ def test_requests_without_a_pod_being_created_are_allowed_without_a_patch() -> N
     assert review(broken, CONFIG).decision == SKIPPED
 
 
-@pytest.mark.parametrize(("body", "reason"), [
-    (b"", "not JSON"),
-    (b"\xff\xfe garbage", "not UTF-8"),
-    (b"[1, 2]", "not a JSON object"),
-    (b'{"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview", "request": {"uid": "x"}}', "v1"),
-    (b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}', "no request"),
-    (b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": ""}}', "no uid"),
-])
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (b"", "not JSON"),
+        (b"\xff\xfe garbage", "not UTF-8"),
+        (b"[1, 2]", "not a JSON object"),
+        (b'{"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview", "request": {"uid": "x"}}', "v1"),
+        (b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}', "no request"),
+        (b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": ""}}', "no uid"),
+    ],
+)
 def test_malformed_reviews_raise_a_one_line_reason(body: bytes, reason: str) -> None:
     with pytest.raises(MalformedReview) as raised:
         review(parse_review(body), CONFIG)
@@ -346,8 +395,10 @@ def test_the_injected_preflight_names_its_result_by_the_pods_uid() -> None:
     out, _, _ = patched(pod)
     (init,) = out["spec"]["initContainers"]
     fields = {"metadata.namespace": "ml-training", "metadata.name": "llama-worker-0", "metadata.uid": "5d1e-uid"}
-    environ = {e["name"]: fields.get(e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath"), e.get("value", ""))
-               for e in init["env"]}
+    environ = {
+        e["name"]: fields.get(e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath"), e.get("value", ""))
+        for e in init["env"]
+    }
     identity = Identity.from_env("preflight", environ)
     assert (identity.namespace, identity.pod, identity.pod_uid) == ("ml-training", "llama-worker-0", "5d1e-uid")
     assert identity.unattributable() is None

@@ -39,8 +39,11 @@ def counted(service: WebhookService, decision: str) -> float:
 def nested(depth: int, opener: str = "[", closer: str = "]") -> bytes:
     """A review ``depth`` levels deep in all (the review itself is level 1, its request level 2)."""
     inner = opener * (depth - 2) + ("" if opener == "[" else "0") + closer * (depth - 2)
-    return (b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u","x":'
-            + inner.encode() + b"}}")
+    return (
+        b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u","x":'
+        + inner.encode()
+        + b"}}"
+    )
 
 
 def test_a_body_up_to_the_limit_is_read_and_one_byte_more_is_too_large() -> None:
@@ -64,6 +67,7 @@ def test_the_limit_holds_what_an_api_server_sends() -> None:
 @pytest.mark.parametrize("element", [b"{}", b"[]", b"0", b'""'])
 def test_more_values_than_read_are_too_large_before_parsing(element: bytes) -> None:
     """7 MiB of ``{},`` would be 2.4 million dicts (about 180 MiB): refused from the byte count."""
+
     def body(count: int) -> bytes:
         return REVIEW[:-2] + b',"flood":[' + b",".join([element] * count) + b"]}}"
 
@@ -106,21 +110,24 @@ def test_nesting_to_the_limit_is_read_and_deeper_is_malformed(opener: str, close
             parse_review(nested(depth, opener, closer))
 
 
-@pytest.mark.parametrize(("body", "reason"), [
-    (REVIEW.replace(b'"llama"', b'"ll\xe9ma"', 1), "not UTF-8"),  # Latin-1
-    (REVIEW.replace(b'"llama"', b'"ll\xc0\xafma"', 1), "not UTF-8"),  # an overlong "/"
-    (REVIEW.replace(b'"llama"', b'"\xed\xa0\x80"', 1), "not UTF-8"),  # a surrogate encoded in UTF-8
-    (REVIEW.decode().encode("utf-16"), "not UTF-8"),  # json.loads would take it
-    (REVIEW.decode().encode("utf-16-le"), "not JSON"),
-    (b"\xef\xbb\xbf" + REVIEW, "not JSON"),  # a byte order mark
-    (REVIEW.replace(b'"8"', b"NaN", 1), "NaN is not JSON"),
-    (REVIEW.replace(b'"8"', b"-Infinity", 1), "-Infinity is not JSON"),
-    (REVIEW.replace(b'"8"', b"1e400", 1), "beyond a float"),
-    (REVIEW.replace(b'"8"', b"9" * 5000, 1), "not JSON"),  # over Python's int digits limit
-    (REVIEW[:-1] + b',"kind":"AdmissionReview"}', "appears twice"),
-    (REVIEW.replace(b'"kind": "Pod"', b'"kind": "Pod", "kind": "Pod"', 1), "appears twice"),
-    (REVIEW[:-1], "not JSON"),
-])
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (REVIEW.replace(b'"llama"', b'"ll\xe9ma"', 1), "not UTF-8"),  # Latin-1
+        (REVIEW.replace(b'"llama"', b'"ll\xc0\xafma"', 1), "not UTF-8"),  # an overlong "/"
+        (REVIEW.replace(b'"llama"', b'"\xed\xa0\x80"', 1), "not UTF-8"),  # a surrogate encoded in UTF-8
+        (REVIEW.decode().encode("utf-16"), "not UTF-8"),  # json.loads would take it
+        (REVIEW.decode().encode("utf-16-le"), "not JSON"),
+        (b"\xef\xbb\xbf" + REVIEW, "not JSON"),  # a byte order mark
+        (REVIEW.replace(b'"8"', b"NaN", 1), "NaN is not JSON"),
+        (REVIEW.replace(b'"8"', b"-Infinity", 1), "-Infinity is not JSON"),
+        (REVIEW.replace(b'"8"', b"1e400", 1), "beyond a float"),
+        (REVIEW.replace(b'"8"', b"9" * 5000, 1), "not JSON"),  # over Python's int digits limit
+        (REVIEW[:-1] + b',"kind":"AdmissionReview"}', "appears twice"),
+        (REVIEW.replace(b'"kind": "Pod"', b'"kind": "Pod", "kind": "Pod"', 1), "appears twice"),
+        (REVIEW[:-1], "not JSON"),
+    ],
+)
 def test_what_an_api_server_never_writes_is_malformed(body: bytes, reason: str) -> None:
     with pytest.raises(MalformedReview, match=reason) as raised:
         parse_review(body)
@@ -129,8 +136,11 @@ def test_what_an_api_server_never_writes_is_malformed(body: bytes, reason: str) 
 
 def test_json_loads_alone_would_have_taken_some_of_them() -> None:
     """The cases above are not all JSON errors: Python's parser takes these as they are."""
-    for body in (REVIEW.decode().encode("utf-16"), REVIEW.replace(b'"8"', b"NaN", 1),
-                 REVIEW[:-1] + b',"kind":"AdmissionReview"}'):
+    for body in (
+        REVIEW.decode().encode("utf-16"),
+        REVIEW.replace(b'"8"', b"NaN", 1),
+        REVIEW[:-1] + b',"kind":"AdmissionReview"}',
+    ):
         json.loads(body)
 
 
@@ -146,9 +156,15 @@ def test_an_unpaired_surrogate_escape_is_read_and_answered_in_ascii() -> None:
 
 def test_every_refusal_is_counted_with_its_status() -> None:
     service = WebhookService(WebhookConfig())
-    cases = [(b"x" * (MAX_REVIEW_BYTES + 1), 413), (b"[" + b"{}," * MAX_REVIEW_VALUES + b"{}]", 413),
-             (nested(100_000), 400), (nested(MAX_JSON_DEPTH + 1, '{"a":', "}"), 400), (b"\xff", 400),
-             (REVIEW.replace(b'"8"', b"NaN", 1), 400), (REVIEW.replace(b"705ab4f5", b"7" * 200, 1), 400)]
+    cases = [
+        (b"x" * (MAX_REVIEW_BYTES + 1), 413),
+        (b"[" + b"{}," * MAX_REVIEW_VALUES + b"{}]", 413),
+        (nested(100_000), 400),
+        (nested(MAX_JSON_DEPTH + 1, '{"a":', "}"), 400),
+        (b"\xff", 400),
+        (REVIEW.replace(b'"8"', b"NaN", 1), 400),
+        (REVIEW.replace(b"705ab4f5", b"7" * 200, 1), 400),
+    ]
     for body, status in cases:
         answer = service.mutate(body)
         assert answer.status == status, (body[:40], answer)
@@ -158,8 +174,24 @@ def test_every_refusal_is_counted_with_its_status() -> None:
     assert counted(service, "error") == 0
 
 
-PIECES = [b"{", b"[", b"]", b"}", b",", b":", b'"', b"\\", b"\x00", b"\xff", b"NaN", b"1e999", b'"\\ud800"', b"-",
-          b"9" * 30, b'"kind":"Pod",']
+PIECES = [
+    b"{",
+    b"[",
+    b"]",
+    b"}",
+    b",",
+    b":",
+    b'"',
+    b"\\",
+    b"\x00",
+    b"\xff",
+    b"NaN",
+    b"1e999",
+    b'"\\ud800"',
+    b"-",
+    b"9" * 30,
+    b'"kind":"Pod",',
+]
 
 
 @st.composite
@@ -171,11 +203,11 @@ def mutated(draw: st.DrawFn, body: bytes) -> bytes:
         choice = draw(st.sampled_from(["replace", "insert", "cut"]))
         piece = draw(st.sampled_from(PIECES))
         if choice == "replace":
-            out[at:at + len(piece)] = piece
+            out[at : at + len(piece)] = piece
         elif choice == "insert":
             out[at:at] = piece
         else:
-            del out[at:at + draw(st.integers(1, 40))]
+            del out[at : at + draw(st.integers(1, 40))]
     return bytes(out)
 
 
@@ -188,6 +220,7 @@ def test_mutate_answers_any_body_and_counts_it(body: bytes) -> None:
     event(f"HTTP {answer.status}")
     if answer.status == 200:
         assert json.loads(answer.body)["response"]["allowed"] is True
-    total = sum(counted(service, d) for d in ("mutated", "unchanged", "no_gpu", "skipped", "malformed",
-                                               "oversized", "error"))
+    total = sum(
+        counted(service, d) for d in ("mutated", "unchanged", "no_gpu", "skipped", "malformed", "oversized", "error")
+    )
     assert total == 1 and counted(service, "error") == 0

@@ -35,8 +35,9 @@ from tests.test_webhook_admission import admission, env_of, gpu_pod, patched
 
 DEBUG_FILE = WebhookConfig(nccl_debug_file_host_path="/var/log/nccl")
 # Both host folders: the pre-flight's result-file hostPath is there only when configured.
-HOST_FOLDERS = WebhookConfig(nccl_debug_file_host_path="/var/log/nccl",
-                             probe_results_host_path="/var/lib/ccl-exporter/probe-results")
+HOST_FOLDERS = WebhookConfig(
+    nccl_debug_file_host_path="/var/log/nccl", probe_results_host_path="/var/lib/ccl-exporter/probe-results"
+)
 OUR_DEBUG_VOLUME = {"name": NCCL_DEBUG_VOLUME, "hostPath": {"path": "/var/log/nccl", "type": "DirectoryOrCreate"}}
 OUR_DEBUG_MOUNT = {"name": NCCL_DEBUG_VOLUME, "mountPath": NCCL_DEBUG_MOUNT, "subPathExpr": DEBUG_FOLDER_EXPR}
 IDENTITY = {"CCL_POD_NAMESPACE": "metadata.namespace", "CCL_POD_NAME": "metadata.name", "CCL_POD_UID": "metadata.uid"}
@@ -89,22 +90,28 @@ def test_a_volume_of_our_name_that_is_not_ours_withholds_what_needs_it() -> None
     assert decision == MUTATED
     assert out["spec"]["volumes"] == [own_results, own_debug], "no second volume of either name"
     trainer = out["spec"]["containers"][0]
-    assert env_of(trainer) == {"NCCL_IB_HCA": "mlx5", "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}, \
+    assert env_of(trainer) == {"NCCL_IB_HCA": "mlx5", "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}, (
         "NCCL's lines stay on stdout, where the exporter reads them too"
+    )
     assert "volumeMounts" not in trainer and "initContainers" not in out["spec"]
-    assert set(withheld(pod, HOST_FOLDERS)) == {("nccl_debug_file", VOLUME_NAME_TAKEN),
-                                                ("preflight", VOLUME_NAME_TAKEN)}
+    assert set(withheld(pod, HOST_FOLDERS)) == {
+        ("nccl_debug_file", VOLUME_NAME_TAKEN),
+        ("preflight", VOLUME_NAME_TAKEN),
+    }
     assert len(response["warnings"]) == 2
     # Without the result-file hostPath (the default) the pre-flight needs no volume: nothing collides.
     out, _, _ = patched(pod, DEBUG_FILE)
     assert out["spec"]["initContainers"][0]["name"] == PREFLIGHT_CONTAINER and withheld(pod, DEBUG_FILE) == (
-        ("nccl_debug_file", VOLUME_NAME_TAKEN),)
+        ("nccl_debug_file", VOLUME_NAME_TAKEN),
+    )
     assert "volumeMounts" not in out["spec"]["initContainers"][0]
 
 
 def test_a_volume_that_is_exactly_ours_is_used_not_added_again() -> None:
-    results = {"name": "ccl-probe-results", "hostPath": {"path": "/var/lib/ccl-exporter/probe-results",
-                                                         "type": "DirectoryOrCreate"}}
+    results = {
+        "name": "ccl-probe-results",
+        "hostPath": {"path": "/var/lib/ccl-exporter/probe-results", "type": "DirectoryOrCreate"},
+    }
     pod = gpu_pod(annotations=PREFLIGHT, volumes=[results, copy.deepcopy(OUR_DEBUG_VOLUME)])
     out, response, _ = patched(pod, HOST_FOLDERS)
     assert out["spec"]["volumes"] == pod["spec"]["volumes"]
@@ -120,7 +127,7 @@ def test_something_else_mounted_at_our_path_keeps_that_container_on_stdout() -> 
     pod["spec"]["containers"].append(second)
     for path in (NCCL_DEBUG_MOUNT, NCCL_DEBUG_MOUNT + "/", "/var/run/ccl-health/./nccl", "//var/run/ccl-health/nccl"):
         pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "scratch", "mountPath": path}]
-        out, response, decision = patched(pod, DEBUG_FILE)
+        out, response, _ = patched(pod, DEBUG_FILE)
         first, _, other = out["spec"]["containers"]
         assert first["volumeMounts"] == [{"name": "scratch", "mountPath": path}], path
         assert "NCCL_DEBUG_FILE" not in env_of(first) and env_of(first)["NCCL_DEBUG"] == "INFO"
@@ -154,8 +161,9 @@ def test_the_pod_cannot_name_its_debug_folder_after_another_pod() -> None:
     trainer = out["spec"]["containers"][0]
     assert_identity_from_the_downward_api(trainer)
     names = [e["name"] for e in trainer["env"]]
-    assert names[:5] == ["CCL_POD_NAMESPACE", "CCL_POD_NAME", "RUN_DIR", "CCL_POD_UID", "CCL_POD_NAME"], \
+    assert names[:5] == ["CCL_POD_NAMESPACE", "CCL_POD_NAME", "RUN_DIR", "CCL_POD_UID", "CCL_POD_NAME"], (
         "replaced where they stood: RUN_DIR's $(CCL_POD_NAME) now expands to the pod's real name"
+    )
     assert all("value" not in e for e in trainer["env"] if e["name"].startswith("CCL_POD_"))
     assert trainer["env"][2] == {"name": "RUN_DIR", "value": "/runs/$(CCL_POD_NAME)"}, "the pod's own entry stays"
     assert names.count("CCL_POD_UID") == 1, "none added twice"
@@ -171,8 +179,14 @@ def test_identity_is_enforced_wherever_the_folder_is_mounted_even_with_env_from(
     trainer["envFrom"] = [{"prefix": "CCL_", "configMapRef": {"name": "pod-names"}}]
     trainer["volumeMounts"] = [copy.deepcopy(OUR_DEBUG_MOUNT)]
     del trainer["env"]
-    pod["spec"]["initContainers"] = [{"name": "warmup", "image": "warmup:1", "volumeMounts": [
-        copy.deepcopy(OUR_DEBUG_MOUNT)], "env": [{"name": "CCL_POD_UID", "value": "forged"}]}]
+    pod["spec"]["initContainers"] = [
+        {
+            "name": "warmup",
+            "image": "warmup:1",
+            "volumeMounts": [copy.deepcopy(OUR_DEBUG_MOUNT)],
+            "env": [{"name": "CCL_POD_UID", "value": "forged"}],
+        }
+    ]
     out, response, decision = patched(pod, DEBUG_FILE)
     assert decision == MUTATED
     assert_identity_from_the_downward_api(out["spec"]["containers"][0])
@@ -184,8 +198,12 @@ def test_identity_is_enforced_wherever_the_folder_is_mounted_even_with_env_from(
 
 def test_identity_is_enforced_however_the_pod_mounts_the_folder() -> None:
     pod = gpu_pod(volumes=[copy.deepcopy(OUR_DEBUG_VOLUME)])
-    sidecar = {"name": "reader", "image": "reader:1", "env": [{"name": "CCL_POD_NAME", "value": "victim"}],
-               "volumeMounts": [dict(OUR_DEBUG_MOUNT, mountPath=NCCL_DEBUG_MOUNT + "/")]}
+    sidecar = {
+        "name": "reader",
+        "image": "reader:1",
+        "env": [{"name": "CCL_POD_NAME", "value": "victim"}],
+        "volumeMounts": [dict(OUR_DEBUG_MOUNT, mountPath=NCCL_DEBUG_MOUNT + "/")],
+    }
     pod["spec"]["containers"].append(sidecar)
     out, _, _ = patched(pod, DEBUG_FILE)
     assert_identity_from_the_downward_api(out["spec"]["containers"][2])
@@ -195,8 +213,10 @@ def test_identity_is_enforced_however_the_pod_mounts_the_folder() -> None:
 def test_a_pod_that_mounts_our_volume_without_declaring_it_is_not_lent_the_host_folder() -> None:
     """Invalid as sent; the hostPath the webhook adds would make it valid, with the host folder
     mounted where and how the pod chose (another pod's folder, the pre-flight results)."""
-    for volume, config, change in ((NCCL_DEBUG_VOLUME, DEBUG_FILE, "nccl_debug_file"),
-                                   ("ccl-probe-results", HOST_FOLDERS, "preflight")):
+    for volume, config, change in (
+        (NCCL_DEBUG_VOLUME, DEBUG_FILE, "nccl_debug_file"),
+        ("ccl-probe-results", HOST_FOLDERS, "preflight"),
+    ):
         pod = gpu_pod(annotations=PREFLIGHT)
         pod["spec"]["containers"][1]["volumeMounts"] = [{"name": volume, "mountPath": "/x", "subPath": "ml_victim_u"}]
         result = review(admission(pod), config)
@@ -220,8 +240,9 @@ def test_identity_entries_as_the_api_server_stores_them_are_not_patched_again() 
 def test_a_reinvocation_that_adds_something_keeps_the_earlier_annotation() -> None:
     once, _, _ = patched(gpu_pod(annotations=PREFLIGHT))
     later = copy.deepcopy(once)  # another webhook adds a GPU sidecar after ours ran
-    later["spec"]["containers"].append({"name": "late", "image": "late:1",
-                                        "resources": {"limits": {"nvidia.com/gpu": "1"}}})
+    later["spec"]["containers"].append(
+        {"name": "late", "image": "late:1", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+    )
     twice, _, decision = patched(later)
     assert decision == MUTATED
     assert twice["metadata"]["annotations"][INJECTED_ANNOTATION] == "nccl_env,preflight"
@@ -230,8 +251,10 @@ def test_a_reinvocation_that_adds_something_keeps_the_earlier_annotation() -> No
 
 def test_an_nccl_debug_level_that_hides_the_transport_is_counted() -> None:
     pod = gpu_pod()
-    pod["spec"]["containers"][0]["env"] += [{"name": "NCCL_DEBUG", "value": "INFO"},
-                                            {"name": "NCCL_DEBUG", "value": "warn"}]
+    pod["spec"]["containers"][0]["env"] += [
+        {"name": "NCCL_DEBUG", "value": "INFO"},
+        {"name": "NCCL_DEBUG", "value": "warn"},
+    ]
     _, response, decision = patched(pod)
     assert decision == UNCHANGED and "NCCL_DEBUG=WARN" in response["warnings"][0], "the last definition is in effect"
     assert withheld(pod) == (("nccl_env", OWN_NCCL_DEBUG),)
@@ -246,8 +269,10 @@ def test_a_pod_with_more_containers_than_looked_at_is_not_patched() -> None:
     pod["spec"]["initContainers"] = [{"name": "one-more", "image": "busybox:1.36"}]
     out, response, decision = patched(pod)
     assert decision == OVERSIZED and out == pod
-    assert response["warnings"] == [f"ccl-health: the pod has {MAX_POD_CONTAINERS + 1} containers, more than the "
-                                    f"{MAX_POD_CONTAINERS} looked at: unchanged"]
+    assert response["warnings"] == [
+        f"ccl-health: the pod has {MAX_POD_CONTAINERS + 1} containers, more than the "
+        f"{MAX_POD_CONTAINERS} looked at: unchanged"
+    ]
 
 
 def test_a_patch_over_the_limit_is_not_sent() -> None:
@@ -257,17 +282,21 @@ def test_a_patch_over_the_limit_is_not_sent() -> None:
     pod["spec"]["containers"][0]["env"] = [{"name": f"NCCL_SETTING_{i}", "value": "x" * 1000} for i in range(300)]
     result = review(admission(pod), WebhookConfig())
     assert result.decision == OVERSIZED and result.patch == ()
-    assert result.response["response"] == {"uid": "705ab4f5-6393-11e8-b7cc-42010a800002", "allowed": True,
-                                           "warnings": [f"ccl-health: the patch would be over {MAX_PATCH_BYTES} "
-                                                        "bytes: unchanged"]}
+    assert result.response["response"] == {
+        "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+        "allowed": True,
+        "warnings": [f"ccl-health: the patch would be over {MAX_PATCH_BYTES} bytes: unchanged"],
+    }
     pod["spec"]["containers"][0]["env"] = pod["spec"]["containers"][0]["env"][:200]
     assert review(admission(pod), WebhookConfig()).decision == MUTATED, "just under the limit"
 
 
 def test_the_largest_pod_looked_at_gets_a_patch_well_under_the_limit() -> None:
     pod = gpu_pod(annotations=PREFLIGHT | {"ccl-health.io/readiness-gate": "true"})
-    pod["spec"]["containers"] = [{"name": f"worker-{i}", "image": "train:1", "resources": {"limits": {
-        "nvidia.com/gpu": "1"}}} for i in range(MAX_POD_CONTAINERS - 1)]
+    pod["spec"]["containers"] = [
+        {"name": f"worker-{i}", "image": "train:1", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+        for i in range(MAX_POD_CONTAINERS - 1)
+    ]
     result = review(admission(pod), DEBUG_FILE)
     assert result.decision == MUTATED
     size = len(jsonpatch.JsonPatch(list(result.patch)).to_string())
@@ -277,8 +306,10 @@ def test_the_largest_pod_looked_at_gets_a_patch_well_under_the_limit() -> None:
 def test_warnings_are_bounded_and_names_cut() -> None:
     pod = gpu_pod()
     template = pod["spec"]["containers"][0]
-    pod["spec"]["containers"] = [dict(copy.deepcopy(template), name=("n" * 500) + str(i),
-                                      envFrom=[{"configMapRef": {"name": "x"}}]) for i in range(20)]
+    pod["spec"]["containers"] = [
+        dict(copy.deepcopy(template), name=("n" * 500) + str(i), envFrom=[{"configMapRef": {"name": "x"}}])
+        for i in range(20)
+    ]
     response = review(admission(pod), WebhookConfig()).response["response"]
     assert len(response["warnings"]) == 8 and response["warnings"][-1] == "ccl-health: 13 more warnings"
     assert all(len(w) < 300 for w in response["warnings"])

@@ -39,10 +39,24 @@ class Webhook:
         self.port = free_port()
         self.url = f"https://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "exporter", "webhook", "--web.listen-address", f"127.0.0.1:{self.port}",
-             "--tls.cert-file", str(folder / "tls.crt"), "--tls.key-file", str(folder / "tls.key"),
-             "--webhook.preflight-image", "registry.example/ccl-health-exporter:0.1.0"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ),
+            [
+                sys.executable,
+                "-m",
+                "exporter",
+                "webhook",
+                "--web.listen-address",
+                f"127.0.0.1:{self.port}",
+                "--tls.cert-file",
+                str(folder / "tls.crt"),
+                "--tls.key-file",
+                str(folder / "tls.key"),
+                "--webhook.preflight-image",
+                "registry.example/ccl-health-exporter:0.1.0",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=dict(os.environ),
         )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -55,8 +69,9 @@ class Webhook:
         raise TimeoutError("the webhook did not answer")
 
     def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
-        request = urllib.request.Request(self.url + path, data=body, method=method,
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            self.url + path, data=body, method=method, headers={"Content-Type": "application/json"}
+        )
         try:
             with urllib.request.urlopen(request, context=_client_context(self.pki), timeout=10) as answer:
                 return answer.status, answer.read()
@@ -127,10 +142,14 @@ def test_wrong_paths_methods_and_sizes_are_refused(webhook: Webhook) -> None:
     # A body over --web.max-body-bytes (7 MiB, what an API server can send) is refused from its
     # Content-Length, before it is read.
     context = _client_context(webhook.pki)
-    with ssl.create_connection(("127.0.0.1", webhook.port), timeout=10) as raw, \
-            context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
-        tls.sendall(b"POST /mutate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                    b"Content-Length: 8388608\r\n\r\n{")
+    with (
+        ssl.create_connection(("127.0.0.1", webhook.port), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+    ):
+        tls.sendall(
+            b"POST /mutate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 8388608\r\n\r\n{"
+        )
         assert tls.recv(200).startswith(b"HTTP/1.1 413 ")
     assert webhook.get("/healthz")[0] == 200
 
@@ -138,8 +157,10 @@ def test_wrong_paths_methods_and_sizes_are_refused(webhook: Webhook) -> None:
 def test_a_renewed_certificate_is_served_without_a_restart(webhook: Webhook) -> None:
     def served_subject() -> str:
         context = _client_context(webhook.pki)
-        with ssl.create_connection(("127.0.0.1", webhook.port), timeout=10) as raw, \
-                context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+        with (
+            ssl.create_connection(("127.0.0.1", webhook.port), timeout=10) as raw,
+            context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+        ):
             certificate = tls.getpeercert()
         return dict(item[0] for item in certificate["subject"])["commonName"]  # type: ignore[index]
 
@@ -159,8 +180,10 @@ def test_a_renewed_certificate_is_served_without_a_restart(webhook: Webhook) -> 
 def test_metrics_say_when_the_served_certificate_expires_and_follow_a_renewal(webhook: Webhook) -> None:
     def served_not_after() -> float:
         context = _client_context(webhook.pki)
-        with ssl.create_connection(("127.0.0.1", webhook.port), timeout=10) as raw, \
-                context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+        with (
+            ssl.create_connection(("127.0.0.1", webhook.port), timeout=10) as raw,
+            context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+        ):
             return float(ssl.cert_time_to_seconds(tls.getpeercert()["notAfter"]))  # type: ignore[index]
 
     def exposed() -> float | None:
@@ -169,12 +192,40 @@ def test_metrics_say_when_the_served_certificate_expires_and_follow_a_renewal(we
     assert exposed() == served_not_after()
     # A renewal with a longer validity (30 days, the test CA's server certificates have 2).
     folder = webhook.folder
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "renewed.key", "-out", "renewed.csr",
-            "-subj", "/CN=exporter renewed", cwd=folder)
+    openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "renewed.key",
+        "-out",
+        "renewed.csr",
+        "-subj",
+        "/CN=exporter renewed",
+        cwd=folder,
+    )
     (folder / "renewed.ext").write_text("subjectAltName=IP:127.0.0.1\n")
-    openssl("x509", "-req", "-in", "renewed.csr", "-CA", str(webhook.pki / "ca.crt"), "-CAkey",
-            str(webhook.pki / "ca.key"), "-CAcreateserial", "-CAserial", "renewed.srl", "-days", "30",
-            "-out", "renewed.crt", "-extfile", "renewed.ext", cwd=folder)
+    openssl(
+        "x509",
+        "-req",
+        "-in",
+        "renewed.csr",
+        "-CA",
+        str(webhook.pki / "ca.crt"),
+        "-CAkey",
+        str(webhook.pki / "ca.key"),
+        "-CAcreateserial",
+        "-CAserial",
+        "renewed.srl",
+        "-days",
+        "30",
+        "-out",
+        "renewed.crt",
+        "-extfile",
+        "renewed.ext",
+        cwd=folder,
+    )
     before = exposed()
     time.sleep(1.1)  # file stamps are compared at most once a second
     os.replace(folder / "renewed.key", folder / "tls.key")
@@ -191,6 +242,19 @@ def test_metrics_say_when_the_served_certificate_expires_and_follow_a_renewal(we
 def test_without_certificate_files_it_says_why(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "exporter", "webhook"], capture_output=True, text=True, timeout=60)
     assert result.returncode != 0 and "--tls.cert-file and --tls.key-file are required" in result.stderr
-    result = subprocess.run([sys.executable, "-m", "exporter", "webhook", "--tls.cert-file", str(tmp_path / "no.crt"),
-                             "--tls.key-file", str(tmp_path / "no.key")], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "exporter",
+            "webhook",
+            "--tls.cert-file",
+            str(tmp_path / "no.crt"),
+            "--tls.key-file",
+            str(tmp_path / "no.key"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 1 and "cannot use the TLS certificate and key" in result.stderr

@@ -92,28 +92,51 @@ def test_the_preflight_does_not_ask_for_non_root_where_the_pod_runs_as_root() ->
 
 # ---- generated pods ----
 
-contexts = st.fixed_dictionaries({}, optional={
-    "runAsNonRoot": st.booleans(),
-    "runAsUser": st.sampled_from([0, 1000, 65532]),
-    "allowPrivilegeEscalation": st.booleans(),
-    "privileged": st.booleans(),
-    "capabilities": st.sampled_from([{"drop": ["ALL"]}, {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]},
-                                     {"add": ["IPC_LOCK"]}, {"drop": ["NET_RAW"]}, {}]),
-    "seccompProfile": st.sampled_from([{"type": "RuntimeDefault"}, {"type": "Unconfined"},
-                                       {"type": "Localhost", "localhostProfile": "p.json"}]),
-})
+contexts = st.fixed_dictionaries(
+    {},
+    optional={
+        "runAsNonRoot": st.booleans(),
+        "runAsUser": st.sampled_from([0, 1000, 65532]),
+        "allowPrivilegeEscalation": st.booleans(),
+        "privileged": st.booleans(),
+        "capabilities": st.sampled_from(
+            [
+                {"drop": ["ALL"]},
+                {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]},
+                {"add": ["IPC_LOCK"]},
+                {"drop": ["NET_RAW"]},
+                {},
+            ]
+        ),
+        "seccompProfile": st.sampled_from(
+            [{"type": "RuntimeDefault"}, {"type": "Unconfined"}, {"type": "Localhost", "localhostProfile": "p.json"}]
+        ),
+    },
+)
 # Mostly settings that pass restricted, so that many generated pods do.
 good_contexts = st.just({**HARDENED, "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}})
-pod_contexts = st.fixed_dictionaries({}, optional={
-    "runAsNonRoot": st.booleans(),
-    "runAsUser": st.sampled_from([0, 1000]),
-    "seccompProfile": st.sampled_from([{"type": "RuntimeDefault"}, {"type": "Unconfined"}]),
-    "sysctls": st.just([{"name": "net.ipv4.tcp_syncookies", "value": "1"}]),
-})
-volumes = st.sampled_from([{"emptyDir": {}}, {"configMap": {"name": "c"}}, {"emptyDir": {"medium": "Memory"}},
-                           {"emptyDir": {}}, {"configMap": {"name": "c"}}, {"hostPath": {"path": "/data"}}])
-gpu_resources = st.sampled_from([{"limits": {"nvidia.com/gpu": "8", "rdma/ib": "8"}},
-                                 {"limits": {"nvidia.com/gpu": 1}}, {"limits": {"cpu": "1"}}])
+pod_contexts = st.fixed_dictionaries(
+    {},
+    optional={
+        "runAsNonRoot": st.booleans(),
+        "runAsUser": st.sampled_from([0, 1000]),
+        "seccompProfile": st.sampled_from([{"type": "RuntimeDefault"}, {"type": "Unconfined"}]),
+        "sysctls": st.just([{"name": "net.ipv4.tcp_syncookies", "value": "1"}]),
+    },
+)
+volumes = st.sampled_from(
+    [
+        {"emptyDir": {}},
+        {"configMap": {"name": "c"}},
+        {"emptyDir": {"medium": "Memory"}},
+        {"emptyDir": {}},
+        {"configMap": {"name": "c"}},
+        {"hostPath": {"path": "/data"}},
+    ]
+)
+gpu_resources = st.sampled_from(
+    [{"limits": {"nvidia.com/gpu": "8", "rdma/ib": "8"}}, {"limits": {"nvidia.com/gpu": 1}}, {"limits": {"cpu": "1"}}]
+)
 
 
 @st.composite
@@ -136,8 +159,12 @@ def secured_pods(draw: st.DrawFn) -> dict[str, Any]:
     if draw(st.integers(0, 19)) == 0:
         spec["hostNetwork"] = True
     annotations = {k: "true" for k in WANTS_ALL if draw(st.integers(0, 3)) > 0}
-    return {"apiVersion": "v1", "kind": "Pod", "spec": spec,
-            "metadata": {"name": "w-0", "namespace": "ml", "annotations": annotations}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "spec": spec,
+        "metadata": {"name": "w-0", "namespace": "ml", "annotations": annotations},
+    }
 
 
 def mutated(pod: dict[str, Any], config: WebhookConfig) -> dict[str, Any]:

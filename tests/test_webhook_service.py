@@ -56,18 +56,18 @@ def test_withheld_changes_are_counted_by_change_and_reason() -> None:
     service = WebhookService(WebhookConfig(nccl_debug_file_host_path="/var/log/nccl"))
     for change, reason in WITHHELD:
         assert sample(service, "ccl_webhook_withheld_changes_total", change=change, reason=reason) == 0
-    pod = gpu_pod(annotations={"ccl-health.io/preflight": "true"},
-                  volumes=[{"name": "ccl-nccl-debug", "emptyDir": {}}])
+    pod = gpu_pod(annotations={"ccl-health.io/preflight": "true"}, volumes=[{"name": "ccl-nccl-debug", "emptyDir": {}}])
     pod["spec"]["containers"][1]["name"] = "ccl-preflight"
     pod["spec"]["containers"][0]["env"].append({"name": "CCL_POD_NAME", "value": "someone-else"})
     assert service.mutate(json.dumps(review_request(pod)).encode()).status == 200
-    assert sample(service, "ccl_webhook_withheld_changes_total", change="preflight",
-                  reason="container_name_taken") == 1
-    assert sample(service, "ccl_webhook_withheld_changes_total", change="nccl_debug_file",
-                  reason="volume_name_taken") == 1
+    assert sample(service, "ccl_webhook_withheld_changes_total", change="preflight", reason="container_name_taken") == 1
+    assert (
+        sample(service, "ccl_webhook_withheld_changes_total", change="nccl_debug_file", reason="volume_name_taken") == 1
+    )
     assert sample(service, "ccl_webhook_mutations_total", change="nccl_env") == 1
-    assert sample(service, "ccl_webhook_mutations_total", change="pod_identity_env") == 0, \
+    assert sample(service, "ccl_webhook_mutations_total", change="pod_identity_env") == 0, (
         "no folder is named from it: the pod's own CCL_POD_NAME is left alone"
+    )
     pod["spec"]["volumes"] = []
     assert service.mutate(json.dumps(review_request(pod)).encode()).status == 200
     assert sample(service, "ccl_webhook_mutations_total", change="pod_identity_env") == 1
@@ -120,8 +120,10 @@ def test_the_certificate_expiry_is_exposed_as_the_source_says_it_now() -> None:
     expiry[0] = None  # unreadable: no sample rather than a made-up one
     text = service.render_metrics().body.decode()
     assert "ccl_webhook_tls_certificate_expiry_timestamp_seconds" not in text
-    assert "ccl_webhook_tls_certificate_expiry_timestamp_seconds" not in WebhookService(
-        WebhookConfig()).render_metrics().body.decode()
+    assert (
+        "ccl_webhook_tls_certificate_expiry_timestamp_seconds"
+        not in WebhookService(WebhookConfig()).render_metrics().body.decode()
+    )
 
 
 def test_the_exposition_passes_promtool() -> None:
@@ -131,8 +133,12 @@ def test_the_exposition_passes_promtool() -> None:
 
     service = WebhookService(WebhookConfig(), WebhookMetrics(certificate_expiry=lambda: 1.8e9))
     service.mutate(json.dumps(review_request(gpu_pod())).encode())
-    result = subprocess.run([require_tool("promtool"), "check", "metrics"], input=service.render_metrics().body,
-                            capture_output=True, timeout=60)
+    result = subprocess.run(
+        [require_tool("promtool"), "check", "metrics"],
+        input=service.render_metrics().body,
+        capture_output=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -163,13 +169,15 @@ async def test_the_server_reads_and_decides_a_few_reviews_at_a_time() -> None:
             return Answer(200, b"{}", "application/json")
 
     service = SlowService()
-    async with serving_webhook(service, "127.0.0.1", 0, None, 1 << 20) as server:
-        async with aiohttp.ClientSession() as session:
+    async with (
+        serving_webhook(service, "127.0.0.1", 0, None, 1 << 20) as server,
+        aiohttp.ClientSession() as session,
+    ):
 
-            async def post() -> int:
-                async with session.post(f"http://127.0.0.1:{server.port}/mutate", data=b"{}") as answer:
-                    return answer.status
+        async def post() -> int:
+            async with session.post(f"http://127.0.0.1:{server.port}/mutate", data=b"{}") as answer:
+                return answer.status
 
-            statuses = await asyncio.gather(*(post() for _ in range(3 * MAX_CONCURRENT_REVIEWS)))
+        statuses = await asyncio.gather(*(post() for _ in range(3 * MAX_CONCURRENT_REVIEWS)))
     assert statuses == [200] * (3 * MAX_CONCURRENT_REVIEWS)
     assert service.most == MAX_CONCURRENT_REVIEWS

@@ -1,6 +1,7 @@
 """Which tier a test belongs to, read from the test source (``tests/conftest.py`` applies it).
 
-``make test-fast`` runs ``pytest -m "not e2e and not tool"``; ``make test`` and CI run everything.
+``make test-fast`` runs ``pytest -m "not e2e and not tool and not slow"``; ``make test`` and CI run
+everything.
 
 - ``e2e``: every test under ``tests/e2e`` (real Prometheus, Alertmanager and exporter processes).
 - ``tool``: a test that drives a real system tool or starts processes. A test is one when its
@@ -8,6 +9,8 @@
   names one of ``PROCESS_NAMES``. Functions are followed through the test's own module, the
   ``conftest.py`` files above it and the ``tests.*`` modules it imports from, so a new test lands
   in its tier without a hand-written marker.
+- ``slow``: an in-process test that takes seconds of CPU however it is written (a million log
+  lines, every Kubernetes version's schema, a real probe): one entry of ``SLOW``, with the reason.
 """
 
 from __future__ import annotations
@@ -21,10 +24,54 @@ TESTS = Path(__file__).resolve().parent
 E2E = TESTS / "e2e"
 
 # Names that start a process or need a real tool: a system tool found on PATH, a subprocess, the
-# exporter as a process, the fake NVML library compiled with gcc, the probe's worker processes
-# (torch.distributed with gloo) started by the scheduler and the runner.
-PROCESS_NAMES = frozenset({"require_tool", "subprocess", "ExporterProcess", "build_fake_nvml", "ProbeScheduler",
-                           "run_probe"})
+# exporter as a process (ours, or devtools.stack's simulated one), the fake NVML library compiled
+# with gcc, the probe's worker processes (torch.distributed with gloo) started by the scheduler and
+# the runner.
+PROCESS_NAMES = frozenset(
+    {
+        "require_tool",
+        "subprocess",
+        "ExporterProcess",
+        "SimulatedExporter",
+        "build_fake_nvml",
+        "ProbeScheduler",
+        "run_probe",
+    }
+)
+
+
+# Tests that stay slow however they are written, named ``<file under tests/>::<function>`` (every
+# parametrization of it), each with what makes it slow. A test that starts a process is ``tool``
+# already; the properties run by Hypothesis are not listed: the fast tier runs fewer examples of
+# them (tests/conftest.py). tests/test_tiers.py checks that every name here is a test.
+SLOW: dict[str, str] = {
+    "nccl/test_caps.py::test_a_million_distinct_comm_ids_stay_bounded": "a million log lines through the analyzer",
+    "nccl/test_hostile_lines.py::test_every_pattern_is_linear_on_hostile_lines": (
+        "every pattern of the grammar on every hostile line, each timed until it is under the bound"
+    ),
+    "test_nccl_collector.py::test_hostile_pod_keeps_memory_and_series_bounded": (
+        "two waves of hostile input (a 100 MB line among them) measured with tracemalloc"
+    ),
+    "test_inspector.py::test_the_simulated_node_shows_each_jobs_bus_bandwidth_by_its_network": (
+        "the simulated node's Inspector files, thirteen polls of them"
+    ),
+    "test_helm_chart.py::test_renders_validate_strictly_on_every_kubernetes_version": (
+        "each render against the schemas of thirteen Kubernetes versions"
+    ),
+    "test_helm_lifecycle.py::test_renders_validate_strictly_from_1_30": (
+        "each render against the schemas of every Kubernetes version from 1.30"
+    ),
+    "test_helm_lifecycle.py::test_renders_without_the_1_30_features_validate_strictly_before_1_30": (
+        "each render against the schemas of every Kubernetes version before 1.30"
+    ),
+    "test_preflight.py::test_gang_probe_requires_rdma_and_a_floor": "the real probe: torch and two gloo ranks",
+    "test_nccl_parser_budget.py::test_the_estimate_follows_what_is_really_held": (
+        "24 communicators of 1024 ranks parsed under tracemalloc"
+    ),
+    "test_nccl_parser_budget.py::test_the_node_wide_budget_holds_and_says_what_it_dropped": (
+        "six pods' floods of communicators, twenty polls, until the node-wide budget bites"
+    ),
+}
 
 
 @dataclass
@@ -89,7 +136,7 @@ def _starts_processes(path: Path, name: str, seen: set[tuple[Path, str]]) -> boo
 
 
 def tier(test_file: Path, test_name: str, fixtures: list[str]) -> str | None:
-    """``"e2e"``, ``"tool"`` or None (the fast tier) for one collected test."""
+    """``"e2e"``, ``"tool"``, ``"slow"`` or None (the fast tier) for one collected test."""
     if E2E in test_file.parents:
         return "e2e"
     seen: set[tuple[Path, str]] = set()
@@ -98,4 +145,6 @@ def tier(test_file: Path, test_name: str, fixtures: list[str]) -> str | None:
         return "tool"
     if any(_starts_processes(place, fixture, seen) for fixture in fixtures for place in places):
         return "tool"
+    if f"{test_file.relative_to(TESTS).as_posix()}::{test_name}" in SLOW:
+        return "slow"
     return None

@@ -45,6 +45,8 @@ def rule_partitions() -> set[str]:
     """The values the PodMonitor's hashmod relabeling gives ``ccl_rule_partition``."""
     (hashmod,) = [step for step in pod_monitor_metric_relabelings() if step["action"] == "hashmod"]
     return {str(partition) for partition in range(hashmod["modulus"])}
+
+
 _DURATION = r"(?:\d+(?:ms|[smhdwy]))+"
 
 
@@ -75,7 +77,9 @@ def compress_time(rules_text: str, factor: float, shortest_interval: float = 1.0
         return match.group(1) + _format(seconds)
 
     text = re.sub(rf"\[({_DURATION})(:({_DURATION})?)?\]", window, rules_text)
-    text = re.sub(rf"\boffset ({_DURATION})\b", lambda m: "offset " + _format(duration_seconds(m.group(1)) / factor), text)
+    text = re.sub(
+        rf"\boffset ({_DURATION})\b", lambda m: "offset " + _format(duration_seconds(m.group(1)) / factor), text
+    )
     return re.sub(rf"(?m)^(\s+(for|interval):\s*)({_DURATION})\s*$", clause, text)
 
 
@@ -150,9 +154,14 @@ def cluster(
         # kube-state-metrics is not run here: a static stand-in serves the GPU capacity of each node.
         kube_state_metrics = StaticMetricsServer(gpu_node_capacity_metrics(e.node for e in exporters))
         stack = Stack(
-            workdir, [e.target for e in exporters], rule_files=rule_files, intervals=intervals,
+            workdir,
+            [e.target for e in exporters],
+            rule_files=rule_files,
+            intervals=intervals,
             other_jobs={"kube-state-metrics": [ScrapeTarget(kube_state_metrics.address)]},
-            prometheus_binary=prometheus_binary, alertmanager_binary=alertmanager_binary, backfill=backfill,
+            prometheus_binary=prometheus_binary,
+            alertmanager_binary=alertmanager_binary,
+            backfill=backfill,
         )
         with stack:
             result = Cluster(exporters, stack, kube_state_metrics=kube_state_metrics)

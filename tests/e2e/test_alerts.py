@@ -26,7 +26,8 @@ def test_exporter_killed_raises_absent_and_names_the_node(start_cluster) -> None
     assert alert["labels"]["severity"] == "warning"
     assert "gpu-node-02" in alert["annotations"]["description"]
     assert not any(
-        a["labels"].get("node") == "gpu-node-01" for a in cluster.prometheus.alerts()
+        a["labels"].get("node") == "gpu-node-01"
+        for a in cluster.prometheus.alerts()
         if a["labels"]["alertname"] == "CclExporterAbsent"
     ), "the node whose exporter runs is not reported absent"
 
@@ -37,6 +38,7 @@ def _alerts_named(cluster, alertname: str) -> list[dict]:  # type: ignore[no-unt
 
 def test_rdma_port_down_fires_for_that_port_and_resolves_when_it_is_back(start_cluster) -> None:  # type: ignore[no-untyped-def]
     cluster = start_cluster(nodes=2, intervals=Intervals())
+
     # The rule only pages for ports in service (the most ACTIVE at once in the 7-day look-back the
     # hourly group records, read over its last two values: hours are minutes here): let one record
     # the node's ACTIVE ports.
@@ -80,9 +82,13 @@ def pod_traffic(cluster: Any, transmit_bytes_per_second: float, receive_bytes_pe
     """The training pod on every node moves these bytes/s on its own interface (each simulated
     node's kubelet Summary API, which its exporter reads)."""
     for exporter in cluster.exporters:
-        exporter.act("pod-traffic", namespace=TRAINING_NAMESPACE, pod=TRAINING_POD,
-                     transmit_bytes_per_second=transmit_bytes_per_second,
-                     receive_bytes_per_second=receive_bytes_per_second)
+        exporter.act(
+            "pod-traffic",
+            namespace=TRAINING_NAMESPACE,
+            pod=TRAINING_POD,
+            transmit_bytes_per_second=transmit_bytes_per_second,
+            receive_bytes_per_second=receive_bytes_per_second,
+        )
 
 
 def test_counters_only_suspected_fallback(start_cluster) -> None:  # type: ignore[no-untyped-def]
@@ -109,7 +115,8 @@ def test_data_loading_over_the_pod_network_is_not_taken_for_a_fallback(start_clu
     pod_traffic(cluster, 5e7, 2e9)
     time.sleep(20)
     rate = cluster.prometheus.values(
-        f'namespace_pod:ccl_gpu_pod_network_receive_bytes:rate5m{{namespace="{TRAINING_NAMESPACE}",pod="{TRAINING_POD}"}}')
+        f'namespace_pod:ccl_gpu_pod_network_receive_bytes:rate5m{{namespace="{TRAINING_NAMESPACE}",pod="{TRAINING_POD}"}}'
+    )
     assert rate and rate[0] > 1e9, "the traffic was seen (not vacuously quiet)"
     assert not _alerts_named(cluster, "CclSuspectedTcpFallback"), cluster.prometheus.alerts()
     assert "CclSuspectedTcpFallback" not in cluster.receiver.alertnames("firing")
@@ -150,7 +157,10 @@ def probe_history(node: str, peak: float, minutes: int, now: float) -> str:
     medians the daily group recorded from them (compressed: one every 24 minutes; the compressed
     rules' baseline reads 7 days -> 168 minutes of those)."""
     labels = f'{{node="{node}",collective="all_reduce",scope="inter_node",source="job"}}'
-    hourly, daily = "node:ccl_probe_bus_bandwidth_bytes_per_second:max1h", "node:ccl_probe_bus_bandwidth_bytes_per_second:median1d"
+    hourly, daily = (
+        "node:ccl_probe_bus_bandwidth_bytes_per_second:max1h",
+        "node:ccl_probe_bus_bandwidth_bytes_per_second:median1d",
+    )
     lines = [f"# TYPE {hourly} gauge"]
     lines += [f"{hourly}{labels} {peak:.6e} {int(now) - 60 * i}" for i in range(minutes, 1, -1)]
     lines += [f"# TYPE {daily} gauge"]
@@ -162,11 +172,16 @@ def test_probe_below_its_baseline_fires_for_that_node(start_cluster) -> None:  #
     """Three hours of probe history at ~350 GB/s (backfilled: the real rule wants a 7-day median),
     then a probe Job result peaking at 150 GB/s: 43 % of the baseline, under the 80 % threshold,
     above the 20 GB/s floor."""
-    cluster = start_cluster(nodes=2, intervals=Intervals(), backfill=probe_history("gpu-node-01", 350e9, 180, time.time()))
+    cluster = start_cluster(
+        nodes=2, intervals=Intervals(), backfill=probe_history("gpu-node-01", 350e9, 180, time.time())
+    )
     prometheus = cluster.prometheus
     baseline = prometheus.wait_until(
-        lambda: prometheus.values('node:ccl_probe_bus_bandwidth_bytes_per_second:median7d{node="gpu-node-01",source="job"}'),
-        timeout=90, what="the probe baseline (an hourly group: up to a compressed hour)",
+        lambda: prometheus.values(
+            'node:ccl_probe_bus_bandwidth_bytes_per_second:median7d{node="gpu-node-01",source="job"}'
+        ),
+        timeout=90,
+        what="the probe baseline (an hourly group: up to a compressed hour)",
     )
     assert baseline[0] > 300e9
     cluster.node("gpu-node-01").act("probe-result", busbw_gbps=150)
@@ -187,8 +202,13 @@ def test_tcp_fallback_the_log_cannot_place_pages_from_the_jobs_nodes(start_clust
     cluster = start_cluster(nodes=2, intervals=Intervals())
     node = cluster.node("gpu-node-01")
     node.act("nccl-job-restart", namespace=TRAINING_NAMESPACE, pod=TRAINING_POD, network="Socket", placement="open")
-    want = {"namespace": TRAINING_NAMESPACE, "pod": TRAINING_POD, "job_name": "llama-70b", "node": "gpu-node-01",
-            "evidence": "placement"}
+    want = {
+        "namespace": TRAINING_NAMESPACE,
+        "pod": TRAINING_POD,
+        "job_name": "llama-70b",
+        "node": "gpu-node-01",
+        "evidence": "placement",
+    }
     got = cluster.receiver.wait_alert("CclNcclTcpFallback", "firing", timeout=60, match=want)
     assert got is not None, cluster.prometheus.alerts()
     _, alert = got
@@ -196,7 +216,7 @@ def test_tcp_fallback_the_log_cannot_place_pages_from_the_jobs_nodes(start_clust
     assert "Evidence: placement" in " ".join(alert["annotations"]["description"].split())
     selector = f'node="gpu-node-01",namespace="{TRAINING_NAMESPACE}",pod="{TRAINING_POD}"'
     assert cluster.prometheus.values(f'ccl_nccl_verdict{{{selector},verdict="unknown"}}') == [1.0]
-    assert cluster.prometheus.values(f'ccl_nccl_tcp_fallback{{{selector}}}') == [0.0], "the log alone cannot tell"
+    assert cluster.prometheus.values(f"ccl_nccl_tcp_fallback{{{selector}}}") == [0.0], "the log alone cannot tell"
     assert [a["labels"]["node"] for a in _alerts_named(cluster, "CclNcclTcpFallback")] == ["gpu-node-01"]
 
 
@@ -206,8 +226,9 @@ def test_crossed_rails_raise_the_affinity_warning_for_that_pod_only(start_cluste
     each; the training pod bound rail by rail (every GPU on its PIX NIC) stays silent."""
     cluster = start_cluster(nodes=2, intervals=Intervals())
     node = cluster.node("gpu-node-01")
-    node.act("nccl-job-start", namespace="nlp", pod="gpt-neox-worker-0", job_name="gpt-neox", network="IB",
-             rails="crossed")
+    node.act(
+        "nccl-job-start", namespace="nlp", pod="gpt-neox-worker-0", job_name="gpt-neox", network="IB", rails="crossed"
+    )
     want = {"namespace": "nlp", "pod": "gpt-neox-worker-0", "job_name": "gpt-neox", "node": "gpu-node-01"}
     got = cluster.receiver.wait_alert("CclNcclNicAffinityCrossed", "firing", timeout=90, match=want)
     assert got is not None, cluster.prometheus.alerts()

@@ -74,8 +74,14 @@ def test_history_backfilled_before_start_is_queryable(tmp_path: Path) -> None:
     now = int(time.time())
     lines = ["# TYPE history_probe gauge"]
     lines += [f'history_probe{{node="gpu-node-01"}} {100 + i} {now - 3 * 3600 + 60 * i}' for i in range(170)]
-    stack = Stack(tmp_path, [], rule_files=[], alerting=False, prometheus_binary=prometheus_binary,
-                  backfill="\n".join(lines) + "\n# EOF\n")
+    stack = Stack(
+        tmp_path,
+        [],
+        rule_files=[],
+        alerting=False,
+        prometheus_binary=prometheus_binary,
+        backfill="\n".join(lines) + "\n# EOF\n",
+    )
     with stack:
         assert stack.prometheus is not None
         assert stack.prometheus.values('count_over_time(history_probe{node="gpu-node-01"}[4h])') == [170.0]

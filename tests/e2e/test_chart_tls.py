@@ -42,24 +42,33 @@ SECRETS_WITHOUT_TLS: dict[str, dict[str, bytes]] = {
     "ccl-scrape-wrong": {"username": USERNAME.encode(), "password": b"not-the-password"},
 }
 TLS_CONFIG = {"ca": {"secret": {"name": "ccl-scrape-tls", "key": "ca.crt"}}, "serverName": SERVER_NAME}
-CLIENT_CERTIFICATE = {"cert": {"secret": {"name": "ccl-scrape-tls", "key": "tls.crt"}},
-                      "keySecret": {"name": "ccl-scrape-tls", "key": "tls.key"}}
-BASIC_AUTH = {"username": {"name": "ccl-scrape", "key": "username"},
-              "password": {"name": "ccl-scrape", "key": "password"}}
+CLIENT_CERTIFICATE = {
+    "cert": {"secret": {"name": "ccl-scrape-tls", "key": "tls.crt"}},
+    "keySecret": {"name": "ccl-scrape-tls", "key": "tls.key"},
+}
+BASIC_AUTH = {
+    "username": {"name": "ccl-scrape", "key": "username"},
+    "password": {"name": "ccl-scrape", "key": "password"},
+}
 
 TLS_AND_AUTH: dict[str, Any] = {
     "web": {"configSecret": "ccl-web", "tls": {"enabled": True}, "basicAuth": {"enabled": True}},
     "podMonitor": {"tlsConfig": TLS_CONFIG, "basicAuth": BASIC_AUTH},
 }
 MTLS_AND_AUTH: dict[str, Any] = {
-    "web": {"configSecret": "ccl-web", "tls": {"enabled": True, "clientAuthType": "RequireAndVerifyClientCert"},
-            "basicAuth": {"enabled": True}},
+    "web": {
+        "configSecret": "ccl-web",
+        "tls": {"enabled": True, "clientAuthType": "RequireAndVerifyClientCert"},
+        "basicAuth": {"enabled": True},
+    },
     "podMonitor": {"tlsConfig": {**TLS_CONFIG, **CLIENT_CERTIFICATE}, "basicAuth": BASIC_AUTH},
 }
 WRONG_PASSWORD: dict[str, Any] = {
     **TLS_AND_AUTH,
-    "podMonitor": {"tlsConfig": TLS_CONFIG, "basicAuth": {**BASIC_AUTH, "password": {"name": "ccl-scrape-wrong",
-                                                                                      "key": "password"}}},
+    "podMonitor": {
+        "tlsConfig": TLS_CONFIG,
+        "basicAuth": {**BASIC_AUTH, "password": {"name": "ccl-scrape-wrong", "key": "password"}},
+    },
 }
 
 
@@ -82,12 +91,13 @@ def _web_config(folder: Path, pki: Path, client_certificates: bool) -> Path:
     folder.mkdir(parents=True)
     for name in ("server.crt", "server.key", "ca.crt"):
         (folder / name).write_bytes((pki / name).read_bytes())
-    client = ("  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.crt\n"
-              if client_certificates else "")
+    client = "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.crt\n" if client_certificates else ""
     hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(4)).decode()
     config = folder / "web-config.yml"
-    config.write_text(f"tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n{client}"
-                      f"basic_auth_users:\n  {USERNAME}: '{hashed}'\n")
+    config.write_text(
+        f"tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n{client}"
+        f"basic_auth_users:\n  {USERNAME}: '{hashed}'\n"
+    )
     return config
 
 
@@ -118,9 +128,14 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def secrets(pki: Path) -> Store:
-    return {**SECRETS_WITHOUT_TLS, "ccl-scrape-tls": {"ca.crt": (pki / "ca.crt").read_bytes(),
-                                                      "tls.crt": (pki / "client.crt").read_bytes(),
-                                                      "tls.key": (pki / "client.key").read_bytes()}}
+    return {
+        **SECRETS_WITHOUT_TLS,
+        "ccl-scrape-tls": {
+            "ca.crt": (pki / "ca.crt").read_bytes(),
+            "tls.crt": (pki / "client.crt").read_bytes(),
+            "tls.key": (pki / "client.key").read_bytes(),
+        },
+    }
 
 
 @pytest.fixture(scope="module")
@@ -128,15 +143,21 @@ def served(pki: Path) -> Iterator[dict[str, Served]]:
     """The two exporters, started, and answering their rendered liveness probe."""
     started: dict[str, Served] = {}
     try:
-        for name, values, client_certificates in (("tls-basic-auth", TLS_AND_AUTH, False),
-                                                  ("mtls-basic-auth", MTLS_AND_AUTH, True)):
+        for name, values, client_certificates in (
+            ("tls-basic-auth", TLS_AND_AUTH, False),
+            ("mtls-basic-auth", MTLS_AND_AUTH, True),
+        ):
             config = _web_config(pki / name / "web", pki, client_certificates)
             exporter = SimulatedExporter(f"gpu-node-{len(started) + 1}", extra_args=[f"--web.config.file={config}"])
             started[name] = Served(name, values, exporter.start(wait=False), objects_of(render(values), tests=True))
         for one_served in started.values():
             liveness, _ = _probes(one_served)
-            _wait_until(lambda s=one_served, p=liveness: kubelet_probe(p, "127.0.0.1", {"metrics": s.port}), 60,
-                        f"{one_served.name}: the liveness probe", one_served.exporter)
+            _wait_until(
+                lambda s=one_served, p=liveness: kubelet_probe(p, "127.0.0.1", {"metrics": s.port}),
+                60,
+                f"{one_served.name}: the liveness probe",
+                one_served.exporter,
+            )
         yield started
     finally:
         for one_served in started.values():
@@ -145,13 +166,18 @@ def served(pki: Path) -> Iterator[dict[str, Served]]:
 
 # ---- kubelet's probes ----
 
+
 def test_kubelet_probes_pass_with_tls_and_auth_on(served: dict[str, Served]) -> None:
     for one_served in served.values():
         liveness, readiness = _probes(one_served)
         ports = {"metrics": one_served.port}
         assert kubelet_probe(liveness, "127.0.0.1", ports), one_served.name
-        _wait_until(lambda r=readiness, p=ports: kubelet_probe(r, "127.0.0.1", p), 60,
-                    f"{one_served.name}: the readiness probe", one_served.exporter)
+        _wait_until(
+            lambda r=readiness, p=ports: kubelet_probe(r, "127.0.0.1", p),
+            60,
+            f"{one_served.name}: the readiness probe",
+            one_served.exporter,
+        )
     plain_liveness, _ = _probes(served["tls-basic-auth"])
     assert plain_liveness["httpGet"]["scheme"] == "HTTPS"
     assert "tcpSocket" in _probes(served["mtls-basic-auth"])[0]
@@ -171,6 +197,7 @@ def test_an_https_probe_cannot_pass_where_client_certificates_are_required(serve
 
 # ---- a real Prometheus with the operator's job for the rendered PodMonitor ----
 
+
 def _job(name: str, values: dict[str, Any], target: Served, secrets: Store, folder: Path) -> dict[str, Any]:
     objects = objects_of(render(values))
     monitor = one(objects, "PodMonitor")
@@ -181,8 +208,9 @@ def _job(name: str, values: dict[str, Any], target: Served, secrets: Store, fold
     return job
 
 
-def test_prometheus_scrapes_with_the_rendered_monitor(served: dict[str, Served], secrets: Store,
-                                                      tmp_path: Path) -> None:
+def test_prometheus_scrapes_with_the_rendered_monitor(
+    served: dict[str, Served], secrets: Store, tmp_path: Path
+) -> None:
     tls, mtls = served["tls-basic-auth"], served["mtls-basic-auth"]
     jobs = {  # job -> (values, exporter, whether Prometheus gets the metrics)
         "tls-basic-auth": (TLS_AND_AUTH, tls, True),
@@ -193,16 +221,21 @@ def test_prometheus_scrapes_with_the_rendered_monitor(served: dict[str, Served],
     }
     config = {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-        "scrape_configs": [_job(name, values, target, secrets, tmp_path / "certs")
-                           for name, (values, target, _) in jobs.items()],
+        "scrape_configs": [
+            _job(name, values, target, secrets, tmp_path / "certs") for name, (values, target, _) in jobs.items()
+        ],
     }
     prometheus = Prometheus(require_tool("prometheus"), tmp_path / "prometheus", config)
     prometheus.start()
     try:
         up = prometheus.wait_until(
-            lambda: {s["metric"]["variant"]: s["value"][1] for s in prometheus.query("up")}.keys() == jobs.keys()
-            and {s["metric"]["variant"]: float(s["value"][1]) for s in prometheus.query("up")},
-            timeout=60, what="every job scraped once")
+            lambda: (
+                {s["metric"]["variant"]: s["value"][1] for s in prometheus.query("up")}.keys() == jobs.keys()
+                and {s["metric"]["variant"]: float(s["value"][1]) for s in prometheus.query("up")}
+            ),
+            timeout=60,
+            what="every job scraped once",
+        )
         assert up == {name: float(works) for name, (_, _, works) in jobs.items()}, prometheus.api("targets")
         for name in ("tls-basic-auth", "mtls-basic-auth"):
             (build,) = prometheus.query(f'ccl_exporter_build_info{{variant="{name}"}}')
@@ -216,14 +249,18 @@ def test_prometheus_scrapes_with_the_rendered_monitor(served: dict[str, Served],
         prometheus.stop()
 
 
-def test_the_translation_keeps_only_the_pods_the_monitor_selects(served: dict[str, Served], secrets: Store,
-                                                                 tmp_path: Path) -> None:
+def test_the_translation_keeps_only_the_pods_the_monitor_selects(
+    served: dict[str, Served], secrets: Store, tmp_path: Path
+) -> None:
     """The operator's relabelings run on the discovered labels: of two pods behind the same
     port, the one of another release is dropped before any scrape, so the selector the chart
     renders is the one in force."""
     job = _job("own-release", TLS_AND_AUTH, served["tls-basic-auth"], secrets, tmp_path)
-    other = {**job["static_configs"][0]["labels"], "variant": "other-release",
-             "__meta_kubernetes_pod_label_app_kubernetes_io_instance": "another-release"}
+    other = {
+        **job["static_configs"][0]["labels"],
+        "variant": "other-release",
+        "__meta_kubernetes_pod_label_app_kubernetes_io_instance": "another-release",
+    }
     job["static_configs"].append({"targets": job["static_configs"][0]["targets"], "labels": other})
     config = {"global": {"scrape_interval": "1s"}, "scrape_configs": [job]}
     prometheus = Prometheus(require_tool("prometheus"), tmp_path / "prometheus", config)
@@ -231,7 +268,9 @@ def test_the_translation_keeps_only_the_pods_the_monitor_selects(served: dict[st
     try:
         targets = prometheus.wait_until(
             lambda: (found := prometheus.api("targets"))["activeTargets"] and found["droppedTargets"] and found,
-            timeout=30, what="the targets sorted")
+            timeout=30,
+            what="the targets sorted",
+        )
         assert [t["labels"]["variant"] for t in targets["activeTargets"]] == ["own-release"]
         (dropped,) = targets["droppedTargets"]
         assert dropped["discoveredLabels"]["variant"] == "other-release"
@@ -240,6 +279,7 @@ def test_the_translation_keeps_only_the_pods_the_monitor_selects(served: dict[st
 
 
 # ---- helm test ----
+
 
 def _materialised(sources: list[dict[str, Any]], secrets: Store, folder: Path) -> Path:
     """A projected volume of Secret items, as kubelet would mount it."""
@@ -252,8 +292,9 @@ def _materialised(sources: list[dict[str, Any]], secrets: Store, folder: Path) -
     return folder
 
 
-def _run_helm_test(values: dict[str, Any], target: Served, secrets: Store,
-                   folder: Path) -> subprocess.CompletedProcess[str]:
+def _run_helm_test(
+    values: dict[str, Any], target: Served, secrets: Store, folder: Path
+) -> subprocess.CompletedProcess[str]:
     """The rendered `helm test` pod's script, with its environment and mounts, against ``target``
     (the Service name resolved to the exporter's loopback address)."""
     objects = objects_of(render(values), tests=True)
@@ -266,28 +307,38 @@ def _run_helm_test(values: dict[str, Any], target: Served, secrets: Store,
         sources = volumes[volume]["projected"]["sources"] if volume in volumes else []
         env[variable] = str(_materialised(sources, secrets, folder / volume))
     script = folder / "smoke_check.py"
-    (config_map,) = [o for o in objects
-                     if o["kind"] == "ConfigMap" and o["metadata"]["name"] == pod["metadata"]["name"]]
+    (config_map,) = [
+        o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == pod["metadata"]["name"]
+    ]
     script.write_text(config_map["data"]["smoke_check.py"])
-    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
-                          env={"PATH": os.environ.get("PATH", ""), **env})
+    return subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": os.environ.get("PATH", ""), **env},
+    )
 
 
-def test_helm_test_passes_with_the_monitors_settings(served: dict[str, Served], secrets: Store,
-                                                     tmp_path: Path) -> None:
+def test_helm_test_passes_with_the_monitors_settings(served: dict[str, Served], secrets: Store, tmp_path: Path) -> None:
     for name, values in (("tls-basic-auth", TLS_AND_AUTH), ("mtls-basic-auth", MTLS_AND_AUTH)):
         done = _run_helm_test(values, served[name], secrets, tmp_path / name)
         assert done.returncode == 0, done.stdout + done.stderr
         assert "1 of 1 exporters behind 127.0.0.1 served /metrics over https" in done.stdout
 
 
-@pytest.mark.parametrize(("values", "target", "complaint"), [
-    (WRONG_PASSWORD, "tls-basic-auth", "HTTP 401"),
-    (TLS_AND_AUTH, "mtls-basic-auth", "failed 127.0.0.1"),
-    ({}, "tls-basic-auth", "failed 127.0.0.1"),
-], ids=["wrong-password", "no-client-certificate", "plain-http"])
-def test_helm_test_fails_when_the_scrape_would(served: dict[str, Served], secrets: Store, tmp_path: Path,
-                                               values: dict[str, Any], target: str, complaint: str) -> None:
+@pytest.mark.parametrize(
+    ("values", "target", "complaint"),
+    [
+        (WRONG_PASSWORD, "tls-basic-auth", "HTTP 401"),
+        (TLS_AND_AUTH, "mtls-basic-auth", "failed 127.0.0.1"),
+        ({}, "tls-basic-auth", "failed 127.0.0.1"),
+    ],
+    ids=["wrong-password", "no-client-certificate", "plain-http"],
+)
+def test_helm_test_fails_when_the_scrape_would(
+    served: dict[str, Served], secrets: Store, tmp_path: Path, values: dict[str, Any], target: str, complaint: str
+) -> None:
     done = _run_helm_test(values, served[target], secrets, tmp_path)
     assert done.returncode == 1 and complaint in done.stdout, done.stdout + done.stderr
     assert "0 of 1 exporters" in done.stdout

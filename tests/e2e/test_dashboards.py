@@ -40,8 +40,12 @@ def panels(items: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
 
 
 def panel_queries(dashboard: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
-    return [(panel, target["expr"])
-            for panel in panels(dashboard.get("panels", [])) for target in panel.get("targets", []) if target.get("expr")]
+    return [
+        (panel, target["expr"])
+        for panel in panels(dashboard.get("panels", []))
+        for target in panel.get("targets", [])
+        if target.get("expr")
+    ]
 
 
 def mapped_values(panel: dict[str, Any]) -> dict[str, set[str]]:
@@ -112,13 +116,15 @@ def set_the_scene(node: SimulatedExporter) -> None:
     node.act("rdma-errors", device="mlx5_6", counter="out_of_sequence", count=40)
     node.act("rdma-garbage", device="mlx5_7", attribute="state")
     node.act("nvlink-down", gpu=3, link=7)
-    node.act("nccl-job-start", namespace="research", pod="gpt-neo-worker-1", job_name="gpt-neo", network="IB",
-             gdr="false")
+    node.act(
+        "nccl-job-start", namespace="research", pod="gpt-neo-worker-1", job_name="gpt-neo", network="IB", gdr="false"
+    )
     # The job the training-job dashboard shows restarts onto TCP: NCCL warnings, fallback, all at once.
     node.act("nccl-job-restart", namespace=TRAINING_NAMESPACE, pod=TRAINING_POD, network="Socket")
     # A second pod of that job stays on InfiniBand, rail by rail: the job's GPU -> NIC paths.
-    node.act("nccl-job-start", namespace=TRAINING_NAMESPACE, pod="llama-70b-worker-2", job_name="llama-70b",
-             network="IB")
+    node.act(
+        "nccl-job-start", namespace=TRAINING_NAMESPACE, pod="llama-70b-worker-2", job_name="llama-70b", network="IB"
+    )
 
 
 # Panels known to be empty for a reason outside this repository's dashboards, each with that reason.
@@ -134,8 +140,10 @@ def hourly_probe_history(node: str, hours: int, now: float) -> str:
     labels = f'{{node="{node}",collective="all_reduce",scope="inter_node",source="job"}}'
     top_of_hour = int(now) // 3600 * 3600
     lines = ["# TYPE node:ccl_probe_bus_bandwidth_bytes_per_second:max1h gauge"]
-    lines += [f"node:ccl_probe_bus_bandwidth_bytes_per_second:max1h{labels} 3.5e11 {top_of_hour - 3600 * i}"
-              for i in range(hours, 0, -1)]
+    lines += [
+        f"node:ccl_probe_bus_bandwidth_bytes_per_second:max1h{labels} 3.5e11 {top_of_hour - 3600 * i}"
+        for i in range(hours, 0, -1)
+    ]
     lines += ["# TYPE node:ccl_probe_bus_bandwidth_bytes_per_second:median1d gauge"]
     lines += [f"node:ccl_probe_bus_bandwidth_bytes_per_second:median1d{labels} 3.5e11 {top_of_hour - 3600 * 6}"]
     lines += ["# TYPE node:ccl_probe_bus_bandwidth_bytes_per_second:median7d gauge"]
@@ -149,9 +157,14 @@ def test_every_panel_query_returns_data(start_cluster, tmp_path: Path) -> None: 
     assert rules
     # Per-link NVLink series are opt-in (docs/metrics.md, NVLink mode); the node dashboard's
     # per-link panels need them, so this fleet runs with them on to exercise every panel.
-    cluster = start_cluster(nodes=3, intervals=Intervals(), rule_files=rules, before_scrape=None,
-                            exporter_args=(*EXPORTER_ARGS, "--collector.nvml.nvlink-granularity=link"),
-                            backfill=hourly_probe_history("gpu-node-01", 30, time.time()))
+    cluster = start_cluster(
+        nodes=3,
+        intervals=Intervals(),
+        rule_files=rules,
+        before_scrape=None,
+        exporter_args=(*EXPORTER_ARGS, "--collector.nvml.nvlink-granularity=link"),
+        backfill=hourly_probe_history("gpu-node-01", 30, time.time()),
+    )
     # Port down and errors need a "before" sample to be a change: let the fleet run, then act.
     time.sleep(3)
     set_the_scene(cluster.exporters[0])

@@ -62,14 +62,28 @@ def test_bus_bandwidth_through_prometheus_matches_the_records(tmp_path: Path) ->
     (inspector / f"ml_eval-0_{UID}").mkdir(parents=True)
     port = free_loopback_port()
     address = f"127.0.0.1:{port}"
-    argv = [sys.executable, "-m", "exporter", "serve", f"--web.listen-address={address}",
-            "--collector.disable-defaults", "--collector.inspector", f"--path.nccl-inspector={inspector}",
-            f"--path.state={tmp_path / 'state'}", "--log.level=warning"]
+    argv = [
+        sys.executable,
+        "-m",
+        "exporter",
+        "serve",
+        f"--web.listen-address={address}",
+        "--collector.disable-defaults",
+        "--collector.inspector",
+        f"--path.nccl-inspector={inspector}",
+        f"--path.state={tmp_path / 'state'}",
+        "--log.level=warning",
+    ]
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         assert wait_answering(f"http://{address}/healthz", proc, "exporter", 30.0)
-        stack = Stack(tmp_path / "stack", [ScrapeTarget(address, {"node": "gpu-a"})], alerting=False,
-                      intervals=Intervals(), prometheus_binary=prometheus_binary)
+        stack = Stack(
+            tmp_path / "stack",
+            [ScrapeTarget(address, {"node": "gpu-a"})],
+            alerting=False,
+            intervals=Intervals(),
+            prometheus_binary=prometheus_binary,
+        )
         with stack:
             prometheus = stack.prometheus
             assert prometheus is not None
@@ -84,8 +98,10 @@ def test_bus_bandwidth_through_prometheus_matches_the_records(tmp_path: Path) ->
                 written += lines
                 time.sleep(0.5)
             # A .prom file (v5.1) of another pod: one bucket at 200 GB/s, settled when read.
-            labels = ('version="v5.1",slurm_job_id="unknown",node="eval-0",gpu="GPU0",comm_name="eval",n_nodes="1",'
-                      f'nranks="8",collective="AllReduce",message_size="{size_range(512 << 20)}",algo_proto="NVLS_Simple"')
+            labels = (
+                'version="v5.1",slurm_job_id="unknown",node="eval-0",gpu="GPU0",comm_name="eval",n_nodes="1",'
+                f'nranks="8",collective="AllReduce",message_size="{size_range(512 << 20)}",algo_proto="NVLS_Simple"'
+            )
             prom = inspector / f"ml_eval-0_{UID}" / "nccl_inspector_metrics_1a2b.prom"
             prom.write_text("\n".join(prom_bucket_lines(labels, [4697], [200.0])) + "\n")
             os.utime(prom, (time.time() - 5, time.time() - 5))
@@ -95,16 +111,25 @@ def test_bus_bandwidth_through_prometheus_matches_the_records(tmp_path: Path) ->
             time.sleep(1.5)  # one more scrape of the final values
             for name, busbw in expected.items():
                 selector = f'{{namespace="ml",pod="llama-0",collective="{LABEL[name]}"}}'
-                cumulative = prometheus.values(f"sum(ccl_nccl_collective_bus_bytes_total{selector})"
-                                               f" / sum(ccl_nccl_collective_seconds_total{selector})")
+                cumulative = prometheus.values(
+                    f"sum(ccl_nccl_collective_bus_bytes_total{selector})"
+                    f" / sum(ccl_nccl_collective_seconds_total{selector})"
+                )
                 assert cumulative and cumulative[0] == pytest.approx(busbw, rel=0.01), name
-                windowed = prometheus.values(f"sum(rate(ccl_nccl_collective_bus_bytes_total{selector}[30s]))"
-                                             f" / sum(rate(ccl_nccl_collective_seconds_total{selector}[30s]))")
+                windowed = prometheus.values(
+                    f"sum(rate(ccl_nccl_collective_bus_bytes_total{selector}[30s]))"
+                    f" / sum(rate(ccl_nccl_collective_seconds_total{selector}[30s]))"
+                )
                 assert windowed and windowed[0] == pytest.approx(busbw, rel=0.01), name
             prom_selector = '{namespace="ml",pod="eval-0",collective="all_reduce",scope="intra_node"}'
             found = prometheus.wait_until(
-                lambda: prometheus.values(f"sum(ccl_nccl_collective_bus_bytes_total{prom_selector})"
-                                          f" / sum(ccl_nccl_collective_seconds_total{prom_selector})"), 30, ".prom")
+                lambda: prometheus.values(
+                    f"sum(ccl_nccl_collective_bus_bytes_total{prom_selector})"
+                    f" / sum(ccl_nccl_collective_seconds_total{prom_selector})"
+                ),
+                30,
+                ".prom",
+            )
             assert found[0] == pytest.approx(200e9, rel=0.01)
     finally:
         stop_process(proc)
@@ -120,11 +145,14 @@ def test_a_simulated_fleets_jobs_carry_their_names_and_their_networks_bandwidth(
     rule = "job_name_collective:ccl_nccl_collective_bus_bandwidth_bytes_per_second:rate5m"
     query = f'{rule}{{collective="all_reduce",scope="inter_node",size_class="100MB_1GB"}}'
     jobs = {"llama-70b", "bert-finetune"}  # the node's other multi-node jobs (a crossed-rail one) may show too
-    prometheus.wait_until(lambda: jobs <= {r["metric"]["job_name"] for r in prometheus.query(query)}, 60,
-                          "both multi-node jobs")
+    prometheus.wait_until(
+        lambda: jobs <= {r["metric"]["job_name"] for r in prometheus.query(query)}, 60, "both multi-node jobs"
+    )
     time.sleep(3)
-    got = {(r["metric"]["namespace"], r["metric"]["job_name"], r["metric"]["job_kind"]): float(r["value"][1])
-           for r in prometheus.query(query)}
+    got = {
+        (r["metric"]["namespace"], r["metric"]["job_name"], r["metric"]["job_kind"]): float(r["value"][1])
+        for r in prometheus.query(query)
+    }
     assert got[("ml-training", "llama-70b", "PyTorchJob")] == pytest.approx(355e9, rel=0.05)
     assert got[("research", "bert-finetune", "PyTorchJob")] == pytest.approx(9e9, rel=0.05)
     pods = {r["metric"]["pod"] for r in prometheus.query("ccl_nccl_collective_operations_total")}

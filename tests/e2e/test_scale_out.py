@@ -66,8 +66,12 @@ def split_across_shards(stack: ShardedStack, fleet: list[SimulatedExporter]) -> 
 
 def placement_page(global_rules: Path) -> str:
     """The expression of the TCP-fallback page from the job's placement, as the global rules have it."""
-    (expr,) = [rule["expr"] for group in yaml.safe_load(global_rules.read_text())["groups"] for rule in group["rules"]
-               if rule.get("alert") == "CclNcclTcpFallback"]
+    (expr,) = [
+        rule["expr"]
+        for group in yaml.safe_load(global_rules.read_text())["groups"]
+        for rule in group["rules"]
+        if rule.get("alert") == "CclNcclTcpFallback"
+    ]
     return str(expr)
 
 
@@ -75,8 +79,14 @@ def test_job_split_across_shards_pages_from_the_global_ruler_only(fleet, tmp_pat
     require_distributed_stack()
     intervals = Intervals()
     node_rules, global_rules = compressed_rules(tmp_path / "rules", shortest_interval=intervals.evaluation_seconds)
-    with ShardedStack(tmp_path / "stack", [e.target for e in fleet], local_rules=[node_rules],
-                      global_rules=[global_rules], cluster=CLUSTER, intervals=intervals) as stack:
+    with ShardedStack(
+        tmp_path / "stack",
+        [e.target for e in fleet],
+        local_rules=[node_rules],
+        global_rules=[global_rules],
+        cluster=CLUSTER,
+        intervals=intervals,
+    ) as stack:
         by_shard = split_across_shards(stack, fleet)
         first, second = sorted(by_shard[0])[0], sorted(by_shard[1])[0]
         # The job keeps GPUs and NCCL pods on exactly two nodes, one per shard.
@@ -89,10 +99,17 @@ def test_job_split_across_shards_pages_from_the_global_ruler_only(fleet, tmp_pat
         stack.store.wait_until(lambda: stack.store.values(job_nodes) == [2.0], 30, "the job on two nodes")  # type: ignore[union-attr]
 
         fleet_node = next(e for e in fleet if e.node == first)
-        fleet_node.act("nccl-job-restart", namespace=TRAINING_NAMESPACE, pod=TRAINING_POD, network="Socket",
-                       placement="open")
-        want = {"cluster": CLUSTER, "namespace": TRAINING_NAMESPACE, "pod": TRAINING_POD, "job_name": JOB_NAME,
-                "node": first, "evidence": "placement"}
+        fleet_node.act(
+            "nccl-job-restart", namespace=TRAINING_NAMESPACE, pod=TRAINING_POD, network="Socket", placement="open"
+        )
+        want = {
+            "cluster": CLUSTER,
+            "namespace": TRAINING_NAMESPACE,
+            "pod": TRAINING_POD,
+            "job_name": JOB_NAME,
+            "node": first,
+            "evidence": "placement",
+        }
         got = stack.receiver.wait_alert("CclNcclTcpFallback", "firing", timeout=60, match=want)
         assert got is not None, stack.global_ruler.alerts() if stack.global_ruler else None
         _, alert = got
@@ -114,13 +131,15 @@ def test_job_split_across_shards_pages_from_the_global_ruler_only(fleet, tmp_pat
         # The shards' recording rules reach the global store through their vmagent, with `cluster`.
         ports = stack.store.query(f'node:ccl_rdma_ports:count{{cluster="{CLUSTER}",node=~"{first}|{second}"}}')
         assert sorted((s["metric"]["node"], s["metric"]["cluster"]) for s in ports) == sorted(
-            [(first, CLUSTER), (second, CLUSTER)]), ports
+            [(first, CLUSTER), (second, CLUSTER)]
+        ), ports
 
         # The PodMonitor's metric relabeling, as vmagent applies it: each node's NCCL Inspector
         # counters carry one `ccl_rule_partition` of 0 to 7, no other series carries one, and the
         # in-job rates recorded by a shard's numbered group (not -unpartitioned) reach the store.
         counters = stack.store.wait_until(
-            lambda: stack.store.query("ccl_nccl_collective_seconds_total"), 30, "the Inspector's counters")  # type: ignore[union-attr]
+            lambda: stack.store.query("ccl_nccl_collective_seconds_total"), 30, "the Inspector's counters"
+        )  # type: ignore[union-attr]
         partitions = {(s["metric"]["node"], s["metric"].get("ccl_rule_partition")) for s in counters}
         assert {partition for _, partition in partitions} <= rule_partitions(), partitions
         assert len(partitions) == len({node for node, _ in partitions}), f"one partition per node: {partitions}"

@@ -19,8 +19,20 @@ def build_fake_nvml(gcc: str, out_dir: Path, defines: Sequence[str] = ()) -> Pat
     """Compile the fake into ``out_dir/libnvidia-ml.so.1``; returns the folder."""
     out_dir.mkdir(parents=True, exist_ok=True)
     subprocess.run(
-        [gcc, "-shared", "-fPIC", "-O2", "-Wall", "-Werror", f"-Wl,-soname,{LIBRARY_NAME}",
-         *(f"-D{d}" for d in defines), "-o", str(out_dir / LIBRARY_NAME), str(SOURCE), "-lpthread"],
+        [
+            gcc,
+            "-shared",
+            "-fPIC",
+            "-O2",
+            "-Wall",
+            "-Werror",
+            f"-Wl,-soname,{LIBRARY_NAME}",
+            *(f"-D{d}" for d in defines),
+            "-o",
+            str(out_dir / LIBRARY_NAME),
+            str(SOURCE),
+            "-lpthread",
+        ],
         check=True,
         capture_output=True,
         text=True,

@@ -78,9 +78,14 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
 def test_warning_counts_are_counts_not_the_sample(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The JSON keeps a sample of warning lines; the text output counts every one of them."""
     log = tmp_path / "warnings.log"
-    log.write_text(HEALTHY.read_text() + "".join(
-        f"h:7:7 [0] transport/net_ib.cc:1295 NCCL WARN NET/IB : Got completion from peer 10.0.0.{i % 250} "
-        f"with error 12, opcode 0, len 0, vendor err 129\n" for i in range(100)))
+    log.write_text(
+        HEALTHY.read_text()
+        + "".join(
+            f"h:7:7 [0] transport/net_ib.cc:1295 NCCL WARN NET/IB : Got completion from peer 10.0.0.{i % 250} "
+            f"with error 12, opcode 0, len 0, vendor err 129\n"
+            for i in range(100)
+        )
+    )
     code, out, _ = run(capsys, str(log))
     assert code == 0
     assert "ib_completion_error x100" in out
@@ -129,13 +134,14 @@ def test_unreadable_input_exits_1_and_says_why(tmp_path: Path, capsys: pytest.Ca
     assert (code, out) == (1, "") and "broken.log.gz" in err and err.count("\n") == 1
 
 
-def test_a_line_longer_than_memory_should_hold_is_skipped_not_loaded(tmp_path: Path,
-                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_line_longer_than_memory_should_hold_is_skipped_not_loaded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     log = tmp_path / "huge.log"
     with log.open("w") as f:
         f.write("x" * (20 * 1024 * 1024) + "\n")
         f.write(FALLBACK.read_text())
-    code, out, _ = run(capsys, "--json", str(log))
+    code, _, _ = run(capsys, "--json", str(log))
     assert code == 3
 
 
@@ -151,7 +157,11 @@ def test_console_script_is_registered() -> None:
 def test_standard_input_as_in_kubectl_logs_pipe(compress: bool) -> None:
     """``kubectl logs POD | ccl-exporter analyze -`` (plain or gzip), as the runbooks say."""
     data = FALLBACK.read_bytes()
-    proc = subprocess.run([sys.executable, "-m", "exporter", "analyze", "--json", "-"],
-                          input=gzip.compress(data) if compress else data, capture_output=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "exporter", "analyze", "--json", "-"],
+        input=gzip.compress(data) if compress else data,
+        capture_output=True,
+        timeout=60,
+    )
     assert proc.returncode == 3, proc.stderr
     assert json.loads(proc.stdout)["verdict"] == "tcp_fallback"

@@ -155,8 +155,10 @@ def test_the_memchr_searches_find_what_the_re_searches_find(seed: int) -> None:
     rng = random.Random(seed)
     alphabet = [b"P", b"U", b"v", b"c", b" ", b":", b"\n", b"x", b"i", b"a", b"s", b"n", b"g", b"o", b"m", b"d"]
     words = [b" via ", b"Using", b"comm ", b" Pid ", b" P ", b" P:", b"P"]
-    pieces = [rng.choice(words) if rng.random() < rng.choice([0.01, 0.3]) else rng.choice(alphabet)
-              for _ in range(rng.randrange(1, 6000))]
+    pieces = [
+        rng.choice(words) if rng.random() < rng.choice([0.01, 0.3]) else rng.choice(alphabet)
+        for _ in range(rng.randrange(1, 6000))
+    ]
     block = b"".join(pieces) + b"\n"
     stop = block.rfind(b"\n") + 1
     for word in analyze._BARE_WORDS:

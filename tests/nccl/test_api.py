@@ -14,7 +14,7 @@ node0:100:110 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [receive] via NET/Socket
 node0:100:110 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/Socket/0
 node0:100:110 [0] NCCL INFO comm 0x1 rank 0 nranks 2 cudaDev 0 nvmlDev 0 busId 1b000 commId 0xabc - Init COMPLETE
 node0:100:120 [0] transport/net_socket.cc:400 NCCL WARN NET/Socket : socketProgress: Connection closed by remote peer node1<4242>
-"""
+"""  # noqa: E501 - NCCL log lines, whole as NCCL writes them
 
 
 def feed(text: str, limits: Limits | None = None) -> LogAnalyzer:
@@ -35,8 +35,18 @@ def test_verdict_types_and_json_shape() -> None:
     assert comm.comm_id == "0xabc" and comm.nranks == 2
     assert comm.transports == {("net_socket", "inter_node", "0"): 2}
     assert all(isinstance(w, NcclWarning) for w in verdict.warnings)
-    assert set(verdict.to_json()) == {"verdict", "inter_node_tcp", "network", "gdr", "nccl_version", "nodes",
-                                      "nranks", "communicators", "warnings", "reasons"}
+    assert set(verdict.to_json()) == {
+        "verdict",
+        "inter_node_tcp",
+        "network",
+        "gdr",
+        "nccl_version",
+        "nodes",
+        "nranks",
+        "communicators",
+        "warnings",
+        "reasons",
+    }
     assert dataclasses.is_dataclass(verdict) and dataclasses.fields(CommunicatorSummary)[0].name == "comm_id"
 
 

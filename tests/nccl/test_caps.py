@@ -29,8 +29,10 @@ def test_a_million_distinct_comm_ids_stay_bounded() -> None:
     analyzer = LogAnalyzer(limits)
     n = 1_000_000
     for i in range(n):
-        analyzer.feed(f"h:1:1 [0] NCCL INFO comm 0x1 rank 0 nranks 2 cudaDev 0 nvmlDev 0 busId 1000 "
-                      f"commId 0x{i:x} - Init COMPLETE")
+        analyzer.feed(
+            f"h:1:1 [0] NCCL INFO comm 0x1 rank 0 nranks 2 cudaDev 0 nvmlDev 0 busId 1000 "
+            f"commId 0x{i:x} - Init COMPLETE"
+        )
         if i % 100_000 == 0:
             analyzer.result()
     assert len(analyzer.communicators) <= limits.max_communicators
@@ -43,8 +45,10 @@ def test_endless_distinct_connections_processes_and_threads_stay_bounded() -> No
     limits = Limits(max_connections=1000, max_processes=50, max_threads=8)
     analyzer = LogAnalyzer(limits)
     for i in range(20_000):
-        analyzer.feed(f"host{i % 200}:{i}:{i % 97} [0] NCCL INFO Channel {i % 64:02d}/0 : {i}[0] -> {i + 1}[0] "
-                      f"[send] via NET/Socket/0")
+        analyzer.feed(
+            f"host{i % 200}:{i}:{i % 97} [0] NCCL INFO Channel {i % 64:02d}/0 : {i}[0] -> {i + 1}[0] "
+            f"[send] via NET/Socket/0"
+        )
     assert len(analyzer.connections) <= 1000
     assert len(analyzer.processes) <= 50
     assert all(len(p.threads) <= 8 for p in analyzer.processes.values())
@@ -62,8 +66,10 @@ def test_a_fallback_seen_before_eviction_is_not_forgotten() -> None:
         analyzer.feed(line)
     assert analyzer.result().verdict == "tcp_fallback"
     for i in range(10):
-        analyzer.feed(f"a:1:1 [0] NCCL INFO comm 0x2 rank 0 nranks 1 cudaDev 0 nvmlDev 0 busId 1000 "
-                      f"commId 0x{i:x} - Init COMPLETE")
+        analyzer.feed(
+            f"a:1:1 [0] NCCL INFO comm 0x2 rank 0 nranks 1 cudaDev 0 nvmlDev 0 busId 1000 "
+            f"commId 0x{i:x} - Init COMPLETE"
+        )
     verdict = analyzer.result()
     assert "0xf00" not in [c.comm_id for c in verdict.communicators]
     assert verdict.verdict == "tcp_fallback" and verdict.inter_node_tcp is True
@@ -84,8 +90,10 @@ def test_evicted_communicators_leave_no_pointers_behind() -> None:
     limits = Limits(max_communicators=8, max_pointers=256)
     analyzer = LogAnalyzer(limits)
     for i in range(2000):
-        analyzer.feed(f"h:1:1 [0] NCCL INFO comm 0x{i:x} rank 0 nranks 2 cudaDev 0 nvmlDev 0 busId 1000 "
-                      f"commId 0x{i + 1:x} - Init START")
+        analyzer.feed(
+            f"h:1:1 [0] NCCL INFO comm 0x{i:x} rank 0 nranks 2 cudaDev 0 nvmlDev 0 busId 1000 "
+            f"commId 0x{i + 1:x} - Init START"
+        )
         analyzer.feed("h:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/0")
     (process,) = analyzer.processes.values()
     assert set(process.pointers.values()) <= set(analyzer.communicators)

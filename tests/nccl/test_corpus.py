@@ -55,7 +55,10 @@ CASES = [case for case in ALL_CASES if case[0] not in HELD_OUT]
 def _analyze_available() -> bool:
     probe = subprocess.run(
         [sys.executable, "-m", "exporter", "analyze", "--help"],
-        cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
     )
     return probe.returncode == 0
 
@@ -74,7 +77,10 @@ def _run(path: Path) -> tuple[int, dict[str, Any] | None, str]:
     """(exit code, the one JSON object printed, stderr) of ``analyze --json <path>``."""
     proc = subprocess.run(
         [sys.executable, "-m", "exporter", "analyze", "--json", str(path)],
-        cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
     )
     try:
         obj = json.loads(proc.stdout)
@@ -88,7 +94,7 @@ def _run_all() -> dict[str, tuple[int, dict[str, Any] | None, str]]:
     """Every log of the corpus, two runs at a time (the command is CPU-bound; the machine is shared)."""
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(lambda case: _run(case[1]), ALL_CASES))
-    return {case[0]: result for case, result in zip(ALL_CASES, results)}
+    return {case[0]: result for case, result in zip(ALL_CASES, results, strict=True)}
 
 
 def _mismatches(label: dict[str, Any], code: int, got: dict[str, Any] | None) -> list[str]:
@@ -153,7 +159,9 @@ def test_corpus_covers_the_shapes_it_claims() -> None:
 # --- the command against the corpus --------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("case", "label"), [(case, label) for case, _, label in CASES], ids=[case for case, _, _ in CASES])
+@pytest.mark.parametrize(
+    ("case", "label"), [(case, label) for case, _, label in CASES], ids=[case for case, _, _ in CASES]
+)
 def test_each_log_gets_its_label(case: str, label: dict[str, Any]) -> None:
     _require_analyze()
     code, got, stderr = _run_all()[case]
@@ -191,8 +199,10 @@ def test_the_held_out_part_scores_within_3_points_of_the_rest() -> None:
         score[3] += label["verdict"] != "tcp_fallback" and got_tcp is True
     (held_right, held_knowable, held_missed, held_alarms), (right, knowable, _, _) = scores[True], scores[False]
     held, rest = held_right / held_knowable, right / knowable
-    print(f"\nheld out: {held_right}/{held_knowable} right ({held:.1%}), {held_missed} fallbacks missed, "
-          f"{held_alarms} false alarms; the rest: {right}/{knowable} ({rest:.1%})")
+    print(
+        f"\nheld out: {held_right}/{held_knowable} right ({held:.1%}), {held_missed} fallbacks missed, "
+        f"{held_alarms} false alarms; the rest: {right}/{knowable} ({rest:.1%})"
+    )
     assert held >= rest - MAX_HELD_OUT_GAP, f"held-out part {held:.1%} against {rest:.1%} on the rest"
 
 
@@ -220,8 +230,10 @@ def test_corpus_bars() -> None:
             knowable += 1
             knowable_right += got_tcp is label["inter_node_tcp"]
     accuracy = knowable_right / knowable if knowable else 0.0
-    print(f"\ncorpus: {len(CASES)} logs, inter_node_tcp right on {knowable_right}/{knowable} knowable "
-          f"({accuracy:.1%}), {len(guesses)} guesses on unknowable, {len(missed_fallbacks)} fallbacks missed")
+    print(
+        f"\ncorpus: {len(CASES)} logs, inter_node_tcp right on {knowable_right}/{knowable} knowable "
+        f"({accuracy:.1%}), {len(guesses)} guesses on unknowable, {len(missed_fallbacks)} fallbacks missed"
+    )
     print(f"mismatches ({len(table)} logs):\n" + "\n".join(table) if table else "no mismatches")
     assert not missed_fallbacks, f"TCP fallbacks not caught: {missed_fallbacks}"
     assert not guesses, f"non-null inter_node_tcp where the log does not show it: {guesses}"

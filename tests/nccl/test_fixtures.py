@@ -44,9 +44,15 @@ def test_reasons_quote_lines_of_the_log(log: Path) -> None:
 
 # The classes of verdict the fixtures cover, so that dropping one is noticed.
 FALLBACKS = {
-    "v2_4_ib_disabled_socket_two_nodes", "v2_7_mpi_socket_fallback", "v2_19_pod_log_socket_fallback_nnodes",
-    "v2_26_timestamps_socket_over_ipoib", "gcp_gpudirecttcpx_two_nodes", "gcp_fastsocket_two_nodes",
-    "interleaved_records_socket", "same_hostname_two_nodes_socket", "nccl_tests_table_socket_excerpt",
+    "v2_4_ib_disabled_socket_two_nodes",
+    "v2_7_mpi_socket_fallback",
+    "v2_19_pod_log_socket_fallback_nnodes",
+    "v2_26_timestamps_socket_over_ipoib",
+    "gcp_gpudirecttcpx_two_nodes",
+    "gcp_fastsocket_two_nodes",
+    "interleaved_records_socket",
+    "same_hostname_two_nodes_socket",
+    "nccl_tests_table_socket_excerpt",
     "v2_10_same_size_communicators_socket",  # several communicators under one key ("nranks:2")
     "v2_10_one_node_of_two_socket",  # peer on the GPU a local rank's init line names
 }

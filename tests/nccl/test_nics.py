@@ -60,14 +60,22 @@ def test_lines_the_log_cannot_place_are_left_out() -> None:
     assert uses(base + [p + "Channel 00/0 : 3[3] -> 4[0] [send] via NET/IB/0"]) == (), "an NVML index, no init line"
     assert uses(base + [p + "Channel 00 : 3[5d000] -> 4[9a000] [send] via NET/IB/4"]) == (), "no device [4] listed"
     assert uses([p + "Channel 00 : 3[5d000] -> 4[9a000] [send] via NET/IB/0"]) == (), "no NET/IB : Using line"
-    socket = [p + "NET/Socket : Using [0]eth0:10.0.0.1<0>", p + "Channel 00 : 3[5d000] -> 4[9a000] [send] via NET/Socket/0"]
+    socket = [
+        p + "NET/Socket : Using [0]eth0:10.0.0.1<0>",
+        p + "Channel 00 : 3[5d000] -> 4[9a000] [send] via NET/Socket/0",
+    ]
     assert uses(socket) == (), "TCP: no RDMA NIC"
 
 
 def test_device_lists_with_rails_and_planes_are_read() -> None:
-    event = parse_message("NET/IB : Using [0]mlx5_0:1:3/IB [1]mlx5_1:1::2/RoCE [2]mlx5_2:1/IB [RO]; OOB eth0:10.0.0.1<0>")
+    event = parse_message(
+        "NET/IB : Using [0]mlx5_0:1:3/IB [1]mlx5_1:1::2/RoCE [2]mlx5_2:1/IB [RO]; OOB eth0:10.0.0.1<0>"
+    )
     assert isinstance(event, IbDevicesEvent)
     assert [(d.index, d.device, d.port, d.link) for d in event.devices] == [
-        (0, "mlx5_0", 1, "IB"), (1, "mlx5_1", 1, "RoCE"), (2, "mlx5_2", 1, "IB")]
+        (0, "mlx5_0", 1, "IB"),
+        (1, "mlx5_1", 1, "RoCE"),
+        (2, "mlx5_2", 1, "IB"),
+    ]
     line = parse_message("Channel 02/1 : 7[7] -> 8[0] [send] via NET/IB/3(5)/GDRDMA(PCI)/Shared")
     assert isinstance(line, ConnectionEvent) and (line.net_device, line.proxy_rank, line.gdr) == (3, 5, True)

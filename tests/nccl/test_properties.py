@@ -15,8 +15,9 @@ REAL_LINES = [line for path in sorted(FIXTURES.glob("*.log")) for line in path.r
 
 decoded_bytes = st.binary(max_size=400).map(lambda b: b.decode("utf-8", errors="replace"))
 truncated_real = st.builds(lambda line, cut: line[:cut], st.sampled_from(REAL_LINES), st.integers(0, 300))
-spliced = st.builds(lambda a, b, cut: a[:cut] + b, st.sampled_from(REAL_LINES), st.sampled_from(REAL_LINES),
-                    st.integers(0, 200))
+spliced = st.builds(
+    lambda a, b, cut: a[:cut] + b, st.sampled_from(REAL_LINES), st.sampled_from(REAL_LINES), st.integers(0, 200)
+)
 lines = st.one_of(st.text(max_size=300), decoded_bytes, truncated_real, spliced, st.sampled_from(REAL_LINES))
 
 
@@ -68,8 +69,18 @@ def test_pathological_prefix_text_is_fast_enough_to_finish() -> None:
     assert analyzer.result() is not None
 
 
-TINY = Limits(max_processes=2, max_threads=1, max_communicators=2, max_connections=5, max_ranks=3, max_pointers=2,
-              max_env=1, max_warnings=1, max_versions=1, max_records_per_line=2)
+TINY = Limits(
+    max_processes=2,
+    max_threads=1,
+    max_communicators=2,
+    max_connections=5,
+    max_ranks=3,
+    max_pointers=2,
+    max_env=1,
+    max_warnings=1,
+    max_versions=1,
+    max_records_per_line=2,
+)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
