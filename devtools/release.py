@@ -15,7 +15,7 @@ name a version before any build reads them are set here, in the commit the tag p
 
 Then one commit, "Release X.Y.Z", and an annotated tag ``vX.Y.Z`` on it. Nothing is pushed.
 Between releases these files keep naming the latest release, whose image exists, while builds of
-later commits are ``X.Y.(Z+1).devN`` (tests/test_release.py holds both). Refuses a dirty working
+later commits are ``X.Y.(Z+1).devN`` (tests/house/test_release.py holds both). Refuses a dirty working
 tree, a version not above the latest tag, an existing tag, and an empty "Unreleased".
 """
 

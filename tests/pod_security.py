@@ -2,7 +2,7 @@
 PodSecurity admission plugin runs them on a pod, written from the upstream policy definitions:
 kubernetes/kubernetes ``staging/src/k8s.io/pod-security-admission/policy/check_*.go`` (each check
 below names its file). No validator of these levels is on PyPI; this one is checked against
-pods built to fail each check (tests/test_pod_security.py).
+pods built to fail each check (tests/manifests/test_pod_security.py).
 
 What it leaves out, each making it stricter than upstream, never laxer: the relaxations for pods
 with user namespaces (``hostUsers: false``, runAsNonRoot/runAsUser from 1.33) and the sysctls

@@ -43,32 +43,32 @@ PROCESS_NAMES = frozenset(
 # Tests that stay slow however they are written, named ``<file under tests/>::<function>`` (every
 # parametrization of it), each with what makes it slow. A test that starts a process is ``tool``
 # already; the properties run by Hypothesis are not listed: the fast tier runs fewer examples of
-# them (tests/conftest.py). tests/test_tiers.py checks that every name here is a test.
+# them (tests/conftest.py). tests/house/test_tiers.py checks that every name here is a test.
 SLOW: dict[str, str] = {
     "nccl/test_caps.py::test_a_million_distinct_comm_ids_stay_bounded": "a million log lines through the analyzer",
     "nccl/test_hostile_lines.py::test_every_pattern_is_linear_on_hostile_lines": (
         "every pattern of the grammar on every hostile line, each timed until it is under the bound"
     ),
-    "test_nccl_collector.py::test_hostile_pod_keeps_memory_and_series_bounded": (
+    "collectors/test_nccl_collector.py::test_hostile_pod_keeps_memory_and_series_bounded": (
         "two waves of hostile input (a 100 MB line among them) measured with tracemalloc"
     ),
-    "test_inspector.py::test_the_simulated_node_shows_each_jobs_bus_bandwidth_by_its_network": (
+    "collectors/test_inspector.py::test_the_simulated_node_shows_each_jobs_bus_bandwidth_by_its_network": (
         "the simulated node's Inspector files, thirteen polls of them"
     ),
-    "test_helm_chart.py::test_renders_validate_strictly_on_every_kubernetes_version": (
+    "manifests/test_helm_chart.py::test_renders_validate_strictly_on_every_kubernetes_version": (
         "each render against the schemas of thirteen Kubernetes versions"
     ),
-    "test_helm_lifecycle.py::test_renders_validate_strictly_from_1_30": (
+    "manifests/test_helm_lifecycle.py::test_renders_validate_strictly_from_1_30": (
         "each render against the schemas of every Kubernetes version from 1.30"
     ),
-    "test_helm_lifecycle.py::test_renders_without_the_1_30_features_validate_strictly_before_1_30": (
+    "manifests/test_helm_lifecycle.py::test_renders_without_the_1_30_features_validate_strictly_before_1_30": (
         "each render against the schemas of every Kubernetes version before 1.30"
     ),
-    "test_preflight.py::test_gang_probe_requires_rdma_and_a_floor": "the real probe: torch and two gloo ranks",
-    "test_nccl_parser_budget.py::test_the_estimate_follows_what_is_really_held": (
+    "commands/test_preflight.py::test_gang_probe_requires_rdma_and_a_floor": "the real probe: torch and two gloo ranks",
+    "collectors/test_nccl_parser_budget.py::test_the_estimate_follows_what_is_really_held": (
         "24 communicators of 1024 ranks parsed under tracemalloc"
     ),
-    "test_nccl_parser_budget.py::test_the_node_wide_budget_holds_and_says_what_it_dropped": (
+    "collectors/test_nccl_parser_budget.py::test_the_node_wide_budget_holds_and_says_what_it_dropped": (
         "six pods' floods of communicators, twenty polls, until the node-wide budget bites"
     ),
 }

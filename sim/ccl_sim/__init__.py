@@ -8,5 +8,5 @@ a laptop with no GPU and no NIC. Each part of the node is a ``SimPart`` of ``Sim
 the collectors as the node's ``NodeResources``, ``control`` drives it over
 ``POST /-/sim/<action>``, and ``serve`` (``python -m ccl_sim serve``) runs ``ccl-exporter serve``
 on it through the seam ``serve`` offers any caller (``exporter.commands.serve.ServedNode``). It depends on
-``exporter``; nothing in ``exporter`` knows it exists (tests/test_layering.py).
+``exporter``; nothing in ``exporter`` knows it exists (tests/house/test_layering.py).
 """

@@ -31,9 +31,9 @@ import pytest
 
 from devtools.stack import Prometheus, SimulatedExporter
 from tests.conftest import require_tool
+from tests.manifests.test_helm_chart import container, objects_of, one, render
 from tests.operator_scrape import Pod, Store, kubelet_probe, scrape_config
 from tests.pki import issue, make_ca
-from tests.test_helm_chart import container, objects_of, one, render
 
 SERVER_NAME = "ccl-exporter.ccl-health.svc"  # what the exporter's certificate names (podMonitor.tlsConfig.serverName)
 USERNAME, PASSWORD = "prometheus", "s3cret-scrape"

@@ -1,0 +1,1 @@
+"""Tests of exporter/collectors/ and the shared node resources: metric families from sources."""

@@ -1,0 +1,1 @@
+"""Tests of exporter/commands/: each subcommand's flags, behaviour and output."""

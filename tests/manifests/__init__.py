@@ -1,0 +1,1 @@
+"""Tests of the kustomize manifests and the Helm chart: renders, schemas, conventions."""

@@ -1,0 +1,1 @@
+"""Tests of the admission webhook: its decisions, bodies, patches and HTTPS server."""
