@@ -1,8 +1,8 @@
-"""Drive the simulated node from outside: ``POST /-/sim/<action>`` (simulate mode only).
+"""Drive the simulated node from outside: ``POST /-/sim/<action>`` (the simulated node only).
 
-``ccl-exporter serve --simulate`` adds these routes so that ``make demo``, the end-to-end
+``python -m ccl_sim serve`` adds these routes so that ``make demo``, the end-to-end
 tests and the fleet benchmark can change what the simulated node shows while real
-Prometheus and Alertmanager watch it. They exist only with ``--simulate``, only act on the
+Prometheus and Alertmanager watch it. They exist only on the simulated node, only act on the
 simulated folder tree, and answer only requests from loopback addresses. A POST that a web
 page made (its ``Origin``, or ``Referer`` when there is no ``Origin``, is anything but this
 exporter's own loopback origin, e.g. ``http://127.0.0.1:19400``) is refused, so a page open in

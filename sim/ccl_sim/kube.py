@@ -3,7 +3,7 @@
 ``SimKube`` has the ``CoreV1Api`` methods the hooks call (``patch_namespaced_pod_status``,
 ``create_namespaced_event``, ``read_node_status``, ``patch_node_status``) and does what the API
 server does with them: merges conditions by type, refuses an Event name that exists (409). So
-``serve --simulate --collector.lifecycle`` runs the real write path, and ``POST
+``python -m ccl_sim serve --collector.lifecycle`` runs the real write path, and ``POST
 /-/sim/kube-status`` (``status``) shows what a ``kubectl describe`` would: each pod's
 ``ccl-health.io/fabric-ready``, the Events, the node's ``CclFabricDegraded``. Bounded: at most
 ``MAX_EVENTS`` Events are kept, the oldest go first.

@@ -85,7 +85,7 @@ class SimJobEnd:
 
 
 def default_node(root: Path, seed: int = 7, job_ends_after_seconds: float = 0.0) -> SimulatedNode:
-    """The node ``serve --simulate`` runs: 8 NDR InfiniBand ports and 2 RoCE ports, 8 GPUs
+    """The node ``python -m ccl_sim serve`` runs: 8 NDR InfiniBand ports and 2 RoCE ports, 8 GPUs
     with 18 NVLinks each on an HGX-like PCI tree (each GPU beside one compute NIC, two sockets),
     held by one training pod that the pod-resources socket reports with its NICs, and
     training pods whose logs carry NCCL output (one of them fell back to TCP, one crossed its

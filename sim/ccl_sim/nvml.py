@@ -1,4 +1,4 @@
-"""Simulated NVML for ``serve --simulate``: 8 H200-class GPUs with 18 NVLinks each.
+"""Simulated NVML for ``python -m ccl_sim serve``: 8 H200-class GPUs with 18 NVLinks each.
 
 ``SimNvml`` is both a ``SimPart`` (its counters advance with the simulated job) and an
 ``NvmlBackend`` (the NVML and pod-resources collectors read it in place of pynvml). The GPUs
