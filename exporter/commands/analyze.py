@@ -456,8 +456,12 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             print(f"ccl-exporter analyze: cannot write {args.html}: {exc.strerror or exc}", file=sys.stderr)
             return EXIT_UNREADABLE
-    if args.json:
-        sys.stdout.write(json.dumps(verdict.to_json(), sort_keys=False) + "\n")
-    else:
-        render_text(verdict, sys.stdout, analyzer.warnings_by_category)
+    try:
+        if args.json:
+            sys.stdout.write(json.dumps(verdict.to_json(), sort_keys=False) + "\n")
+        else:
+            render_text(verdict, sys.stdout, analyzer.warnings_by_category)
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader stopped early (`| head -1`): the exit code still says the verdict
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
     return EXIT_CODES[verdict.verdict]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -165,3 +166,17 @@ def test_standard_input_as_in_kubectl_logs_pipe(compress: bool) -> None:
     )
     assert proc.returncode == 3, proc.stderr
     assert json.loads(proc.stdout)["verdict"] == "tcp_fallback"
+
+
+@pytest.mark.parametrize("form", [[], ["--json"]], ids=["table", "json"])
+def test_a_reader_that_stops_early_gets_no_traceback_and_the_verdicts_exit_code(
+    form: list[str], tmp_path: Path
+) -> None:
+    """`ccl-exporter analyze LOG | head -1`: the reader may close the pipe before the verdict is
+    written; the command says nothing on stderr about it and still exits 3 for the fallback."""
+    errors = tmp_path / "stderr"
+    command = [sys.executable, "-m", "exporter", "analyze", *form, str(FALLBACK)]
+    script = f'{" ".join(map(shlex.quote, command))} 2>{shlex.quote(str(errors))} | true; exit "${{PIPESTATUS[0]}}"'
+    result = subprocess.run(["bash", "-c", script], timeout=60)
+    assert errors.read_text() == ""
+    assert result.returncode == 3
