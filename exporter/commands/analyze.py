@@ -449,10 +449,10 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_UNREADABLE
     verdict = analyzer.result()
     if getattr(args, "html", None):
-        from exporter.commands import analyze_report as report  # only when asked for
+        from exporter.commands import analyze_report  # only when asked for
 
         try:
-            report.write(Path(args.html), analyzer, [str(p) for p in args.paths], one_line(verdict))
+            analyze_report.write(Path(args.html), analyzer, [str(p) for p in args.paths], one_line(verdict))
         except OSError as exc:
             print(f"ccl-exporter analyze: cannot write {args.html}: {exc.strerror or exc}", file=sys.stderr)
             return EXIT_UNREADABLE

@@ -18,6 +18,7 @@ from exporter.collectors import all_collectors
 from exporter.collectors.base import CollectorSpec
 from exporter.flags import Flag
 from tests.conftest import REPO
+from tests.manifests.test_helm_chart import NAMESPACE, RELEASE, container, objects_of
 
 MAX_RECIPE_FILES = 6
 
@@ -84,15 +85,8 @@ def _chart_with(specs: tuple[CollectorSpec, ...], folder: Path) -> Path:
 
 def _daemonset_args(chart: Path, values: dict[str, Any]) -> list[str]:
     with Chart.load(chart) as loaded:
-        rendered = loaded.render(values, name="ccl-health-exporter", namespace="ccl-health")
-    for path, text in rendered.items():
-        if path.endswith(".txt"):  # NOTES.txt
-            continue
-        for document in yaml.safe_load_all(text):
-            if document and document.get("kind") == "DaemonSet":
-                (container,) = document["spec"]["template"]["spec"]["containers"]
-                return [str(arg) for arg in container["args"]]
-    raise AssertionError("no DaemonSet rendered")
+        rendered = loaded.render(values, name=RELEASE, namespace=NAMESPACE)
+    return [str(arg) for arg in container(objects_of(rendered))["args"]]
 
 
 @pytest.mark.parametrize("default_enabled", [True, False], ids=["on-by-default", "off-by-default"])
@@ -127,15 +121,3 @@ def test_a_collector_known_only_by_its_spec_reaches_the_flags_and_the_chart(
     assert (flag_off if default_enabled else flag_on) in flipped
     with pytest.raises(Exception, match="example"):  # the schema takes the switch's type from the registry
         _daemonset_args(chart, {"collectors": {"example": "yes"}})
-
-
-def test_the_charts_collector_switches_are_the_registrys() -> None:
-    """What ``make chart-files`` writes is what the chart holds (a new collector: run it)."""
-    specs = all_collectors()
-    wanted = chart_files.wanted(specs)
-    for path in (chart_files.VALUES, chart_files.SCHEMA, chart_files.COLLECTORS_TEMPLATE):
-        assert path.read_bytes() == wanted[path], f"{path.name}: run make chart-files"
-    off = {spec.name for spec in specs if not spec.default_enabled}
-    assert chart_files.COLLECTORS_TEMPLATE.read_text().split("\n")[3].split() == sorted(
-        off, key=[s.name for s in specs].index
-    )
