@@ -19,6 +19,12 @@ from hypothesis import is_hypothesis_test, settings
 from tests.fixturetree import unpack
 from tests.tiers import tier
 
+# jsonschema imports rfc3987_syntax where it is installed (the SBOM tool's dependencies bring it)
+# to check the "iri" format, and that import builds a parser: two seconds in every test process.
+# No test checks formats (jsonschema.validate asserts none without a format checker), so the module
+# reads as not installed, which jsonschema handles as it does any missing format library.
+sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
+
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")

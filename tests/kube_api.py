@@ -13,6 +13,7 @@ the lifecycle hooks: ``PATCH .../pods/<name>/status`` and ``PATCH /api/v1/nodes/
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import threading
 import time
@@ -237,7 +238,9 @@ class RecordedApiServer:
         self.state = state or ApiState()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self.state))
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        # stop() waits for the serving loop to see the shutdown: at most one poll of 50 ms.
+        serve = functools.partial(self._server.serve_forever, poll_interval=0.05)
+        self._thread = threading.Thread(target=serve, daemon=True)
 
     @property
     def url(self) -> str:

@@ -32,6 +32,20 @@ from tests.kube_api import ApiState, RecordedApiServer, wait_for
 NODE = "gpu-node-7"
 
 
+class SkippingWallClock:
+    """The exporter's wall clock in these tests: real time plus the seconds a test skipped ahead, so
+    a test waits out a readiness timeout or the one-second resolution of a written time at once."""
+
+    def __init__(self) -> None:
+        self.skipped = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.skipped
+
+    def skip(self, seconds: float) -> None:
+        self.skipped += seconds
+
+
 class NoNvml:
     """No NVML here (the nvml collector is off): placement comes from the logs alone."""
 
@@ -113,6 +127,7 @@ class LifecycleNode:
     nccl: NcclCollector
     lifecycle: LifecycleCollector
     resources: NodeResources
+    clock: SkippingWallClock
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: threading.Thread | None = None
     _stopped: bool = field(default=False)
@@ -176,6 +191,7 @@ def lifecycle_node(
     paths.pod_logs.mkdir(parents=True, exist_ok=True)
     state = ApiState(pods=[*pods], nodes={NODE: node_object or {"metadata": {"name": NODE}, "status": {}}})
     api = RecordedApiServer(state).start()
+    clock = SkippingWallClock()
     resources = NodeResources(
         paths,
         nvml=NoNvml(),
@@ -183,11 +199,12 @@ def lifecycle_node(
         pod_metadata=lambda: KubePodCache(NODE, api_factory=api.api_factory(), watch_seconds=5),
         kube=KubeNode(NODE, api.api_factory()),
         nvml_collected=False,
+        clock=clock,
     )
     nccl = build_nccl(NcclSettings(300.0, NcclLimits()), resources)
     lifecycle = build_lifecycle(LifecycleCollectorSettings(hooks), resources)
     resources.start()
-    node = LifecycleNode(paths, rdma, api, nccl, lifecycle, resources)
+    node = LifecycleNode(paths, rdma, api, nccl, lifecycle, resources, clock)
     if not wait_for(resources.pod_metadata.is_authoritative):
         node.close()
         raise TimeoutError("the pod list did not sync from the recorded API")

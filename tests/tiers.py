@@ -117,33 +117,40 @@ def _conftests(test_file: Path) -> list[Path]:
     return found
 
 
-def _starts_processes(path: Path, name: str, seen: set[tuple[Path, str]]) -> bool:
-    """Whether function ``name`` of module ``path`` names a process, itself or through what it uses."""
-    if (path, name) in seen:
-        return False
-    seen.add((path, name))
-    module = _read(path)
-    if name in module.imported:
-        return _starts_processes(*module.imported[name], seen)
-    used = module.functions.get(name)
-    if used is None:
-        return False
-    if used & PROCESS_NAMES:
-        return True
-    # Names used here may be functions of this module, names it imports, or fixtures from a conftest.
-    places = [path, *_conftests(path)]
-    return any(_starts_processes(place, other, seen) for other in used for place in places)
+@functools.cache
+def _starts_processes(path: Path, name: str) -> bool:
+    """Whether function ``name`` of module ``path`` names a process, itself or through what it uses
+    (a search of everything it reaches; each answer is kept, as tests share helpers and fixtures)."""
+    seen: set[tuple[Path, str]] = set()
+    to_visit = [(path, name)]
+    while to_visit:
+        place, function = to_visit.pop()
+        if (place, function) in seen:
+            continue
+        seen.add((place, function))
+        module = _read(place)
+        if function in module.imported:
+            to_visit.append(module.imported[function])
+            continue
+        used = module.functions.get(function)
+        if used is None:
+            continue
+        if used & PROCESS_NAMES:
+            return True
+        # Names used here may be functions of this module, names it imports, or fixtures from a conftest.
+        places = [place, *_conftests(place)]
+        to_visit.extend((where, other) for other in used for where in places)
+    return False
 
 
 def tier(test_file: Path, test_name: str, fixtures: list[str]) -> str | None:
     """``"e2e"``, ``"tool"``, ``"slow"`` or None (the fast tier) for one collected test."""
     if E2E in test_file.parents:
         return "e2e"
-    seen: set[tuple[Path, str]] = set()
     places = [test_file, *_conftests(test_file)]
-    if _starts_processes(test_file, test_name, seen):
+    if _starts_processes(test_file, test_name):
         return "tool"
-    if any(_starts_processes(place, fixture, seen) for fixture in fixtures for place in places):
+    if any(_starts_processes(place, fixture) for fixture in fixtures for place in places):
         return "tool"
     if f"{test_file.relative_to(TESTS).as_posix()}::{test_name}" in SLOW:
         return "slow"

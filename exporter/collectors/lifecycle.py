@@ -20,7 +20,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 
 from exporter.collectors.base import CollectorSpec
 from exporter.flags import Flag
-from exporter.lifecycle.controller import DELAY_BUCKETS, LifecycleController, LifecycleSettings
+from exporter.lifecycle.controller import DELAY_BUCKETS, Clocks, LifecycleController, LifecycleSettings
 from exporter.lifecycle.writes import LifecycleApi
 from exporter.resources import NodeResources
 
@@ -177,6 +177,7 @@ def build(settings: LifecycleCollectorSettings, resources: NodeResources) -> Lif
         node_name=resources.node_name,
         sysfs=resources.paths.sysfs,
         probe_results=resources.paths.probe_results,
+        clocks=Clocks(wall=resources.clock),
     )
     return LifecycleCollector(controller)
 

@@ -124,6 +124,15 @@ class _Written:
     transition: str
 
 
+@dataclass(frozen=True)
+class Clocks:
+    """The controller's two clocks: ``monotonic`` for its intervals, backoff and delays; ``wall``
+    for the times it writes to the API and the age of pods and result files."""
+
+    monotonic: Callable[[], float] = time.monotonic
+    wall: Callable[[], float] = time.time
+
+
 def _rfc3339(seconds: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
@@ -151,7 +160,7 @@ class LifecycleController:
         node_name: str,
         sysfs: Path,
         probe_results: Path,
-        clock: Callable[[], float] = time.monotonic,
+        clocks: Clocks = Clocks(),
     ) -> None:
         self.settings = settings
         self.feed = feed
@@ -160,7 +169,8 @@ class LifecycleController:
         self.node_name = node_name
         self._sysfs = sysfs
         self._probe_results = probe_results
-        self._clock = clock
+        self._clock = clocks.monotonic
+        self._wall = clocks.wall
         self._fabric: dict[tuple[str, str], PodFabric] = {}
         self._view_at: float | None = None
         self._results: list[ProbeResult] = []
@@ -173,7 +183,7 @@ class LifecycleController:
         self._node_read = False
         self._node_due = 0.0
         self._backoff = Backoff()
-        self._started = clock()
+        self._started = self._clock()
         self._views_seen = False
         self._failing: set[str] = set()  # write kinds whose last attempt failed (logged once per streak)
         self.writes: dict[tuple[str, str], int] = {(k, r): 0 for k in WRITE_KINDS for r in WRITE_RESULTS}
@@ -212,7 +222,7 @@ class LifecycleController:
         self._results_read_at = now
         reading = read_probe_results(
             self._probe_results,
-            time.time(),
+            self._wall(),
             self.settings.results_max_age_seconds,
             cache=self._results_cache,
             pod_known=pod_known_on_node(self.pods),
@@ -247,19 +257,19 @@ class LifecycleController:
         """``lastTransitionTime``: kept while the status stays, now when it changes (or is unknown)."""
         if current is not None and current.transition and current.condition.status == desired.status:
             return current.transition
-        return _rfc3339(time.time())
+        return _rfc3339(self._wall())
 
     # -- the writes, each True when it took effect ------------------------------------------
 
     def _patch_pod(self, namespace: str, pod: str, condition: Condition, transition: str) -> bool:
-        self.api.patch_pod_condition(namespace, pod, condition, transition, _rfc3339(time.time()))
+        self.api.patch_pod_condition(namespace, pod, condition, transition, _rfc3339(self._wall()))
         return True
 
     def _create_event(self, namespace: str, pod: str, uid: str, note: EventNote) -> bool:
-        return self.api.create_pod_event(namespace, pod, uid, note, self.node_name, _rfc3339(time.time()))
+        return self.api.create_pod_event(namespace, pod, uid, note, self.node_name, _rfc3339(self._wall()))
 
     def _patch_node(self, condition: Condition, transition: str) -> bool:
-        self.api.patch_node_condition(self.node_name, condition, transition, _rfc3339(time.time()))
+        self.api.patch_node_condition(self.node_name, condition, transition, _rfc3339(self._wall()))
         return True
 
     # -- pods --------------------------------------------------------------------------
@@ -277,7 +287,7 @@ class LifecycleController:
         from_status = [m.preflight.result for m in listed.values() if m.preflight and m.preflight.result]
         preflights: dict[tuple[str, str], PreflightOutcome] = latest_preflights([*from_status, *self._results])
         timeout = self._readiness_timeout(now)
-        wall = time.time()
+        wall = self._wall()
         live = set()
         for (namespace, name), meta in listed.items():
             if not meta.fabric_ready_gate:

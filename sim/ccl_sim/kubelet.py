@@ -11,6 +11,7 @@ an HTTPS server of the tests).
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from exporter.sources.kubelet_stats import summary_document
 
 CHATTER_BYTES_PER_SECOND = 20e3  # metrics, logs, heartbeats: what every pod sends and receives
 SUMMARY_PATH = "/stats/summary"
+SHUTDOWN_POLL_SECONDS = 0.05
 
 PodKey = tuple[str, str]
 
@@ -79,7 +81,9 @@ class SimKubeletStats:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="sim-kubelet", daemon=True)
+        # A short poll: close() waits for the serving loop to see the shutdown, at most one poll.
+        serve = functools.partial(self._server.serve_forever, poll_interval=SHUTDOWN_POLL_SECONDS)
+        self._thread = threading.Thread(target=serve, name="sim-kubelet", daemon=True)
         self._thread.start()
 
     def advance(self, clock: SimClock) -> None:

@@ -72,6 +72,7 @@ class SimRdma:
     counters: dict[tuple[str, str], int] = field(default_factory=dict)
     root: Path | None = None
     quiet_devices: set[str] = field(default_factory=set)  # ports with no traffic (down, or job gone)
+    flushed: dict[tuple[str, str], int] = field(default_factory=dict)  # what each counter file holds
 
     def _port_dir(self, spec: SimPortSpec) -> Path:
         assert self.root is not None
@@ -134,9 +135,12 @@ class SimRdma:
         self._flush()
 
     def _flush(self) -> None:
+        """Write the counters whose value moved since their file was last written."""
         by_device = {spec.device: spec for spec in self.ports}
         for (device, name), value in self.counters.items():
-            write_attribute(self._port_dir(by_device[device]) / name, value)
+            if self.flushed.get((device, name)) != value:
+                write_attribute(self._port_dir(by_device[device]) / name, value)
+                self.flushed[(device, name)] = value
 
     def set_port_state(self, device: str, state: str, phys_state: str) -> None:
         """Take a port down (or up) in the simulated tree, for demos and e2e tests.
@@ -163,5 +167,7 @@ class SimRdma:
             self.quiet_devices.add(device)
 
     def write_port_attribute(self, device: str, name: str, value: str) -> None:
-        """Overwrite one attribute file of a port (e.g. garbage, as a buggy driver might expose)."""
+        """Overwrite one attribute file of a port (e.g. garbage, as a buggy driver might expose); a
+        counter's file gets its value back at the next tick."""
         write_attribute(self._port_dir(self.port(device)) / name, value)
+        self.flushed.pop((device, name), None)

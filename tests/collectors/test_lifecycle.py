@@ -18,7 +18,7 @@ import kubernetes_validate
 import pytest
 
 from ccl_sim.podlogs import SimJob, pytorchjob_labels
-from exporter.collectors.lifecycle import LifecycleCollector
+from exporter.collectors.lifecycle import TICK_SECONDS, LifecycleCollector
 from exporter.fabric_verdicts import PodFabric, VerdictFeed
 from exporter.lifecycle.controller import LifecycleSettings
 from exporter.results.probe_file import Check, ProbeResult, write_result
@@ -135,7 +135,7 @@ def test_healthy_fallback_and_failed_preflight_pods(make_node: Any) -> None:
 
     # Only on change: more ticks write nothing more, and the Event is not repeated.
     before = len(node.state.writes())
-    time.sleep(1.5)
+    time.sleep(3 * TICK_SECONDS)
     assert len(node.state.writes()) == before
     metrics = "".join(f"{m.name} {m.samples}\n" for m in node.lifecycle.collect())
     assert "pod_event" in metrics
@@ -147,13 +147,13 @@ def test_a_status_change_moves_the_transition_time_and_a_message_change_does_not
     write_nccl_log(node.paths, job)
     assert wait_for(lambda: node.pod_condition(job) is not None, timeout=20)
     first = dict(node.pod_condition(job))
-    time.sleep(1.1)  # the transition time has a resolution of one second
+    node.clock.skip(1.1)  # the transition time has a resolution of one second
     job.restarts += 1  # the container restarts, NCCL comes back on IB: same status, new line quoted
     write_nccl_log(node.paths, job)
     assert wait_for(lambda: node.pod_condition(job)["message"] != first["message"], timeout=20)
     second = dict(node.pod_condition(job))
     assert second["status"] == "True" and second["lastTransitionTime"] == first["lastTransitionTime"]
-    time.sleep(1.1)
+    node.clock.skip(1.1)
     job.restarts += 1
     job.network = "Socket"
     write_nccl_log(node.paths, job)

@@ -25,8 +25,9 @@ import pytest
 
 from ccl_sim.paths import simulated_paths
 from ccl_sim.podlogs import SimJob, pytorchjob_labels
+from exporter.collectors.lifecycle import TICK_SECONDS
 from exporter.fabric_verdicts import PodFabric, VerdictFeed
-from exporter.lifecycle.controller import FIRST_VIEW_GRACE_SECONDS, LifecycleController, LifecycleSettings
+from exporter.lifecycle.controller import FIRST_VIEW_GRACE_SECONDS, Clocks, LifecycleController, LifecycleSettings
 from exporter.lifecycle.writes import LifecycleApi
 from exporter.results.preflight_message import render_report
 from exporter.results.probe_file import Check, ProbeResult
@@ -104,7 +105,7 @@ def test_an_exporter_that_starts_late_opens_the_gates_of_pods_past_the_timeout_i
     assert (checked["status"], checked["reason"]) == ("False", "PreflightFailed"), "the termination message counts"
     assert f"port_state: {PORT_DOWN}" in checked["message"]
 
-    time.sleep(1.0)
+    time.sleep(3 * TICK_SECONDS)
     assert node.pod_condition(FRESH) is None and not node.pod_patches(FRESH), "within the timeout: no answer yet"
     assert not node.pod_patches(KEPT), "a condition already there is kept"
 
@@ -128,8 +129,9 @@ def test_a_restarted_exporter_reads_the_logs_before_the_timeout_answers(make_nod
 def test_the_timeout_runs_from_the_pods_start_and_zero_waits_forever(make_node: Any) -> None:
     waiting = make_node(3.0, (api_pod(FRESH, started_at=time.time()),))
     forever = make_node(0.0, (api_pod(LATE, started_at=time.time() - LONG_AGO),))
-    time.sleep(1.0)
+    time.sleep(3 * TICK_SECONDS)
     assert waiting.pod_condition(FRESH) is None
+    waiting.clock.skip(3.0)
     assert wait_for(lambda: waiting.pod_condition(FRESH) is not None, timeout=20)
     condition = waiting.pod_condition(FRESH)
     assert (condition["status"], condition["reason"]) == ("True", "NoVerdictInTime")
@@ -159,11 +161,11 @@ def test_a_gang_that_never_prints_becomes_ready_for_kueue_after_the_timeout(make
     def gang_ready() -> bool:
         return all(is_ready(node.state.pod(job.namespace, job.pod) or {"status": {}, "spec": {}}) for job in gang)
 
-    started = time.monotonic()
     assert wait_for(lambda: node.pod_condition(gang[1]) is not None, timeout=20)
+    time.sleep(3 * TICK_SECONDS)
     assert not gang_ready(), "the quiet pod keeps the gang not ready within the timeout"
-    assert wait_for(gang_ready, timeout=20)
-    assert time.monotonic() - started < 4.0 + 6.0, "ready once the readiness timeout has passed"
+    node.clock.skip(4.0)
+    assert wait_for(gang_ready, timeout=20), "ready once the readiness timeout has passed"
     assert [node.pod_condition(job)["reason"] for job in gang] == ["NoVerdictInTime", "RdmaTransport"]
 
 
@@ -202,7 +204,7 @@ def test_the_timeout_waits_for_the_nccl_collectors_first_pass(tmp_path: Path) ->
                 node_name="gpu-node-7",
                 sysfs=tmp_path,
                 probe_results=tmp_path,
-                clock=lambda: now[0],
+                clocks=Clocks(monotonic=lambda: now[0]),
             )
 
         feed = VerdictFeed()
