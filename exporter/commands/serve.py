@@ -65,12 +65,7 @@ class ServeConfig:
 log = logging.getLogger("exporter")
 
 WEB_FLAGS = (
-    Flag(
-        "--web.listen-address",
-        None,
-        f"address to listen on (default 0.0.0.0:{DEFAULT_PORT})",
-        dest="listen_address",
-    ),
+    Flag("--web.listen-address", f"0.0.0.0:{DEFAULT_PORT}", "address to listen on", dest="listen_address"),
     Flag(
         "--web.config.file",
         "",
@@ -208,7 +203,7 @@ def config_from_args(args: argparse.Namespace, specs: Sequence[CollectorSpec]) -
             on = explicit
         if on:
             enabled.append(spec.name)
-    listen = args.listen_address or f"0.0.0.0:{DEFAULT_PORT}"
+    listen = str(args.listen_address)
     try:
         parse_listen_address(listen)
     except ValueError as exc:

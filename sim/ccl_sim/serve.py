@@ -27,7 +27,7 @@ from ccl_sim.resources import simulated_node_resources, temporary_simulated_node
 from exporter.collectors import all_collectors
 from exporter.collectors.probe import ProbeCollectorSettings
 from exporter.commands.serve import DEFAULT_PORT, NodeProvider, ServeConfig, ServedNode, add_serve_arguments, run_serve
-from exporter.flags import EnvHelpFormatter, Flag
+from exporter.flags import EnvHelpFormatter, Flag, env_name
 from exporter.sources.kubelet_stats import KubeletStatsSettings
 
 log = logging.getLogger("ccl_sim")
@@ -84,9 +84,8 @@ def simulated_collector_settings(config: ServeConfig, kubelet_url: str) -> dict[
 
 
 def with_simulated_defaults(args: argparse.Namespace) -> argparse.Namespace:
-    """``args`` with what the simulated node takes when the flags leave it open: loopback, and
-    small gloo probes (there is no GPU)."""
-    args.listen_address = args.listen_address or f"127.0.0.1:{DEFAULT_PORT}"
+    """``args`` with what the simulated node takes when the flags leave it open: small gloo probes
+    (there is no GPU). Its listen address defaults to loopback in ``build_parser``."""
     args.probe_backend = "gloo"
     args.probe_min_bytes = args.probe_min_bytes or "64K"
     args.probe_max_bytes = args.probe_max_bytes or "1M"
@@ -109,6 +108,8 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         formatter_class=EnvHelpFormatter,
     )
     add_serve_arguments(serve, environ, all_collectors())
+    if env_name("--web.listen-address") not in environ:  # loopback unless told otherwise
+        serve.set_defaults(listen_address=f"127.0.0.1:{DEFAULT_PORT}")
     node = serve.add_argument_group("simulated node")
     for flag in NODE_FLAGS:
         flag.add_to(node, environ)

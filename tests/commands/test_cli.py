@@ -53,6 +53,10 @@ def test_the_simulated_node_takes_every_serve_flag_and_listens_on_loopback() -> 
     assert serve_flags(sim_parser({})) - serve_flags(build_parser({})) == {"--seed", "--tick", "--job-ends-after"}
     assert sim_config([]).listen_address == "127.0.0.1:19400"
     assert sim_config(["--web.listen-address", ":9500"]).listen_address == ":9500"
+    env = {"CCL_EXPORTER_WEB_LISTEN_ADDRESS": ":9600"}
+    assert sim_parser(env).parse_args(["serve"]).listen_address == ":9600", "its variable still counts"
+    (sub,) = [a for a in sim_parser({})._actions if a.dest == "command"]
+    assert "(default: 127.0.0.1:19400)" in " ".join(sub.choices["serve"].format_help().split()), "--help says so"
     probe = sim_config(["--probe.interval=60", "--probe.backend=nccl"]).collector_settings["probe"]
     assert (probe.schedule.backend, probe.schedule.min_bytes, probe.schedule.max_bytes) == ("gloo", "64K", "1M")
 
