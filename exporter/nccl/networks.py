@@ -32,6 +32,10 @@ _TABLE: tuple[tuple[str, str, str], ...] = (
     ("exact", "ib", RDMA),  # NCCL's verbs transport: InfiniBand and RoCE
     ("prefix", "ibext", RDMA),  # nccl-rdma-sharp-plugins (HPC-X): IBext, IBext_v8 ...
     ("prefix", "ucx", RDMA),  # the same plugin's UCX / UCX-RMA transports
+    # The same plugin by the name it loads under ("NCCL RDMA Plugin v10"), which 2.29's "Assigned NET
+    # plugin" line prints: its init swaps in IBext or UCX (p2p_plugin.c), both RDMA, and NCCL's own
+    # RAS code lists it among the verbs plugins (ras/diagnostics).
+    ("prefix", "nccl rdma plugin", RDMA),
     ("exact", "sharp", RDMA),  # its CollNet side
     ("contains", "libfabric", RDMA),  # aws-ofi-nccl: "AWS Libfabric", "Libfabric" (EFA, cxi)
     ("exact", "ofi", RDMA),  # aws-ofi-nccl when NCCL_NET=OFI

@@ -71,4 +71,5 @@ def test_network_class_is_exported() -> None:
     from exporter.nccl import RDMA, TCP, network_class
 
     assert network_class("IBext_v8") == RDMA and network_class("GPUDirectTCPX_v7") == TCP
+    assert network_class("NCCL RDMA Plugin v10") == RDMA, "HPC-X's plugin by the name it loads under"
     assert network_class("SomethingNew") is None
