@@ -29,6 +29,7 @@ import ctypes
 import logging
 import struct
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from types import ModuleType
@@ -62,6 +63,10 @@ NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_GPU_IS_LOST = 15
 UNSUPPORTED_RETURNS = frozenset({NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_INVALID_ARGUMENT})
+# After nvmlInit fails (no driver, library not mounted), the next try waits this long: a driver
+# installed after the exporter started is found within it, and a node without one does not look
+# for the library on every scrape of every collector that asks for GPUs.
+INIT_RETRY_SECONDS = 30.0
 
 
 class NvmlUnavailable(Exception):
@@ -273,10 +278,12 @@ def _text(value: object) -> str:
 class PynvmlBackend:
     """NVML through nvidia-ml-py: lazy locked init, cached discovery, one batch per GPU."""
 
-    def __init__(self, module: ModuleType | None = None) -> None:
+    def __init__(self, module: ModuleType | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self._module = module
+        self._clock = clock
         self._lock = threading.RLock()
         self._initialized = False
+        self._init_failure: tuple[str, float] | None = None  # (why, when) of the last failed nvmlInit
         self._gpus: list[_Gpu] | None = None
         self._missing_functions: set[str] = set()
 
@@ -307,13 +314,19 @@ class PynvmlBackend:
     def _ensure_init(self) -> None:
         if self._initialized:
             return
+        now = self._clock()
+        if self._init_failure is not None and now - self._init_failure[1] < INIT_RETRY_SECONDS:
+            raise NvmlUnavailable(self._init_failure[0])
         nvml = self._nvml()
         try:
             self._call("nvmlInit")
         except nvml.NVMLError as exc:
-            raise NvmlUnavailable(_explain_init_failure(nvml, exc)) from exc
+            self._init_failure = (_explain_init_failure(nvml, exc), now)
+            raise NvmlUnavailable(self._init_failure[0]) from exc
         except OSError as exc:  # a library that exists but does not load
-            raise NvmlUnavailable(f"libnvidia-ml.so.1 did not load: {exc}") from exc
+            self._init_failure = (f"libnvidia-ml.so.1 did not load: {exc}", now)
+            raise NvmlUnavailable(self._init_failure[0]) from exc
+        self._init_failure = None
         self._initialized = True
 
     # Discovery.
