@@ -206,6 +206,7 @@ class TestRankEvent(NamedTuple):
     rank: int
     pid: int
     host: str  # cut at the first "." like NCCL's own prefix
+    gpu: str | None = None  # the PCI bus id nccl-tests prints in brackets ("0x1b", "0000:02:00"), lower case
 
 
 Event = (

@@ -172,6 +172,7 @@ _GDR_RE = re.compile(
 _TEST_RANK_RE = re.compile(
     r"#?\s{0,16}Rank\s{1,16}(?P<rank>\d{1,7})\s{1,16}(?:Group\s{1,16}\d{1,7}\s{1,16})?Pid\s{1,16}(?P<pid>\d{1,10})"
     r"\s{1,16}on\s{1,16}(?P<host>\S{1,253})\s{1,16}device\s{1,16}\d{1,4}"
+    r"(?:\s{1,16}\[(?P<bus>(?:0x)?[0-9A-Fa-f]{1,8}(?::[0-9A-Fa-f]{1,8}){0,2}(?:\.[0-9A-Fa-f])?)\])?"
 )
 _ENV_RE = re.compile(r"(?P<var>NCCL_[A-Z0-9_]{1,64}) set by environment to (?P<val>.*?)\.?$")
 _PLUGIN_NAME_RE = re.compile(
@@ -427,7 +428,8 @@ def parse_message(message: str) -> Event | None:
     if message.startswith(("#", "Rank ")) and " Pid " in message:
         m = _TEST_RANK_RE.match(message)
         if m is not None:
-            return TestRankEvent(int(m.group("rank")), int(m.group("pid")), m.group("host").split(".", 1)[0])
+            host, bus_id = m.group("host").split(".", 1)[0], m.group("bus")
+            return TestRankEvent(int(m.group("rank")), int(m.group("pid")), host, bus_id.lower() if bus_id else None)
         return None
     if " coll channels, " in message:
         m = _CHANNELS_RE.search(message)

@@ -81,7 +81,10 @@ def place(
     _add_initialising_process(state, key, nranks, rank_process)
     processes = _distinct(list(rank_process.values()) + [c.process for c in conns])
     graph = EvidenceGraph()
-    graph.weigh(*_evidence(state, comm, conns, rank_process, table_nodes, nodes_of))
+    links, separations = _evidence(state, comm, conns, rank_process, table_nodes, nodes_of)
+    if _table_applies(state, key, comm):
+        separations.extend(_same_gpu_in_table(state.test_gpus))
+    graph.weigh(links, separations)
     return _span(comm, nranks, graph, rank_process, processes, state.limits.max_ranks)
 
 
@@ -119,9 +122,9 @@ def _add_test_table(
 ) -> int | None:
     """Adds the ranks nccl-tests' device table places, when the table is this communicator's; returns
     the communicator's size, which the table gives when it lists every rank."""
-    table = state.test_ranks if not state.test_runs_mixed else {}
-    if not table or not (key == UNATTRIBUTED or (comm is not None and comm.nranks == len(table))):
+    if not _table_applies(state, key, comm):
         return nranks
+    table = state.test_ranks
     if nranks is None and sorted(table) == list(range(len(table))):
         nranks = len(table)  # the nccl-tests device table lists every rank of the run
     all_processes, _ = state.process_nodes()
@@ -133,6 +136,13 @@ def _add_test_table(
         if process is not None:
             rank_process.setdefault(rank, process)
     return nranks
+
+
+def _table_applies(state: StreamState, key: str, comm: Communicator | None) -> bool:
+    """nccl-tests' device table (of one run) is communicator ``key``'s: the log names none, or it has
+    as many ranks as the table."""
+    table = state.test_ranks if not state.test_runs_mixed else {}
+    return bool(table) and (key == UNATTRIBUTED or (comm is not None and comm.nranks == len(table)))
 
 
 def _add_initialising_process(
@@ -230,6 +240,24 @@ def _same_gpu(comm: Communicator | None, conns: list[Connection]) -> list[Separa
             why = f"ranks {', '.join(str(r) for r in sorted(ranks)[:4])} on GPU {gpu}" + (f': "{line}"' if line else "")
             separations.append(Separation(tuple(("r", r) for r in ranks), MEDIUM, ONE_GPU, why))
     return separations
+
+
+def _same_gpu_in_table(table_gpus: dict[int, str]) -> list[Separation]:
+    """Ranks that nccl-tests' device table puts on one GPU (the PCI bus id it prints) are on different
+    nodes, as for init lines: NCCL refuses a duplicate GPU inside a host hash."""
+    by_gpu: dict[str, list[int]] = {}
+    for rank, gpu in table_gpus.items():
+        by_gpu.setdefault(gpu, []).append(rank)
+    return [
+        Separation(
+            tuple(("r", r) for r in ranks),
+            MEDIUM,
+            ONE_GPU,
+            f"ranks {', '.join(str(r) for r in sorted(ranks)[:4])} on GPU {gpu} (nccl-tests device table)",
+        )
+        for gpu, ranks in by_gpu.items()
+        if len(ranks) > 1
+    ]
 
 
 def _net_before_2_14(

@@ -224,6 +224,8 @@ class StreamReader(StreamState):
                 self.test_runs_mixed = True  # the tables of several runs: rank numbers name different processes
             if known is not None or len(self.test_ranks) < self.limits.max_ranks:
                 self.test_ranks[event.rank] = (event.host, event.pid)
+                if event.gpu is not None:
+                    self.test_gpus[event.rank] = event.gpu
             else:
                 self._count("ranks")
             return
@@ -495,7 +497,7 @@ class StreamReader(StreamState):
             len(c.rank_process) + len(c.rank_gpu) + len(c.rank_bus) + len(c.nvls_channels) + len(c.pointer_refs)
             for c in self.communicators.values()
         )
-        rank_facts += len(self.loose_ranks) + len(self.test_ranks)
+        rank_facts += len(self.loose_ranks) + len(self.test_ranks) + len(self.test_gpus)
         entries = sum(len(p.pointers) + len(p.threads) + len(p.env) for p in self.processes.values())
         return (
             _BYTES_BASE

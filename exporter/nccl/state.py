@@ -67,6 +67,7 @@ class StreamState:
         self.rdma_by_gdr: set[str] = set()
         self.versions: Counter[str] = Counter()
         self.test_ranks: dict[int, tuple[str, int]] = {}  # nccl-tests device table: rank -> (host, pid)
+        self.test_gpus: dict[int, str] = {}  # and rank -> the GPU's PCI bus id the table prints
         self.test_runs_mixed = False
         # Ranks logged outside any known communicator (Trees, ring listings, 2.3 rank lines,
         # ncclCommInitAll), and the communicator size such lines gave: placed when the log names at

@@ -233,8 +233,13 @@ EVENT_CASES = [
     ("NCCL_IB_DISABLE set by environment to 1.", g.EnvEvent("NCCL_IB_DISABLE", "1")),
     (
         "#  Rank  8 Group  0 Pid   4567 on node-2.cluster.local device  0 [0x1b] NVIDIA H100",
-        g.TestRankEvent(8, 4567, "node-2"),
+        g.TestRankEvent(8, 4567, "node-2", "0x1b"),
     ),
+    (  # nccl-tests 2.14+ prints the domain too
+        "#  Rank  1 Group  0 Pid 3120 on gpu-a device  0 [0000:C1:00] NVIDIA GeForce RTX 4090",
+        g.TestRankEvent(1, 3120, "gpu-a", "0000:c1:00"),
+    ),
+    ("#  Rank  0 Pid  700 on gpu-a device  3 Tesla V100", g.TestRankEvent(0, 700, "gpu-a")),  # no bus id
     ("Channel 00 :    0   1   2   3", g.RingOrderEvent((0, 1, 2, 3))),  # rank 0's ring listing, not a connection
     ("Channel 01/02 :    0   3   2   1", g.RingOrderEvent((0, 3, 2, 1))),
     ("Ring 00 : 0 -> 1 -> 0", g.RankEvent(1, None)),  # prev -> me -> next (GRAPH)

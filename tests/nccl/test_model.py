@@ -69,6 +69,28 @@ def test_same_gpu_on_both_ends_beats_an_identical_hostname() -> None:
     assert verdict.verdict == "tcp_fallback"
 
 
+def _test_table_on_one_host(gpus: tuple[str, str]) -> str:
+    """nccl-tests' device table of two ranks on hostname "lab", each its own process, then NCCL's
+    lines of each: its version and a Socket choice, nothing that places a rank."""
+    lines = ["# Using devices"]
+    for rank, gpu in enumerate(gpus):
+        lines.append(f"#  Rank  {rank} Group  0 Pid {300 + rank} on        lab device  0 [{gpu}] NVIDIA RTX 6000")
+    for rank in range(2):
+        lines.append(f"lab:{300 + rank}:{300 + rank} [0] NCCL INFO NCCL version 2.29.3+cuda13.0")
+        lines.append(f"lab:{300 + rank}:{300 + rank} [0] NCCL INFO Using network Socket")
+    return "\n".join(lines)
+
+
+def test_two_ranks_the_test_table_puts_on_one_gpu_are_not_one_node_by_hostname() -> None:
+    """The device table's bus id counts as an init line's: one hostname without an address (weak)
+    does not put two ranks of one GPU on one node (NCCL would have refused a duplicate GPU)."""
+    one_gpu = analyze_text(_test_table_on_one_host(("0000:02:00", "0000:02:00"))).result()
+    assert one_gpu.verdict == "tcp_fallback", "two host hashes (NCCL_HOSTID, as scripts/gpu-check runs) on Socket"
+    assert "ranks 0, 1 on GPU 0000:02:00 (nccl-tests device table)" in one_gpu.reasons[0]
+    two_gpus = analyze_text(_test_table_on_one_host(("0000:02:00", "0000:03:00"))).result()
+    assert two_gpus.verdict == "single_node" and two_gpus.nodes == 1
+
+
 def test_net_between_different_gpus_of_an_unknown_peer_stays_unknown() -> None:
     log = "\n".join(
         [
