@@ -8,10 +8,10 @@ weighed as evidence (:mod:`evidence`), strongest first, each piece citing the li
 * strong: NCCL's host hash is made from the hostname (``getHostHash``, ``misc/utils.cc``), or from
   ``NCCL_HOSTID`` when set: different hostnames are different nodes; one hostname with one
   bootstrap (or NET/IB OOB) address is one node, with two addresses two nodes;
-* medium: two ranks on one GPU (busId, NVML index) are on two nodes (``init.cc`` refuses a
-  duplicate GPU inside a host hash); before 2.14 a NET connection joins two host hashes unless
-  SHM is disabled (``shm.cc`` connects any two ranks of one host hash; 2.14 added
-  ``ncclTopoCheckNet``, which may route inside a node through the NIC);
+* medium: two ranks on one GPU (busId, NVML index, the bus id of nccl-tests' device table) are on
+  two nodes (``init.cc`` refuses a duplicate GPU inside a host hash); before 2.14 a NET connection
+  joins two host hashes unless SHM is disabled (``shm.cc`` connects any two ranks of one host
+  hash; 2.14 added ``ncclTopoCheckNet``, which may route inside a node through the NIC);
 * weak: one hostname without an address (hostnames are not unique across machines).
 
 So a shared busId never outweighs the hostname and address both ranks print, and an identical
