@@ -150,9 +150,19 @@ class VmAgent(ManagedProcess):
         return [dict(target.get("labels", {})) for target in body.get("data", {}).get("activeTargets", [])]
 
 
+@dataclass(frozen=True)
+class RulerUrls:
+    """Where a ruler reads series (``datasource``), writes recording rules (``write``) and sends
+    alerts (``notifier``)."""
+
+    datasource: str
+    write: str
+    notifier: str
+
+
 class VmAlert(QueryApi):
-    """A ruler: ``vmalert`` evaluating ``rule_files`` on ``datasource_url``, writing recording
-    rules to ``write_url`` and alerts to ``notifier_url``; ``labels`` are its
+    """A ruler: ``vmalert`` evaluating ``rule_files`` on ``urls.datasource``, writing recording
+    rules to ``urls.write`` and alerts to ``urls.notifier``; ``labels`` are its
     ``-external.label``s. Its ``/api/v1/alerts`` and ``/api/v1/rules`` answer as Prometheus' do."""
 
     ready_path = "/health"
@@ -163,16 +173,14 @@ class VmAlert(QueryApi):
         workdir: Path,
         name: str,
         rule_files: Sequence[Path],
-        datasource_url: str,
-        write_url: str,
-        notifier_url: str,
+        urls: RulerUrls,
         intervals: Intervals,
         labels: Mapping[str, str] | None = None,
         port: int | None = None,
     ) -> None:
         self.name = name
         self.rule_files = list(rule_files)
-        self.datasource_url, self.write_url, self.notifier_url = datasource_url, write_url, notifier_url
+        self.urls = urls
         self.intervals = intervals
         self.labels = dict(labels or {})
         super().__init__(binary, workdir, None, port)
@@ -181,13 +189,13 @@ class VmAlert(QueryApi):
         return [
             self.binary,
             *(f"-rule={path}" for path in self.rule_files),
-            f"-datasource.url={self.datasource_url}",
+            f"-datasource.url={self.urls.datasource}",
             # How far back an instant selector looks: Prometheus' 5-minute lookback in the
             # time-compressed tests is 5 scrape intervals.
             f"-datasource.queryStep={_seconds(5 * self.intervals.scrape_seconds)}",
-            f"-remoteWrite.url={self.write_url}",
+            f"-remoteWrite.url={self.urls.write}",
             "-remoteWrite.flushInterval=1s",
-            f"-notifier.url={self.notifier_url}",
+            f"-notifier.url={self.urls.notifier}",
             f"-evaluationInterval={_seconds(self.intervals.evaluation_seconds)}",
             *(f"-external.label={name}={value}" for name, value in self.labels.items()),
             f"-external.url={self.url}",
@@ -275,9 +283,8 @@ class ShardedStack:
                     folder / "vmalert",
                     f"vmalert-shard-{member}",
                     self.local_rules,
-                    datasource_url=store.url,
-                    write_url=agent.url,  # through the shard's vmagent: to both stores, with `cluster`
-                    notifier_url=self.alertmanager.url,
+                    # writes through the shard's vmagent: to both stores, with `cluster`
+                    RulerUrls(datasource=store.url, write=agent.url, notifier=self.alertmanager.url),
                     intervals=self.intervals,
                     labels={CLUSTER_LABEL: self.cluster},
                 )
@@ -289,9 +296,7 @@ class ShardedStack:
                 self.workdir / "global-ruler",
                 "vmalert-global",
                 self.global_rules,
-                datasource_url=self.store.url,
-                write_url=self.store.url,
-                notifier_url=self.alertmanager.url,
+                RulerUrls(datasource=self.store.url, write=self.store.url, notifier=self.alertmanager.url),
                 intervals=self.intervals,
             )
             self.global_ruler.start()

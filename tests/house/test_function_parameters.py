@@ -1,5 +1,6 @@
-"""No function of ``exporter/`` or of the simulated node (``sim/ccl_sim/``) takes more than eight
-parameters, read from the source.
+"""No function of ``exporter/``, of the simulated node (``sim/ccl_sim/``) or of the development
+tools and benchmarks (``devtools/``, ``bench/``) takes more than eight parameters, read from the
+source.
 
 Every parameter counts (positional, keyword-only, ``*args``, ``**kwargs``) except the ``self`` or
 ``cls`` of a method. Settings that travel together belong in a record (a frozen dataclass), as
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from tests.conftest import REPO
 
-PACKAGES = (REPO / "exporter", REPO / "sim" / "ccl_sim")
+PACKAGES = (REPO / "exporter", REPO / "sim" / "ccl_sim", REPO / "devtools", REPO / "bench")
 MAX_PARAMETERS = 8
 
 FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
@@ -58,7 +59,7 @@ def over_limit(root: Path) -> dict[tuple[str, str], int]:
     return found
 
 
-def test_no_function_of_the_exporter_or_the_simulator_takes_more_than_eight_parameters() -> None:
+def test_no_function_of_the_exporter_simulator_or_tools_takes_more_than_eight_parameters() -> None:
     found = {key: count for package in PACKAGES for key, count in over_limit(package).items()}
     assert not found, f"over {MAX_PARAMETERS} parameters (group them in a record): {found}"
 

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 from devtools.stack import Intervals, ScrapeTarget
-from devtools.vmstack import VictoriaMetrics, VmAgent, VmAlert, scrape_config
+from devtools.vmstack import RulerUrls, VictoriaMetrics, VmAgent, VmAlert, scrape_config
 from tests.conftest import require_tool
 
 TARGETS = [
@@ -52,9 +52,7 @@ def test_command_lines_shard_label_and_stay_on_loopback(tmp_path: Path) -> None:
         tmp_path / "ruler",
         "vmalert-global",
         [Path("a.yaml"), Path("b.yaml")],
-        datasource_url="http://127.0.0.1:3",
-        write_url="http://127.0.0.1:3",
-        notifier_url="http://127.0.0.1:4",
+        RulerUrls(datasource="http://127.0.0.1:3", write="http://127.0.0.1:3", notifier="http://127.0.0.1:4"),
         intervals=Intervals(),
     )
     ruler_argv = ruler.argv()
