@@ -27,23 +27,10 @@ from exporter.resources import HostPaths, KubeNode, NodeResources
 from exporter.results.preflight_message import PREFLIGHT_CONTAINER
 from exporter.sources.kube import FABRIC_READY_CONDITION, KubePodCache
 from exporter.sources.podresources import PodResourcesClient
+from tests.clocks import SkippingWallClock
 from tests.kube_api import ApiState, RecordedApiServer, wait_for
 
 NODE = "gpu-node-7"
-
-
-class SkippingWallClock:
-    """The exporter's wall clock in these tests: real time plus the seconds a test skipped ahead, so
-    a test waits out a readiness timeout or the one-second resolution of a written time at once."""
-
-    def __init__(self) -> None:
-        self.skipped = 0.0
-
-    def __call__(self) -> float:
-        return time.time() + self.skipped
-
-    def skip(self, seconds: float) -> None:
-        self.skipped += seconds
 
 
 class NoNvml:

@@ -13,19 +13,14 @@ import pytest
 
 from exporter.collectors.history import FILE_NAME, MAX_FILE_BYTES, SAVE_SECONDS, WINDOW_SECONDS, CollectorHistory
 from exporter.collectors.umbrella import UmbrellaCollector
+from tests.clocks import ManualClock
 from tests.metrics_text import samples, scrape_collectors
 
-
-class Clock:
-    def __init__(self, now: float = 1_800_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+NOW = 1_800_000_000.0  # the histories' wall clock, as a test leaves it
 
 
 def test_a_collector_that_worked_today_is_failing_then_unavailable_after_a_day() -> None:
-    clock = Clock()
+    clock = ManualClock(NOW)
     history = CollectorHistory(clock=clock)
     assert history.observe([("rdma", True), ("nvml", False)]) == {"rdma": "ok", "nvml": "unavailable"}
     clock.now += 3600
@@ -38,7 +33,7 @@ def test_a_collector_that_worked_today_is_failing_then_unavailable_after_a_day()
 
 
 def test_a_restarted_exporter_still_knows_what_worked(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = ManualClock(NOW)
     path = tmp_path / "state" / FILE_NAME
     first = CollectorHistory(path, clock=clock)
     first.observe([("rdma", True), ("probe", False)])
@@ -54,7 +49,7 @@ def test_a_restarted_exporter_still_knows_what_worked(tmp_path: Path) -> None:
 
 
 def test_steady_success_is_written_at_most_every_save_interval(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = ManualClock(NOW)
     path = tmp_path / FILE_NAME
     history = CollectorHistory(path, clock=clock)
     history.observe([("rdma", True)])
@@ -89,13 +84,13 @@ def test_a_broken_history_file_is_ignored_and_said_so(tmp_path: Path, content: b
     path = tmp_path / FILE_NAME
     path.write_bytes(content)
     with caplog.at_level(logging.WARNING):
-        history = CollectorHistory(path, clock=Clock())
+        history = CollectorHistory(path, clock=ManualClock(NOW))
     assert history.observe([("rdma", False)]) == {"rdma": "unavailable"}
     assert "collector history" in caplog.text
 
 
 def test_impossible_entries_are_dropped_and_the_rest_kept(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = ManualClock(NOW)
     path = tmp_path / FILE_NAME
     entries = {
         "rdma": clock.now - 10,
@@ -119,15 +114,17 @@ def test_impossible_entries_are_dropped_and_the_rest_kept(tmp_path: Path) -> Non
 
 def test_a_symlinked_history_is_not_followed(tmp_path: Path) -> None:
     target = tmp_path / "elsewhere.json"
-    target.write_text(json.dumps({"last_success": {"rdma": Clock().now}}))
+    target.write_text(json.dumps({"last_success": {"rdma": ManualClock(NOW).now}}))
     (tmp_path / FILE_NAME).symlink_to(target)
-    assert CollectorHistory(tmp_path / FILE_NAME, clock=Clock()).observe([("rdma", False)]) == {"rdma": "unavailable"}
+    assert CollectorHistory(tmp_path / FILE_NAME, clock=ManualClock(NOW)).observe([("rdma", False)]) == {
+        "rdma": "unavailable"
+    }
 
 
 def test_an_unwritable_folder_keeps_the_history_in_memory(tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
     blocker = tmp_path / "file"
     blocker.write_text("")
-    clock = Clock()
+    clock = ManualClock(NOW)
     history = CollectorHistory(blocker / "sub" / FILE_NAME, clock=clock)  # its parent is a file
     with caplog.at_level(logging.WARNING):
         history.observe([("rdma", True)])
@@ -164,7 +161,7 @@ def test_the_umbrella_labels_each_collector_with_its_status() -> None:
 
 
 def test_status_follows_the_umbrellas_history() -> None:
-    clock = Clock()
+    clock = ManualClock(NOW)
     history = CollectorHistory(clock=clock)
 
     class Flaky:
@@ -192,7 +189,7 @@ def test_status_follows_the_umbrellas_history() -> None:
 def test_the_umbrella_writes_the_history_off_the_scrape_path(tmp_path: Path) -> None:
     """A scrape only takes a copy; the file is written by the umbrella's thread pool."""
     path = tmp_path / FILE_NAME
-    history = CollectorHistory(path, clock=Clock())
+    history = CollectorHistory(path, clock=ManualClock(NOW))
     umbrella = UmbrellaCollector([Working()], history=history)  # type: ignore[list-item]
     try:
         list(umbrella.collect())
@@ -201,4 +198,4 @@ def test_the_umbrella_writes_the_history_off_the_scrape_path(tmp_path: Path) -> 
             time.sleep(0.01)
     finally:
         umbrella.close()
-    assert json.loads(path.read_text()) == {"last_success": {"nvml": Clock().now}}
+    assert json.loads(path.read_text()) == {"last_success": {"nvml": ManualClock(NOW).now}}

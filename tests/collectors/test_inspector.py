@@ -24,6 +24,7 @@ from exporter.nccl.inspector import parse_json_record
 from exporter.sources.inspector import InspectorLimits, InspectorSource
 from exporter.sources.kube import PodMetadata
 from exporter.sources.podlogs import TailLimits, pod_known_on_node
+from tests.clocks import ManualClock
 from tests.conftest import require_tool
 from tests.metrics_text import promtool_check_metrics, samples, scrape_collectors
 
@@ -51,14 +52,6 @@ class Pods:
         return [PodMetadata(ns, pod, UID, *job) for (ns, pod), job in sorted(self.jobs.items())]
 
 
-class Clock:
-    def __init__(self, now: float = 1_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def record(
     sn: int,
     collective: str = "AllReduce",
@@ -79,11 +72,11 @@ def write(path: Path, text: str, mode: str = "a") -> None:
 
 
 def collector(
-    root: Path, state: Path | None = None, pods: Pods | None = None, clock: Clock | None = None, **kwargs: object
+    root: Path, state: Path | None = None, pods: Pods | None = None, clock: ManualClock | None = None, **kwargs: object
 ) -> InspectorCollector:
     pods = pods or Pods()
-    source = InspectorSource(root, state, clock=clock or Clock(), pod_known=None)
-    return InspectorCollector(source, pods, clock=clock or Clock(), **kwargs)  # type: ignore[arg-type]
+    source = InspectorSource(root, state, clock=clock or ManualClock(), pod_known=None)
+    return InspectorCollector(source, pods, clock=clock or ManualClock(), **kwargs)  # type: ignore[arg-type]
 
 
 def totals(c: InspectorCollector) -> dict[tuple[str, ...], tuple[float, float, float]]:
@@ -181,7 +174,7 @@ def test_hostile_json_lines_are_skipped_and_counted(tmp_path: Path) -> None:
     root = tmp_path / "inspector"
     folder(root).mkdir(parents=True)
     limits = InspectorLimits(tail=TailLimits(start_bytes=0, max_line_bytes=4096))
-    source = InspectorSource(root, None, limits, clock=Clock())
+    source = InspectorSource(root, None, limits, clock=ManualClock())
     c = InspectorCollector(source, Pods())
     c.step()
     bad = [
@@ -217,7 +210,7 @@ def test_caps_bound_the_series(tmp_path: Path) -> None:
 
 def test_a_pods_series_go_after_the_grace_period(tmp_path: Path) -> None:
     root = tmp_path / "inspector"
-    clock = Clock()
+    clock = ManualClock()
     pods = Pods()
     folder(root).mkdir(parents=True)
     c = collector(root, pods=pods, clock=clock, grace_seconds=60)
@@ -256,7 +249,7 @@ def set_mtime(path: Path, when: float) -> None:
 def test_each_prom_version_is_counted_once_and_only_when_complete(tmp_path: Path) -> None:
     root = tmp_path / "inspector"
     prom = folder(root) / "nccl_inspector_metrics_a1b2.prom"
-    clock = Clock()
+    clock = ManualClock()
     write(prom, prom_text(3000))
     set_mtime(prom, clock.now - 100)
     c = collector(root, clock=clock)
@@ -294,7 +287,7 @@ def test_each_prom_version_is_counted_once_and_only_when_complete(tmp_path: Path
 
 def test_prom_files_that_are_too_large_or_too_many_are_skipped_and_counted(tmp_path: Path) -> None:
     root = tmp_path / "inspector"
-    clock = Clock()
+    clock = ManualClock()
     folder(root).mkdir(parents=True)
     limits = InspectorLimits(max_prom_bytes=4096, max_prom_files=2)
     source = InspectorSource(root, None, limits, clock=clock)
@@ -315,7 +308,7 @@ def test_prom_files_that_are_too_large_or_too_many_are_skipped_and_counted(tmp_p
 
 def test_symlinked_prom_files_and_folders_of_other_pods_are_not_read(tmp_path: Path) -> None:
     root = tmp_path / "inspector"
-    clock = Clock()
+    clock = ManualClock()
     secret = tmp_path / "secret.prom"
     write(secret, prom_text(3000))
     folder(root).mkdir(parents=True)
@@ -342,7 +335,7 @@ def test_only_a_folder_naming_the_pods_uid_speaks_for_it(tmp_path: Path) -> None
     pod of the node: neither is counted for that pod, both are counted as skipped with a reason;
     the pod's own folder (with its UID, as the downward API gives it) is."""
     root = tmp_path / "inspector"
-    clock = Clock()
+    clock = ManualClock()
     pods = Pods()
     source = InspectorSource(root, None, clock=clock, pod_known=pod_known_on_node(pods))
     c = InspectorCollector(source, pods, clock=clock)
@@ -365,7 +358,7 @@ def test_files_written_straight_into_the_root_are_counted_and_never_credited(tmp
     hostname, which any writer of the folder picks (here the node's own pod's name). Not read,
     not credited, counted while it is there; the pod's own folder is read as before."""
     root = tmp_path / "inspector"
-    clock = Clock()
+    clock = ManualClock()
     pods = Pods()
     source = InspectorSource(root, None, clock=clock, pod_known=pod_known_on_node(pods))
     c = InspectorCollector(source, pods, clock=clock)
@@ -391,7 +384,7 @@ def test_files_written_straight_into_the_root_are_counted_and_never_credited(tmp
 
 def test_prom_fixture_versions_count_their_operations(tmp_path: Path) -> None:
     root = tmp_path / "inspector"
-    clock = Clock()
+    clock = ManualClock()
     folder(root).mkdir(parents=True)
     c = collector(root, clock=clock)
     c.step()

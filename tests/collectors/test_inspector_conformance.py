@@ -34,6 +34,7 @@ from exporter.nccl.inspector import Operation, parse_json_record, parse_prom, si
 from exporter.sources.inspector import InspectorSource, is_json_log_name, is_plugin_file_name, is_prom_name
 from exporter.sources.kube import PodMetadata
 from exporter.sources.podlogs import pod_known_on_node
+from tests.clocks import ManualClock
 
 NS, POD, UID = "ml", "llama-70b-worker-0", "0d9a7c4e-1111-4222-8333-444455556666"
 
@@ -360,13 +361,6 @@ class Pods:
         return True
 
 
-class Clock:
-    now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def counters(
     tmp_path: Path, files: dict[str, str]
 ) -> tuple[dict[tuple[str, str, str], tuple[float, float, float]], dict[str, int], dict[str, int]]:
@@ -375,7 +369,7 @@ def counters(
     bytes); skipped by reason; unattributed entries by reason."""
     root = tmp_path / "inspector"
     (root / f"{NS}_{POD}_{UID}").mkdir(parents=True)
-    clock = Clock()
+    clock = ManualClock()
     pods = Pods()
     source = InspectorSource(root, None, clock=clock, pod_known=pod_known_on_node(pods))
     collector = InspectorCollector(source, pods, clock=clock)  # type: ignore[arg-type]

@@ -17,14 +17,9 @@ from ccl_sim.podlogs import SimJob, SimPodLogs, nccl_init_lines, pytorchjob_labe
 from exporter.collectors.nccl import NcclCollector, NcclSettings
 from exporter.nccl import Limits
 from exporter.sources.podlogs import PodLogTailer, TailLimits, pod_known_on_node
+from tests.clocks import ManualClock
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+START = 1000.0  # the collectors' monotonic clock when a test begins
 
 
 def samples(collector: NcclCollector) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -60,9 +55,9 @@ def sim_node(tmp_path: Path, rdma: bool = True) -> tuple[SimulatedNode, SimPodLo
     return node, sim
 
 
-def make_collector(node: SimulatedNode, sim: SimPodLogs, clock: Clock | None = None, **kw) -> NcclCollector:  # type: ignore[no-untyped-def]
+def make_collector(node: SimulatedNode, sim: SimPodLogs, clock: ManualClock | None = None, **kw) -> NcclCollector:  # type: ignore[no-untyped-def]
     tailer = PodLogTailer(sim.pod_logs, node.root / "nccl", node.root / "state", kw.pop("tail_limits", None))
-    return NcclCollector(tailer, node.sysfs, sim, clock=clock or Clock(), settings=NcclSettings(**kw))
+    return NcclCollector(tailer, node.sysfs, sim, clock=clock or ManualClock(START), settings=NcclSettings(**kw))
 
 
 def test_simulated_node_shows_the_fallback_pod_and_healthy_pods(tmp_path: Path) -> None:
@@ -140,7 +135,7 @@ def test_socket_is_expected_on_a_node_without_rdma(tmp_path: Path) -> None:
 
 def test_pods_gone_disappear_after_the_grace_period(tmp_path: Path) -> None:
     node, sim = sim_node(tmp_path)
-    clock = Clock()
+    clock = ManualClock(START)
     collector = make_collector(node, sim, clock, grace_seconds=300)
     collector.step()
     sim.stop_job("research", "bert-finetune-worker-0")
@@ -258,7 +253,7 @@ def test_a_neighbour_cannot_flag_a_healthy_pod_through_a_debug_folder(tmp_path: 
     reason); the pod's own folder, with its UID, is."""
     node, sim = sim_node(tmp_path)
     tailer = PodLogTailer(sim.pod_logs, node.root / "nccl", node.root / "state", pod_known=pod_known_on_node(sim))
-    collector = NcclCollector(tailer, node.sysfs, sim, clock=Clock())
+    collector = NcclCollector(tailer, node.sysfs, sim, clock=ManualClock(START))
     collector.step()
     victim = next(job for job in sim.running() if job.pod == "llama-70b-worker-0")
     socket_lines = nccl_init_lines(SimJob(victim.namespace, victim.pod, victim.labels, network="Socket"))

@@ -15,7 +15,8 @@ from devtools.hostile_lines import communicator_flood
 from exporter.collectors.nccl import EXPORTER_PARSER_LIMITS, NcclCollector, NcclLimits, NcclSettings
 from exporter.nccl import LogAnalyzer
 from exporter.sources.podlogs import PodLogTailer
-from tests.collectors.test_nccl_collector import Clock, samples, sim_node, value
+from tests.clocks import ManualClock
+from tests.collectors.test_nccl_collector import START, samples, sim_node, value
 from tests.collectors.test_nccl_verdicts import socket_open_placement, write_pod_log
 
 
@@ -67,7 +68,10 @@ def test_the_node_wide_budget_holds_and_says_what_it_dropped(tmp_path: Path) -> 
     node, _ = sim_node(tmp_path)
     tailer = PodLogTailer(pods, tmp_path / "nccl", tmp_path / "state")
     collector = NcclCollector(
-        tailer, node.sysfs, clock=Clock(), settings=NcclSettings(limits=NcclLimits(parser_memory_budget_bytes=budget))
+        tailer,
+        node.sysfs,
+        clock=ManualClock(START),
+        settings=NcclSettings(limits=NcclLimits(parser_memory_budget_bytes=budget)),
     )
     for _ in range(20):
         collector.step()

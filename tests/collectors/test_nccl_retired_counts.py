@@ -9,7 +9,8 @@ from pathlib import Path
 from devtools.hostile_lines import communicator_flood
 from exporter.collectors.nccl import EXPORTER_PARSER_LIMITS, NcclCollector, NcclSettings
 from exporter.sources.podlogs import PodLogTailer
-from tests.collectors.test_nccl_collector import Clock, samples
+from tests.clocks import ManualClock
+from tests.collectors.test_nccl_collector import START, samples
 from tests.collectors.test_nccl_verdicts import NS, write_pod_log
 
 GRACE = 60.0
@@ -29,7 +30,7 @@ def test_parser_overflow_of_a_pod_that_left_keeps_its_reason(tmp_path: Path) -> 
     pods = tmp_path / "pods"
     flood = EXPORTER_PARSER_LIMITS.max_communicators + 8
     write_pod_log(pods, "overflowing-0", list(communicator_flood("overflowing-0", flood, 2)))
-    clock = Clock()
+    clock = ManualClock(START)
     tailer = PodLogTailer(pods, tmp_path / "nccl", tmp_path / "state")
     collector = NcclCollector(tailer, tmp_path / "sys", clock=clock, settings=NcclSettings(grace_seconds=GRACE))
     collector.step()

@@ -15,7 +15,8 @@ from exporter.sources.kube import PodMetadata
 from exporter.sources.nvml import GpuIdentity, NvmlUnavailable
 from exporter.sources.podlogs import PodLogTailer
 from exporter.sources.podresources import GpuAssignment, PodResourcesUnavailable
-from tests.collectors.test_nccl_collector import Clock, samples, sim_node, value
+from tests.clocks import ManualClock
+from tests.collectors.test_nccl_collector import START, samples, sim_node, value
 
 NS = "ml"
 
@@ -87,7 +88,7 @@ def collector(tmp_path: Path, pods: Pods, nvml_gpus: int | None, held: dict[str,
     node, _ = sim_node(tmp_path)  # for its sysfs: 8 IB + 2 RoCE ports, ACTIVE
     tailer = PodLogTailer(tmp_path / "pods", tmp_path / "nccl", tmp_path / "state")
     gpus = GpuInventorySource(Nvml(nvml_gpus), PodResources(held))  # type: ignore[arg-type]
-    return NcclCollector(tailer, node.sysfs, pods, clock=Clock(), gpu_inventory=gpus)
+    return NcclCollector(tailer, node.sysfs, pods, clock=ManualClock(START), gpu_inventory=gpus)
 
 
 def meta(pod: str, job: str = "llama", expected: str = "") -> PodMetadata:

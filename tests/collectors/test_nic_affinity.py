@@ -13,7 +13,8 @@ from exporter.nccl.nics import NicUse
 from exporter.sources.kube import PodMetadata
 from exporter.sources.podlogs import PodLogTailer
 from exporter.sources.topology import GpuTopology, NicTopology, Topology, TopologySource
-from tests.collectors.test_nccl_collector import Clock, samples
+from tests.clocks import ManualClock
+from tests.collectors.test_nccl_collector import START, samples
 
 
 def sim(tmp_path: Path) -> tuple[SimulatedNode, SimPodLogs]:
@@ -26,7 +27,7 @@ def sim(tmp_path: Path) -> tuple[SimulatedNode, SimPodLogs]:
 def collector_on(node: SimulatedNode, pods: SimPodLogs, metadata: object = None) -> NcclCollector:
     tailer = PodLogTailer(pods.pod_logs, node.root / "nccl", node.root / "state")
     topology = TopologySource(node.sysfs, node.nvml)
-    return NcclCollector(tailer, node.sysfs, metadata or pods, clock=Clock(), topology=topology)  # type: ignore[arg-type]
+    return NcclCollector(tailer, node.sysfs, metadata or pods, clock=ManualClock(START), topology=topology)  # type: ignore[arg-type]
 
 
 def affinity_rows(collector: NcclCollector) -> list[tuple[str, ...]]:
@@ -59,7 +60,7 @@ def test_the_rail_aligned_pod_uses_pix_nics_and_the_crossed_pod_sys_ones(tmp_pat
 def test_without_topology_no_affinity_is_claimed(tmp_path: Path) -> None:
     node, pods = sim(tmp_path)
     tailer = PodLogTailer(pods.pod_logs, node.root / "nccl", node.root / "state")
-    collector = NcclCollector(tailer, node.sysfs, pods, clock=Clock())
+    collector = NcclCollector(tailer, node.sysfs, pods, clock=ManualClock(START))
     collector.step()
     assert affinity_rows(collector) == []
 

@@ -28,6 +28,7 @@ from exporter.sources.podlogs.cri import CriJoiner
 from exporter.sources.podresources import listing_from_response
 from exporter.sources.podresources_v1 import api_pb2
 from exporter.sources.probe_results import read_probe_results
+from tests.clocks import ManualClock
 from tests.hostile_inputs import (
     NUMBER_TEXTS,
     deep_json,
@@ -191,14 +192,6 @@ def test_inspector_prom_files_are_operations_and_reasons(text: str) -> None:
         _finite_operation(operation)
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
 )
@@ -230,7 +223,7 @@ def test_the_inspector_collector_survives_any_file(
     root = tmp_path_factory.mktemp("inspector")
     folder = root / f"team-a_gpt-0_{UID}"
     folder.mkdir()
-    clock = _Clock()
+    clock = ManualClock()
     source = InspectorSource(root, clock=clock)
     collector = InspectorCollector(source, clock=clock)
     collector.step()  # what is there at the first poll is taken as counted
