@@ -77,13 +77,15 @@ def place(
             rank_process.setdefault(rank, process)
         nranks = nranks or state.loose_nranks
     table_nodes: list[tuple[int, NodeKey]] = []
-    nranks = _add_test_table(state, key, comm, nranks, rank_process, table_nodes)
+    test_table = _table_applies(state, key, comm)
+    if test_table:
+        nranks = _add_test_table(state, nranks, rank_process, table_nodes)
     _add_initialising_process(state, key, nranks, rank_process)
     processes = _distinct(list(rank_process.values()) + [c.process for c in conns])
     graph = EvidenceGraph()
     links, separations = _evidence(state, comm, conns, rank_process, table_nodes, nodes_of)
-    if _table_applies(state, key, comm):
-        separations.extend(_same_gpu_in_table(state.test_gpus))
+    if test_table:  # its bus ids, as an init line's
+        separations.extend(_one_gpu_separations(state.test_gpus, lambda ranks: " (nccl-tests device table)"))
     graph.weigh(links, separations)
     return _span(comm, nranks, graph, rank_process, processes, state.limits.max_ranks)
 
@@ -113,17 +115,10 @@ def _rank_processes(comm: Communicator | None, conns: list[Connection]) -> tuple
 
 
 def _add_test_table(
-    state: StreamState,
-    key: str,
-    comm: Communicator | None,
-    nranks: int | None,
-    rank_process: dict[int, Process],
-    table_nodes: list[tuple[int, NodeKey]],
+    state: StreamState, nranks: int | None, rank_process: dict[int, Process], table_nodes: list[tuple[int, NodeKey]]
 ) -> int | None:
-    """Adds the ranks nccl-tests' device table places, when the table is this communicator's; returns
-    the communicator's size, which the table gives when it lists every rank."""
-    if not _table_applies(state, key, comm):
-        return nranks
+    """Adds the ranks nccl-tests' device table places (the table is this communicator's); returns the
+    communicator's size, which the table gives when it lists every rank."""
     table = state.test_ranks
     if nranks is None and sorted(table) == list(range(len(table))):
         nranks = len(table)  # the nccl-tests device table lists every rank of the run
@@ -230,30 +225,26 @@ def _same_gpu(comm: Communicator | None, conns: list[Connection]) -> list[Separa
             if rank_ids.setdefault(rank, gpu.lower()) != gpu.lower():
                 return []
             lines.setdefault(rank, c.cited)
-    by_gpu: dict[str, list[int]] = {}
-    for rank, gpu in rank_ids.items():
-        by_gpu.setdefault(gpu, []).append(rank)
-    separations = []
-    for gpu, ranks in by_gpu.items():
-        if len(ranks) > 1:
-            line = next((lines[r] for r in ranks if r in lines), None)
-            why = f"ranks {', '.join(str(r) for r in sorted(ranks)[:4])} on GPU {gpu}" + (f': "{line}"' if line else "")
-            separations.append(Separation(tuple(("r", r) for r in ranks), MEDIUM, ONE_GPU, why))
-    return separations
+
+    def cited(ranks: list[int]) -> str:
+        line = next((lines[r] for r in ranks if r in lines), None)
+        return f': "{line}"' if line else ""
+
+    return _one_gpu_separations(rank_ids, cited)
 
 
-def _same_gpu_in_table(table_gpus: dict[int, str]) -> list[Separation]:
-    """Ranks that nccl-tests' device table puts on one GPU (the PCI bus id it prints) are on different
-    nodes, as for init lines: NCCL refuses a duplicate GPU inside a host hash."""
+def _one_gpu_separations(rank_gpu: dict[int, str], cited: Callable[[list[int]], str]) -> list[Separation]:
+    """Ranks on one GPU id are on different nodes (NCCL refuses a duplicate GPU inside a host hash),
+    each group said with what ``cited`` adds for its ranks."""
     by_gpu: dict[str, list[int]] = {}
-    for rank, gpu in table_gpus.items():
+    for rank, gpu in rank_gpu.items():
         by_gpu.setdefault(gpu, []).append(rank)
     return [
         Separation(
             tuple(("r", r) for r in ranks),
             MEDIUM,
             ONE_GPU,
-            f"ranks {', '.join(str(r) for r in sorted(ranks)[:4])} on GPU {gpu} (nccl-tests device table)",
+            f"ranks {', '.join(str(r) for r in sorted(ranks)[:4])} on GPU {gpu}{cited(ranks)}",
         )
         for gpu, ranks in by_gpu.items()
         if len(ranks) > 1
