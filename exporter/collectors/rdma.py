@@ -14,10 +14,11 @@ import threading
 from collections.abc import Hashable, Iterable, Mapping
 from pathlib import Path
 
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import Metric
 
 from exporter.collectors.base import CollectorSpec, CollectorUnavailable, PartialCollection
 from exporter.collectors.counter_sums import CounterSums, PartCounters
+from exporter.collectors.rows import RowFamily
 from exporter.sources.rdma import (
     ACTIVE_PORT_STATES,
     PHYSICAL_PORT_STATES,
@@ -71,89 +72,102 @@ class RdmaCollector:
 
     @staticmethod
     def families(devices: Iterable[RdmaDevice]) -> list[Metric]:
-        info = GaugeMetricFamily(
+        info = RowFamily(
             "ccl_rdma_port_info",
             "RDMA port facts from sysfs; always 1. link_layer InfiniBand or Ethernet (RoCE); "
             "netdev is the port's network interface (gid_attrs/ndevs or device/net).",
+            typ="gauge",
             labels=PORT_LABELS + ["link_layer", "netdev", "hca_type", "firmware_version", "board_id"],
         )
-        state = GaugeMetricFamily(
+        state = RowFamily(
             "ccl_rdma_port_state_id",
             f"Logical port state from ports/<n>/state: {_names(PORT_STATES)}.",
+            typ="gauge",
             labels=PORT_LABELS,
         )
-        phys = GaugeMetricFamily(
+        phys = RowFamily(
             "ccl_rdma_port_physical_state_id",
             f"Physical port state from ports/<n>/phys_state: {_names(PHYSICAL_PORT_STATES)}.",
+            typ="gauge",
             labels=PORT_LABELS,
         )
-        rate = GaugeMetricFamily(
+        rate = RowFamily(
             "ccl_rdma_port_rate_bytes_per_second",
             "Negotiated port rate from ports/<n>/rate (Gb/s x 125000000).",
+            typ="gauge",
             labels=PORT_LABELS,
         )
-        tx_bytes = CounterMetricFamily(
+        tx_bytes = RowFamily(
             "ccl_rdma_port_transmit_bytes_total",
             "Bytes transmitted: counters/port_xmit_data (or counters_ext/port_xmit_data_64) x 4, "
             "since sysfs counts 4-octet words.",
+            typ="counter",
             labels=PORT_LABELS,
         )
-        rx_bytes = CounterMetricFamily(
+        rx_bytes = RowFamily(
             "ccl_rdma_port_receive_bytes_total",
             "Bytes received: counters/port_rcv_data (or counters_ext/port_rcv_data_64) x 4.",
+            typ="counter",
             labels=PORT_LABELS,
         )
-        tx_packets = CounterMetricFamily(
+        tx_packets = RowFamily(
             "ccl_rdma_port_transmit_packets_total",
             "Packets transmitted: counters/port_xmit_packets (or counters_ext/..._64).",
+            typ="counter",
             labels=PORT_LABELS,
         )
-        rx_packets = CounterMetricFamily(
+        rx_packets = RowFamily(
             "ccl_rdma_port_receive_packets_total",
             "Packets received: counters/port_rcv_packets (or counters_ext/..._64).",
+            typ="counter",
             labels=PORT_LABELS,
         )
-        cast_packets = CounterMetricFamily(
+        cast_packets = RowFamily(
             "ccl_rdma_port_cast_packets_total",
             "Unicast and multicast packets by direction, from counters/{unicast,multicast}_"
             "{xmit,rcv}_packets (or counters_ext/port_...).",
+            typ="counter",
             labels=PORT_LABELS + ["cast", "direction"],
         )
-        errors = CounterMetricFamily(
+        errors = RowFamily(
             "ccl_rdma_port_errors_total",
             "Every other counters/ file, each an error or discard count (symbol_error, link_downed, "
             "link_error_recovery, port_rcv_errors, port_xmit_discards, ...); counter = file name.",
+            typ="counter",
             labels=PORT_LABELS + ["counter"],
         )
-        wait = CounterMetricFamily(
+        wait = RowFamily(
             "ccl_rdma_port_transmit_wait",
             "Ticks during which the port had data to transmit but sent none (no credits, or lost "
             "arbitration): congestion, not an error; counters/port_xmit_wait. The tick is the device's "
             "sampling tick, so compare rates of one device model.",
+            typ="counter",
             labels=PORT_LABELS,
         )
-        hw = CounterMetricFamily(
+        hw = RowFamily(
             "ccl_rdma_port_hw_counters_total",
             "Driver hw_counters/ files (RoCE np_cnp_sent, rp_cnp_handled, out_of_sequence, "
             "local_ack_timeout_err, out_of_buffer, ...), lifespan aside; counter = file name.",
+            typ="counter",
             labels=PORT_LABELS + ["counter"],
         )
-        lifespan = GaugeMetricFamily(
+        lifespan = RowFamily(
             "ccl_rdma_port_hw_counters_lifespan_seconds",
             "How long the kernel keeps the hw_counters values it read before reading the device again "
             "(hw_counters/lifespan, a setting in milliseconds: default 0.01 s, at most 10 s); "
             "ccl_rdma_port_hw_counters_total is at most this old.",
+            typ="gauge",
             labels=PORT_LABELS,
         )
 
-        def add(family: GaugeMetricFamily | CounterMetricFamily, labels: list[str], value: int | None) -> None:
+        def add(family: RowFamily, labels: list[str], value: int | None) -> None:
             if value is not None:
-                family.add_metric(labels, float(value))
+                family.add(labels, float(value))
 
         for device in devices:
             for p in device.ports:
                 labels = [p.device, str(p.port)]
-                info.add_metric(
+                info.add(
                     labels
                     + [
                         p.link_layer or "",
@@ -173,12 +187,12 @@ class RdmaCollector:
                 add(rx_packets, labels, p.receive_packets)
                 _add_cast(cast_packets, labels, p)
                 for counter, value in sorted(p.errors.items()):
-                    errors.add_metric(labels + [counter], float(value))
+                    errors.add(labels + [counter], float(value))
                 add(wait, labels, p.transmit_wait)
                 for counter, value in sorted(p.hw_counters.items()):
-                    hw.add_metric(labels + [counter], float(value))
+                    hw.add(labels + [counter], float(value))
                 if p.hw_counters_lifespan_ms is not None:
-                    lifespan.add_metric(labels, p.hw_counters_lifespan_ms / 1000)
+                    lifespan.add(labels, p.hw_counters_lifespan_ms / 1000)
         return [
             info, state, phys, rate, tx_bytes, rx_bytes, tx_packets, rx_packets, cast_packets, errors, wait, hw,
             lifespan,
@@ -190,52 +204,57 @@ class RdmaCollector:
         and its counters summed over its ports (``totals`` from ``CounterSums.update``)."""
         devices = list(devices)
         ports = [port for device in devices for port in device.ports]
-        count = GaugeMetricFamily(
-            "ccl_rdma_node_ports", "RDMA ports of the node (the ccl_rdma_port_info series).", labels=[]
+        count = RowFamily(
+            "ccl_rdma_node_ports", "RDMA ports of the node (the ccl_rdma_port_info series).", typ="gauge", labels=[]
         )
-        active = GaugeMetricFamily(
+        active = RowFamily(
             "ccl_rdma_node_ports_active",
             "RDMA ports of the node in logical state ACTIVE or ACTIVE_DEFER (ccl_rdma_port_state_id 4 or 5).",
+            typ="gauge",
             labels=[],
         )
         traffic = {
-            name: CounterMetricFamily(
+            name: RowFamily(
                 f"ccl_rdma_node_{name}_bytes_total",
                 f"Bytes {'transmitted' if name == 'transmit' else 'received'} by all RDMA ports of the node: the "
                 f"sum of ccl_rdma_port_{name}_bytes_total over its ports, never decreasing.",
+                typ="counter",
                 labels=[],
             )
             for name in _NODE_BYTES
         }
-        errors = CounterMetricFamily(
+        errors = RowFamily(
             "ccl_rdma_node_errors_total",
             "Error counters of all RDMA ports of the node, by counter: the sum of ccl_rdma_port_errors_total "
             "over its ports, never decreasing.",
+            typ="counter",
             labels=["counter"],
         )
-        degraded = GaugeMetricFamily(
+        degraded = RowFamily(
             "ccl_rdma_node_ports_rate_degraded",
             "ACTIVE RDMA ports of the node whose rate is below the fastest ACTIVE port of the same link layer and "
             "HCA model on the node (a link trained down in width or speed).",
+            typ="gauge",
             labels=[],
         )
-        cnp = CounterMetricFamily(
+        cnp = RowFamily(
             "ccl_rdma_node_roce_cnp_total",
             "Congestion notification packets of the node's RoCE (link layer Ethernet) ports, by hw_counters "
             "counter (np_cnp_sent, rp_cnp_handled): the sum over those ports, never decreasing.",
+            typ="counter",
             labels=["counter"],
         )
-        count.add_metric([], float(len(ports)))
-        active.add_metric([], float(sum(1 for port in ports if port.state_id in ACTIVE_PORT_STATES)))
+        count.add([], float(len(ports)))
+        active.add([], float(sum(1 for port in ports if port.state_id in ACTIVE_PORT_STATES)))
         for name, family in traffic.items():
             if name in totals:
-                family.add_metric([], totals[name])
-        degraded.add_metric([], float(_rate_degraded_ports(devices)))
+                family.add([], totals[name])
+        degraded.add([], float(_rate_degraded_ports(devices)))
         for name, value in sorted(totals.items()):
             if name.startswith(_ERROR_PREFIX):
-                errors.add_metric([name.removeprefix(_ERROR_PREFIX)], value)
+                errors.add([name.removeprefix(_ERROR_PREFIX)], value)
             elif name.startswith(_CNP_PREFIX):
-                cnp.add_metric([name.removeprefix(_CNP_PREFIX)], value)
+                cnp.add([name.removeprefix(_CNP_PREFIX)], value)
         return [count, active, *traffic.values(), errors, degraded, cnp]
 
 
@@ -269,9 +288,9 @@ def _port_counters(port: RdmaPort) -> dict[str, float]:
     return found
 
 
-def _add_cast(family: CounterMetricFamily, labels: list[str], port: RdmaPort) -> None:
+def _add_cast(family: RowFamily, labels: list[str], port: RdmaPort) -> None:
     for (cast, direction), value in sorted(port.cast_packets.items()):
-        family.add_metric(labels + [cast, direction], float(value))
+        family.add(labels + [cast, direction], float(value))
 
 
 SPEC = CollectorSpec(

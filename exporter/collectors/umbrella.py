@@ -26,19 +26,21 @@ import operator
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, KeysView, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import CollectorRegistry
 from prometheus_client.samples import Sample
 
 from exporter.build import BuildInfo, read_build_info
 from exporter.collectors.base import Collector, CollectorUnavailable, PartialCollection
 from exporter.collectors.history import CollectorHistory
+from exporter.collectors.rows import RowFamily
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,8 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 # No legitimate label value comes near this (Kubernetes names stop at 253 characters); a
 # longer one is log-derived text gone wrong (``Using network <60 KB>``) and is cut.
 MAX_LABEL_VALUE_CHARS = 256
+# How long one collector may hold up the ones after it on the scrape's lane (see _Lane).
+LANE_STALL_SECONDS = 0.25
 _DIGEST_CHARS = 16
 _CUT_MARK = "...#"
 
@@ -68,7 +72,7 @@ class CollectorOutcome:
 _RunResult = tuple[list[object], "BaseException | None", float]
 
 
-@dataclass
+@dataclass(eq=False)  # a slot is itself: compared and found by identity
 class _Slot:
     collector: Collector
     outcome: CollectorOutcome = field(default_factory=CollectorOutcome)
@@ -102,13 +106,46 @@ def _needs_rewrite(value: str) -> bool:
     return len(value) > MAX_LABEL_VALUE_CHARS or (not value.isascii() and _SURROGATE.search(value) is not None)
 
 
+def _shared_label_names(samples: Sequence[Sample]) -> KeysView[str] | None:
+    """The label names every sample has, or None when they differ from one sample to another."""
+    if not samples:
+        return None
+    names = samples[0].labels.keys()
+    for sample in samples:
+        if sample.labels.keys() != names:
+            return None
+    return names
+
+
+def _plainly_safe(samples: Sequence[Sample], names: KeysView[str]) -> bool:
+    """Whether every sample of a family with the label ``names`` has a float value and short ASCII
+    str label values: the shape of nearly every family, checked a family at a time."""
+    for sample in samples:
+        if type(sample.value) is not float:
+            return False
+    if not names:
+        return True
+    for name in names:
+        if not isinstance(name, str) or not _LABEL_NAME.match(name):
+            return False
+    values = [value for sample in samples for value in sample.labels.values()]
+    try:
+        joined = "".join(values)  # TypeError unless every value is a str
+    except TypeError:
+        return False
+    return joined.isascii() and max(map(len, values)) <= MAX_LABEL_VALUE_CHARS
+
+
 def _check_samples(family: Metric) -> tuple[str | None, list[int]]:
     """(why ``family`` must be dropped or None, indexes of its samples that may need rewriting).
 
-    One pass over the samples: a value must be a number, a label name valid, a label value a
-    str. A sample is a rewrite suspect when a label value is too long or not ASCII, the cheap
-    half of ``_needs_rewrite``; most families have none.
+    A value must be a number, a label name valid, a label value a str. A sample is a rewrite
+    suspect when a label value is too long or not ASCII, the cheap half of ``_needs_rewrite``;
+    most families have none, and are cleared a family at a time (``_plainly_safe``).
     """
+    names = _shared_label_names(family.samples)
+    if names is not None and _plainly_safe(family.samples, names):
+        return None, []
     label_names_ok: set[str] = set()
     suspects: list[int] = []
     for index, sample in enumerate(family.samples):
@@ -163,8 +200,8 @@ def _sample_order(samples: Sequence[Sample]) -> Callable[[Sample], Any]:  # keys
     the label values in label-name order compares exactly like the sorted (name, value) pairs,
     and is several times cheaper than building them for every sample.
     """
-    names = samples[0].labels.keys() if samples else set()
-    if any(sample.labels.keys() != names for sample in samples):
+    names = _shared_label_names(samples)
+    if names is None:
         return lambda s: (s.name, sorted(s.labels.items()))
     if not names:
         return lambda s: s.name
@@ -172,12 +209,51 @@ def _sample_order(samples: Sequence[Sample]) -> Callable[[Sample], Any]:  # keys
     return lambda s: (s.name, values(s.labels))
 
 
+def _sanitize_rows(family: RowFamily, result: Sanitized) -> str | None:
+    """Check, rewrite and sort the rows of ``family`` in place, a family at a time; return why it
+    must be dropped, or None. The same rules as for samples: values numbers, label names valid,
+    label values str, made safe by ``safe_label_value``."""
+    for name in family.label_names:
+        if not _LABEL_NAME.match(name):
+            return f"{family.name}: bad label name {name!r}"
+    values = family.values
+    if any(type(value) is not float for value in values):
+        for index, value in enumerate(values):
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                return f"{family.name}: non-numeric value {value!r}"
+            values[index] = float(value)
+    keys = family.keys
+    flat = [label_value for key in keys for label_value in key]
+    try:
+        joined = "".join(flat)  # TypeError unless every label value is a str
+    except TypeError:  # keys are typed str, but a collector may break that
+        pairs: list[tuple[str, object]] = [pair for key in keys for pair in zip(family.label_names, key, strict=True)]
+        culprit = next((name for name, label_value in pairs if not isinstance(label_value, str)), "?")
+        return f"{family.name}: non-string value for label {culprit!r}"
+    if not joined.isascii() or max(map(len, flat), default=0) > MAX_LABEL_VALUE_CHARS:
+        for index, key in enumerate(keys):
+            safe = tuple(safe_label_value(label_value) for label_value in key)
+            if safe != key:
+                for name, before, after in zip(family.label_names, key, safe, strict=True):
+                    if before != after:
+                        result.rewritten_values += 1
+                        if not result.first_rewrite:
+                            result.first_rewrite = f"{family.name}{{{name}={after[:80]!r}...}}"
+                keys[index] = safe
+    order = sorted(range(len(keys)), key=keys.__getitem__)
+    family.keys = [keys[index] for index in order]
+    family.values = [values[index] for index in order]
+    return None
+
+
 def sanitize_families(families: Iterable[object]) -> Sanitized:
-    """Keep the well-formed metric families, sorted, with safe label values.
+    """Keep the well-formed metric families that have series, sorted, with safe label values.
 
     A family is dropped whole when it is not a ``Metric``, has a bad name, or holds a
     sample whose value is not a number or whose labels are not str -> str. Label values
-    are passed through ``safe_label_value``.
+    are passed through ``safe_label_value``. A family without series is left out of the page
+    (as client_golang, and so node_exporter, leave it out): its HELP and TYPE alone tell
+    Prometheus nothing, and a node without pods or GPUs would otherwise carry dozens of them.
     """
     result = Sanitized([], [])
     for family in families:
@@ -187,24 +263,74 @@ def sanitize_families(families: Iterable[object]) -> Sanitized:
         if not isinstance(family.name, str) or not _METRIC_NAME.match(family.name):
             result.problems.append(f"bad metric name {family.name!r}")
             continue
-        bad, suspects = _check_samples(family)
+        if isinstance(family, RowFamily):
+            if not family.keys:
+                continue
+            bad = _sanitize_rows(family, result)
+        elif not family.samples:
+            continue
+        else:
+            bad, suspects = _check_samples(family)
+            if not bad:
+                if suspects:
+                    _rewrite_labels(family, suspects, result)
+                family.samples.sort(key=_sample_order(family.samples))
         if bad:
             result.problems.append(bad)
             continue
-        if suspects:
-            _rewrite_labels(family, suspects, result)
-        family.samples.sort(key=_sample_order(family.samples))
         result.families.append(family)
     result.families.sort(key=lambda f: f.name)
     return result
 
 
-class UmbrellaCollector:
-    """A client_python collector that runs the exporter's collectors concurrently.
+class _Lane:
+    """Collectors of one scrape, run one after another on one pool thread.
 
-    Each collector runs in a shared thread pool with ``timeout_seconds``. A collector still
-    running from an earlier scrape (a hung NVML call, a stuck NFS read) is not started
-    again: it reports success 0 until it returns, so hung calls never pile up threads.
+    Handing each collector to a thread of its own costs more than most collectors' work (a
+    thread wakes, and the interpreter's state moves between CPU cores, on every scrape); one
+    thread that runs them in turn costs one hand-off. What the lane has not started yet can be
+    taken back (``take_rest``) and run elsewhere, when a collector before it stalls.
+    """
+
+    def __init__(self, slots: Sequence[_Slot], run_one: Callable[[_Slot], _RunResult]) -> None:
+        self._waiting = deque(slots)
+        self._run_one = run_one
+        self._lock = threading.Lock()
+
+    def take_rest(self) -> list[_Slot]:
+        with self._lock:
+            rest = list(self._waiting)
+            self._waiting.clear()
+        return rest
+
+    def _take(self) -> _Slot | None:
+        with self._lock:
+            return self._waiting.popleft() if self._waiting else None
+
+    def run(self) -> None:
+        while (slot := self._take()) is not None:
+            _settle(slot, self._run_one)
+
+
+def _settle(slot: _Slot, run_one: Callable[[_Slot], _RunResult]) -> None:
+    """Run one collector and hand its result to whoever waits on ``slot.in_flight``."""
+    future = slot.in_flight
+    assert future is not None
+    try:
+        future.set_result(run_one(slot))
+    except BaseException as exc:  # noqa: BLE001 - run_one keeps collectors' errors; this is anything else
+        future.set_exception(exc)
+
+
+class UmbrellaCollector:
+    """A client_python collector that runs the exporter's collectors, each isolated from the rest.
+
+    A scrape runs its collectors in turn on one pool thread (a ``_Lane``). A collector that runs
+    longer than ``lane_stall_seconds`` has the collectors after it taken from the lane and run
+    in parallel, each on a pool thread of its own, so one slow or hung collector delays the others
+    by at most that much. Each collector has ``timeout_seconds`` from the start of the scrape. A
+    collector still running from an earlier scrape (a hung NVML call, a stuck NFS read) is not
+    started again: it reports success 0 until it returns, so hung calls never pile up threads.
     """
 
     def __init__(
@@ -213,11 +339,13 @@ class UmbrellaCollector:
         timeout_seconds: float = 10.0,
         build: BuildInfo | None = None,
         history: CollectorHistory | None = None,
+        lane_stall_seconds: float = LANE_STALL_SECONDS,
     ) -> None:
         self._slots = [_Slot(c) for c in collectors]
         self._history = history or CollectorHistory()
         self._history_write: Future[None] | None = None
         self._timeout = timeout_seconds
+        self._lane_stall = min(lane_stall_seconds, timeout_seconds / 4)
         # Read once here, never per scrape (no file reads or programs on the scrape path).
         self._build = read_build_info() if build is None else build
         self._pool = ThreadPoolExecutor(max_workers=max(2, len(collectors) + 2), thread_name_prefix="collector")
@@ -250,41 +378,68 @@ class UmbrellaCollector:
         with self._lock:  # concurrent scrapes take turns; each still gets a full answer
             yield from self._collect_locked()
 
-    def _collect_locked(self) -> Iterable[Metric]:
-        started: list[tuple[_Slot, Future[_RunResult] | None, float]] = []
+    def _start(self) -> tuple[list[_Slot], _Lane]:
+        """Start this scrape's collectors on a lane; the slots still running from an earlier scrape
+        are left alone. Returns every slot, in order, and the lane."""
+        fresh = []
         for slot in self._slots:
-            if slot.in_flight is not None and not slot.in_flight.done():
-                started.append((slot, None, time.perf_counter()))
-                continue
-            slot.in_flight = self._pool.submit(self._run_one, slot)
-            started.append((slot, slot.in_flight, time.perf_counter()))
+            if slot.in_flight is None or slot.in_flight.done():
+                slot.in_flight = Future()
+                fresh.append(slot)
+        lane = _Lane(fresh, self._run_one)
+        if fresh:
+            self._pool.submit(lane.run)
+        return fresh, lane
 
-        deadline = time.perf_counter() + self._timeout
-        success = GaugeMetricFamily(
+    def _wait(self, slot: _Slot, lane: _Lane, deadline: float) -> _RunResult | None:
+        """The result of ``slot`` by ``deadline`` (None if it is not done by then); if it stalls the
+        lane, the collectors after it leave the lane for threads of their own."""
+        future = slot.in_flight
+        assert future is not None
+        stall = min(deadline, time.perf_counter() + self._lane_stall)
+        try:
+            return future.result(timeout=max(0.0, stall - time.perf_counter()))
+        except FutureTimeout:
+            for rest in lane.take_rest():
+                self._pool.submit(_settle, rest, self._run_one)
+        try:
+            return future.result(timeout=max(0.0, deadline - time.perf_counter()))
+        except FutureTimeout:
+            return None
+
+    def _collect_locked(self) -> Iterable[Metric]:
+        started = time.perf_counter()
+        fresh, lane = self._start()
+        deadline = started + self._timeout
+        success = RowFamily(
             "ccl_exporter_collector_success",
             "1 if the collector's last scrape read its source completely, 0 otherwise.",
-            labels=["collector"],
+            "gauge",
+            ["collector"],
         )
-        duration = GaugeMetricFamily(
+        duration = RowFamily(
             "ccl_exporter_collector_duration_seconds",
             "Seconds the collector took in this scrape (the timeout when it did not return).",
-            labels=["collector"],
+            "gauge",
+            ["collector"],
         )
         families: list[Metric] = []
-        for slot, future, t0 in started:
+        for slot in self._slots:
             name = slot.collector.name
             outcome = CollectorOutcome(finished_at=time.time())
-            if future is None:
+            if slot not in fresh:
                 outcome.error = "still running from an earlier scrape"
                 outcome.duration_seconds = self._timeout
                 log.warning("collector %s: %s", name, outcome.error)
             else:
-                try:
-                    result, failure, elapsed = future.result(timeout=max(0.0, deadline - time.perf_counter()))
-                except FutureTimeout:
-                    result, failure, elapsed = [], None, time.perf_counter() - t0
+                ran = self._wait(slot, lane, deadline)
+                if ran is None:
+                    result: list[object] = []
+                    failure, elapsed = None, time.perf_counter() - started
                     outcome.error = f"timed out after {self._timeout:g}s"
                     log.error("collector %s %s", name, outcome.error)
+                else:
+                    result, failure, elapsed = ran
                 sanitized = sanitize_families(result)
                 families.extend(sanitized.families)
                 self._note_rewrites(slot, sanitized, outcome)
@@ -296,31 +451,31 @@ class UmbrellaCollector:
                 outcome.success = not outcome.error
                 outcome.duration_seconds = elapsed
             slot.outcome = outcome
-            success.add_metric([name], 1.0 if outcome.success else 0.0)
-            duration.add_metric([name], outcome.duration_seconds)
-        status = GaugeMetricFamily(
+            success.add([name], 1.0 if outcome.success else 0.0)
+            duration.add([name], outcome.duration_seconds)
+        status = RowFamily(
             "ccl_exporter_collector_status",
             "The collector's status; always 1, one series per collector: ok (its last scrape succeeded), "
             "failing (it fails now but succeeded within the last day) or unavailable (no success within the "
             "last day: its source is absent on this node). Kept across restarts in --path.state.",
-            labels=["collector", "status"],
+            "gauge",
+            ["collector", "status"],
         )
         observed = self._history.observe((slot.collector.name, slot.outcome.success) for slot in self._slots)
         if self._history.write_due and (self._history_write is None or self._history_write.done()):
             self._history_write = self._pool.submit(self._history.write_pending)  # file I/O off the scrape path
         for name, state in observed.items():
-            status.add_metric([name, state], 1.0)
+            status.add([name, state], 1.0)
 
-        build = GaugeMetricFamily(
+        build = RowFamily(
             "ccl_exporter_build_info",
             "Version and source revision of ccl-health-exporter and the Python it runs on; always 1.",
-            labels=["version", "revision", "python_version"],
+            "gauge",
+            ["version", "revision", "python_version"],
         )
-        build.add_metric([self._build.version, self._build.revision, self._build.python_version], 1.0)
-        yield build
-        yield success
-        yield duration
-        yield status
+        build.add([self._build.version, self._build.revision, self._build.python_version], 1.0)
+        for own in (build, success, duration, status):  # in this order; their series sorted, label values made safe
+            yield from sanitize_families([own]).families
         yield from families
 
     @staticmethod

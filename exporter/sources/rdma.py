@@ -20,7 +20,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exporter.sources.sysfs import AttributeReader, list_dir, parse_uint, read_attribute
+from exporter.sources.sysfs import AttributeReader, list_dir, parse_uint, read_attribute, read_counters
 
 CLASS_PATH = ("class", "infiniband")
 
@@ -155,17 +155,6 @@ def parse_rate(text: str | None) -> int | None:
     return int(_float32(gbits) * 125_000_000)
 
 
-def _read_counter_dir(folder: str, reader: AttributeReader) -> dict[str, int]:
-    # Plain string paths: a scrape reads ~60 files per port, and Path objects cost more
-    # than the read itself.
-    values: dict[str, int] = {}
-    for name in list_dir(folder):
-        value = parse_uint(reader(f"{folder}/{name}"))
-        if value is not None:
-            values[name] = value
-    return values
-
-
 def _netdev(device_dir: str, port_dir: str, reader: AttributeReader) -> str | None:
     ndevs = f"{port_dir}/gid_attrs/ndevs"
     for index in sorted(list_dir(ndevs), key=lambda n: (len(n), n)):
@@ -181,9 +170,9 @@ def read_port(device: str, device_dir: str, port_name: str, reader: AttributeRea
     state_id, state = parse_state(reader(f"{port_dir}/state"))
     phys_id, phys = parse_state(reader(f"{port_dir}/phys_state"))
     rate_text = reader(f"{port_dir}/rate")
-    counters = _read_counter_dir(f"{port_dir}/counters", reader)
-    ext = _read_counter_dir(f"{port_dir}/counters_ext", reader)
-    hw_counters = _read_counter_dir(f"{port_dir}/hw_counters", reader)
+    counters = read_counters(f"{port_dir}/counters")
+    ext = read_counters(f"{port_dir}/counters_ext")
+    hw_counters = read_counters(f"{port_dir}/hw_counters")
 
     def pick(ext_table: dict[str, str], table: dict[str, str], direction: str, scale: int) -> int | None:
         for source, names in ((ext, ext_table), (counters, table)):

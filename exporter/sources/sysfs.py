@@ -16,6 +16,8 @@ MAX_ATTRIBUTE_BYTES = 4096
 # A reader takes a path and returns the attribute's text or None.
 AttributeReader = Callable[["str | os.PathLike[str]"], "str | None"]
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
+MAX_COUNTER = 2**64
 
 
 def read_attribute(path: str | os.PathLike[str]) -> str | None:
@@ -41,7 +43,41 @@ def parse_uint(text: str | None) -> int | None:
     if not text.isdigit() or not text.isascii():
         return None
     value = int(text)
-    return value if value < 2**64 else None
+    return value if value < MAX_COUNTER else None
+
+
+def read_counters(folder: str) -> dict[str, int]:
+    """Every file of ``folder`` that holds a non-negative integer (a counter folder such as an RDMA
+    port's ``counters/``), by file name in name order; files that cannot be read or hold anything
+    else ('N/A (no PMA)') are skipped, and a missing or unreadable folder gives {}.
+
+    The same reads as ``read_attribute`` and ``parse_uint`` on each file, opened relative to the
+    open folder: a scrape reads ~60 such files per port, and this is the cheapest way there.
+    """
+    try:
+        folder_fd = os.open(folder, _FOLDER_FLAGS)
+    except OSError:
+        return {}
+    values: dict[str, int] = {}
+    try:
+        for name in sorted(os.listdir(folder_fd)):
+            try:
+                fd = os.open(name, _OPEN_FLAGS, dir_fd=folder_fd)
+            except OSError:
+                continue
+            try:
+                data = os.read(fd, MAX_ATTRIBUTE_BYTES).strip()
+            except OSError:
+                continue
+            finally:
+                os.close(fd)
+            if data.isdigit() and (value := int(data)) < MAX_COUNTER:
+                values[name] = value
+    except OSError:
+        return values
+    finally:
+        os.close(folder_fd)
+    return values
 
 
 def list_dir(path: str | os.PathLike[str]) -> list[str]:

@@ -196,3 +196,19 @@ def test_text_family_matches_generate_latest_whatever_the_labels(
     reg = CollectorRegistry(auto_describe=False)
     reg.register(type("Many", (), {"collect": lambda self: [family]})())
     assert text_family(family) == generate_latest(reg)
+
+
+def test_the_series_texts_a_renderer_keeps_stay_within_their_share_of_a_page() -> None:
+    """Label values that change on every scrape (a hostile pod) refill the store, never grow it."""
+    renderer = PageRenderer(max_page_bytes=64 * 1024)
+    for scrape in range(30):
+        family = GaugeMetricFamily("ccl_test_churn", "churn", labels=["pod"])
+        for series in range(200):
+            family.add_metric([f"pod-{scrape}-{series}"], 1.0)
+        reg = CollectorRegistry(auto_describe=False)
+        reg.register(type("Churn", (), {"collect": lambda self, family=family: [family]})())
+        body, _ = renderer.render(reg, "")
+        assert body.count(b"ccl_test_churn{") == 200
+        kept = renderer._series
+        assert kept._chars <= kept.max_chars == 16 * 1024
+        assert sum(len(text) for text in kept._texts.values()) == kept._chars

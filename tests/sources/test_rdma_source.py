@@ -122,11 +122,11 @@ def test_unreadable_values_are_skipped_one_by_one(fixture_tree, monkeypatch) -> 
     real_open, real_read = os.open, os.read
     fds: dict[int, str] = {}
 
-    def fake_open(path, flags, *args):  # type: ignore[no-untyped-def]
-        name = os.path.basename(path)
+    def fake_open(path, flags, *args, **kwargs):  # type: ignore[no-untyped-def]
+        name = os.path.basename(path)  # counter files are opened by name relative to their folder (dir_fd)
         if name in fail_open:
             raise OSError(fail_open[name], os.strerror(fail_open[name]), path)
-        fd = real_open(path, flags, *args)
+        fd = real_open(path, flags, *args, **kwargs)
         fds[fd] = name
         return fd
 
