@@ -14,7 +14,7 @@ encoder, tests and any other consumer of a ``Metric`` see an ordinary family.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, KeysView, Sequence
 from typing import Literal
 
 from prometheus_client.metrics_core import Metric
@@ -63,3 +63,15 @@ class RowFamily(Metric):
     def samples(self, samples: list[Sample]) -> None:
         if samples:  # Metric.__init__ sets an empty list; rows are added with add()
             raise TypeError(f"{self.name}: a RowFamily's series are added with add(), not through samples")
+
+
+def shared_label_names(samples: Sequence[Sample]) -> KeysView[str] | None:
+    """The label names every one of ``samples`` has (the shape a ``RowFamily`` keeps), or None
+    when there are no samples or their label names differ."""
+    if not samples:
+        return None
+    names = samples[0].labels.keys()
+    for sample in samples:
+        if sample.labels.keys() != names:
+            return None
+    return names

@@ -40,7 +40,7 @@ from prometheus_client.samples import Sample
 from exporter.build import BuildInfo, read_build_info
 from exporter.collectors.base import Collector, CollectorUnavailable, PartialCollection
 from exporter.collectors.history import CollectorHistory
-from exporter.collectors.rows import RowFamily
+from exporter.collectors.rows import RowFamily, shared_label_names
 
 log = logging.getLogger(__name__)
 
@@ -106,15 +106,30 @@ def _needs_rewrite(value: str) -> bool:
     return len(value) > MAX_LABEL_VALUE_CHARS or (not value.isascii() and _SURROGATE.search(value) is not None)
 
 
-def _shared_label_names(samples: Sequence[Sample]) -> KeysView[str] | None:
-    """The label names every sample has, or None when they differ from one sample to another."""
-    if not samples:
+def _is_number(value: object) -> bool:
+    """A sample's value must be an int or a float, never a bool."""
+    return type(value) is float or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def _plain_label_values(values: Sequence[str]) -> bool | None:
+    """None when one of ``values`` is not a str (collectors are typed, but may break that); else
+    whether all are ASCII and short, so that none needs ``safe_label_value``. One pass in C over a
+    whole family's values."""
+    try:
+        joined = "".join(values)
+    except TypeError:
         return None
-    names = samples[0].labels.keys()
-    for sample in samples:
-        if sample.labels.keys() != names:
-            return None
-    return names
+    return joined.isascii() and max(map(len, values), default=0) <= MAX_LABEL_VALUE_CHARS
+
+
+def _made_safe(family_name: str, label_name: str, value: str, result: Sanitized) -> str:
+    """``safe_label_value(value)``, counted in ``result`` when it differs from ``value``."""
+    safe = safe_label_value(value)
+    if safe != value:
+        result.rewritten_values += 1
+        if not result.first_rewrite:
+            result.first_rewrite = f"{family_name}{{{label_name}={safe[:80]!r}...}}"
+    return safe
 
 
 def _plainly_safe(samples: Sequence[Sample], names: KeysView[str]) -> bool:
@@ -128,12 +143,7 @@ def _plainly_safe(samples: Sequence[Sample], names: KeysView[str]) -> bool:
     for name in names:
         if not isinstance(name, str) or not _LABEL_NAME.match(name):
             return False
-    values = [value for sample in samples for value in sample.labels.values()]
-    try:
-        joined = "".join(values)  # TypeError unless every value is a str
-    except TypeError:
-        return False
-    return joined.isascii() and max(map(len, values)) <= MAX_LABEL_VALUE_CHARS
+    return bool(_plain_label_values([value for sample in samples for value in sample.labels.values()]))
 
 
 def _check_samples(family: Metric) -> tuple[str | None, list[int]]:
@@ -143,14 +153,14 @@ def _check_samples(family: Metric) -> tuple[str | None, list[int]]:
     suspect when a label value is too long or not ASCII, the cheap half of ``_needs_rewrite``;
     most families have none, and are cleared a family at a time (``_plainly_safe``).
     """
-    names = _shared_label_names(family.samples)
+    names = shared_label_names(family.samples)
     if names is not None and _plainly_safe(family.samples, names):
         return None, []
     label_names_ok: set[str] = set()
     suspects: list[int] = []
     for index, sample in enumerate(family.samples):
         value = sample.value
-        if type(value) is not float and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+        if not _is_number(value):
             return f"{family.name}: non-numeric value {value!r}", []
         suspect = False
         for key, label_value in sample.labels.items():
@@ -183,13 +193,7 @@ def _rewrite_labels(family: Metric, suspects: list[int], result: Sanitized) -> N
         sample = family.samples[index]
         if not any(_needs_rewrite(v) for v in sample.labels.values()):
             continue
-        labels = {}
-        for key, label_value in sample.labels.items():
-            labels[key] = safe_label_value(label_value)
-            if labels[key] != label_value:
-                result.rewritten_values += 1
-                if not result.first_rewrite:
-                    result.first_rewrite = f"{family.name}{{{key}={labels[key][:80]!r}...}}"
+        labels = {key: _made_safe(family.name, key, label_value, result) for key, label_value in sample.labels.items()}
         family.samples[index] = sample._replace(labels=labels)
 
 
@@ -200,7 +204,7 @@ def _sample_order(samples: Sequence[Sample]) -> Callable[[Sample], Any]:  # keys
     the label values in label-name order compares exactly like the sorted (name, value) pairs,
     and is several times cheaper than building them for every sample.
     """
-    names = _shared_label_names(samples)
+    names = shared_label_names(samples)
     if names is None:
         return lambda s: (s.name, sorted(s.labels.items()))
     if not names:
@@ -219,27 +223,21 @@ def _sanitize_rows(family: RowFamily, result: Sanitized) -> str | None:
     values = family.values
     if any(type(value) is not float for value in values):
         for index, value in enumerate(values):
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
+            if not _is_number(value):
                 return f"{family.name}: non-numeric value {value!r}"
             values[index] = float(value)
     keys = family.keys
-    flat = [label_value for key in keys for label_value in key]
-    try:
-        joined = "".join(flat)  # TypeError unless every label value is a str
-    except TypeError:  # keys are typed str, but a collector may break that
+    plain = _plain_label_values([label_value for key in keys for label_value in key])
+    if plain is None:
         pairs: list[tuple[str, object]] = [pair for key in keys for pair in zip(family.label_names, key, strict=True)]
         culprit = next((name for name, label_value in pairs if not isinstance(label_value, str)), "?")
         return f"{family.name}: non-string value for label {culprit!r}"
-    if not joined.isascii() or max(map(len, flat), default=0) > MAX_LABEL_VALUE_CHARS:
+    if not plain:
         for index, key in enumerate(keys):
-            safe = tuple(safe_label_value(label_value) for label_value in key)
-            if safe != key:
-                for name, before, after in zip(family.label_names, key, safe, strict=True):
-                    if before != after:
-                        result.rewritten_values += 1
-                        if not result.first_rewrite:
-                            result.first_rewrite = f"{family.name}{{{name}={after[:80]!r}...}}"
-                keys[index] = safe
+            keys[index] = tuple(
+                _made_safe(family.name, name, label_value, result)
+                for name, label_value in zip(family.label_names, key, strict=True)
+            )
     order = sorted(range(len(keys)), key=keys.__getitem__)
     family.keys = [keys[index] for index in order]
     family.values = [values[index] for index in order]
@@ -380,7 +378,7 @@ class UmbrellaCollector:
 
     def _start(self) -> tuple[list[_Slot], _Lane]:
         """Start this scrape's collectors on a lane; the slots still running from an earlier scrape
-        are left alone. Returns every slot, in order, and the lane."""
+        are left alone. Returns the slots started, in order, and the lane."""
         fresh = []
         for slot in self._slots:
             if slot.in_flight is None or slot.in_flight.done():

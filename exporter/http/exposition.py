@@ -40,7 +40,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
-from exporter.collectors.rows import RowFamily
+from exporter.collectors.rows import RowFamily, shared_label_names
 
 log = logging.getLogger(__name__)
 
@@ -112,47 +112,54 @@ class SeriesTexts:
         return text
 
 
-def _label_names(samples: Sequence[Sample]) -> tuple[str, ...] | None:
-    """The sorted label names every sample of a family has, or None when they differ (or one
-    is not a valid label name)."""
-    names = samples[0].labels.keys()
-    for sample in samples:
-        if sample.labels.keys() != names:
-            return None
+def _valid_label_names(names: Iterable[str]) -> tuple[str, ...] | None:
+    """``names`` sorted, or None when one is not a valid (legacy) label name."""
     ordered = tuple(sorted(names))
     if not all(isinstance(name, str) and _LEGACY_LABEL.match(name) for name in ordered):
         return None
     return ordered
 
 
-def _fast_lines(family: Metric, series: SeriesTexts) -> list[str] | None:
-    """The family's text lines, or None when it needs client_python's general renderer."""
+def _header(family: Metric) -> str | None:
+    """The HELP and TYPE lines of a family our loop can write, or None when it needs client_python."""
     mtype = _FAST_TYPES.get(family.type)
     if mtype is None or not _LEGACY_NAME.match(family.name):
         return None
     name = family.name + "_total" if mtype == "counter" else family.name
     doc = family.documentation.replace("\\", r"\\").replace("\n", r"\n")
-    lines = [f"# HELP {name} {doc}\n# TYPE {name} {mtype}\n"]
+    return f"# HELP {name} {doc}\n# TYPE {name} {mtype}\n"
+
+
+def _lines(header: str, prefixes: list[str], numbers: list[str]) -> list[str]:
+    """The header, then one line per series: its ``name{labels} `` and its number."""
+    if not prefixes:
+        return [header]
+    return [header, "\n".join(map(str.__add__, prefixes, numbers)), "\n"]
+
+
+def _fast_lines(family: Metric, series: SeriesTexts) -> list[str] | None:
+    """The family's text lines, or None when it needs client_python's general renderer."""
+    header = _header(family)
+    if header is None:
+        return None
     samples = family.samples
     if not samples:
-        return lines
+        return [header]
     om_names = {family.name + suffix for suffix in _OM_SUFFIXES}
     for sample in samples:
         if sample.timestamp is not None or sample.exemplar is not None or sample.name in om_names:
             return None
-    names = _label_names(samples)
+    shared = shared_label_names(samples)
+    names = None if shared is None else _valid_label_names(shared)
     if names is None:
-        return _mixed_label_lines(samples, lines)
-    numbers = _go_floats([sample.value for sample in samples])
+        return _mixed_label_lines(samples, [header])
     if not names:
         prefixes = [sample.name + " " for sample in samples]
     else:
         values = operator.itemgetter(*names)
         text = series.text
         prefixes = [text(sample.name, names, values(sample.labels)) for sample in samples]
-    lines.append("\n".join(map(str.__add__, prefixes, numbers)))
-    lines.append("\n")
-    return lines
+    return _lines(header, prefixes, _go_floats([sample.value for sample in samples]))
 
 
 def _mixed_label_lines(samples: Sequence[Sample], lines: list[str]) -> list[str] | None:
@@ -189,25 +196,17 @@ def _go_floats(values: Sequence[float]) -> list[str]:
 def _row_lines(family: RowFamily, series: SeriesTexts) -> list[str] | None:
     """The text lines of a ``RowFamily`` (its rows checked and sorted by the umbrella), or None
     when it needs client_python's general renderer."""
-    mtype = _FAST_TYPES.get(family.type)
-    if mtype is None or not _LEGACY_NAME.match(family.name):
-        return None
+    header = _header(family)
     names = family.label_names
-    if not all(_LEGACY_LABEL.match(name) for name in names):
+    if header is None or _valid_label_names(names) is None:
         return None
     name = family.sample_name
-    doc = family.documentation.replace("\\", r"\\").replace("\n", r"\n")
-    lines = [f"# HELP {name} {doc}\n# TYPE {name} {mtype}\n"]
-    if not family.keys:
-        return lines
     if names:
         text = series.text
         prefixes = [text(name, names, key) for key in family.keys]
     else:
         prefixes = [name + " "] * len(family.keys)
-    lines.append("\n".join(map(str.__add__, prefixes, _go_floats(family.values))))
-    lines.append("\n")
-    return lines
+    return _lines(header, prefixes, _go_floats(family.values))
 
 
 def text_family(family: Metric, series: SeriesTexts | None = None) -> bytes:
