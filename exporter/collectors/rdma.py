@@ -27,7 +27,7 @@ from exporter.sources.rdma import (
     RdmaPort,
     read_rdma,
 )
-from exporter.sources.sysfs import AttributeReader, read_attribute
+from exporter.sources.sysfs import AttributeReader, HeldFolders, read_attribute
 
 PORT_LABELS = ["device", "port"]
 # The node summary's counters, by name in CounterSums: the bytes, each error counter, and the
@@ -55,10 +55,16 @@ class RdmaCollector:
         # A scrape whose collector ran past its timeout may still be reading when the next one
         # starts: readings reach the sums one at a time and in the order they were taken.
         self._reading = threading.Lock()
+        # The counter files stay open between scrapes (one pread per value); read under the lock.
+        self._held = HeldFolders()
+
+    def close(self) -> None:
+        with self._reading:
+            self._held.close()
 
     def collect(self) -> Iterable[Metric]:
         with self._reading:
-            reading = read_rdma(self._sysfs, self._reader)
+            reading = read_rdma(self._sysfs, self._reader, self._held)
             if not reading.class_present:
                 raise CollectorUnavailable(f"no {self._sysfs}/class/infiniband on this node")
             ports = [port for device in reading.devices for port in device.ports]

@@ -20,7 +20,15 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exporter.sources.sysfs import AttributeReader, list_dir, parse_uint, read_attribute, read_counters
+from exporter.sources.sysfs import (
+    AttributeReader,
+    HeldFolders,
+    attribute_text,
+    list_dir,
+    parse_uint,
+    read_attribute,
+    read_counters,
+)
 
 CLASS_PATH = ("class", "infiniband")
 
@@ -165,14 +173,38 @@ def _netdev(device_dir: str, port_dir: str, reader: AttributeReader) -> str | No
     return nets[0] if nets else None
 
 
-def read_port(device: str, device_dir: str, port_name: str, reader: AttributeReader) -> RdmaPort:
+# The attribute files read from each port folder and each device folder.
+PORT_ATTRIBUTES = ("state", "phys_state", "rate", "link_layer")
+DEVICE_ATTRIBUTES = ("hca_type", "fw_ver", "board_id")
+
+
+class _Files:
+    """Where a reading's attributes and counters come from: one file at a time through ``reader``,
+    or files ``held`` open between readings."""
+
+    def __init__(self, reader: AttributeReader, held: HeldFolders | None) -> None:
+        self.reader = reader
+        self.held = held
+
+    def attributes(self, folder: str, names: tuple[str, ...]) -> dict[str, str | None]:
+        if self.held is None:
+            return {name: self.reader(f"{folder}/{name}") for name in names}
+        found = self.held.read(folder, names)
+        return {name: attribute_text(found.get(name)) for name in names}
+
+    def counters(self, folder: str) -> dict[str, int]:
+        return read_counters(folder) if self.held is None else self.held.counters(folder)
+
+
+def read_port(device: str, device_dir: str, port_name: str, files: _Files) -> RdmaPort:
     port_dir = f"{device_dir}/ports/{port_name}"
-    state_id, state = parse_state(reader(f"{port_dir}/state"))
-    phys_id, phys = parse_state(reader(f"{port_dir}/phys_state"))
-    rate_text = reader(f"{port_dir}/rate")
-    counters = read_counters(f"{port_dir}/counters")
-    ext = read_counters(f"{port_dir}/counters_ext")
-    hw_counters = read_counters(f"{port_dir}/hw_counters")
+    attributes = files.attributes(port_dir, PORT_ATTRIBUTES)
+    state_id, state = parse_state(attributes["state"])
+    phys_id, phys = parse_state(attributes["phys_state"])
+    rate_text = attributes["rate"]
+    counters = files.counters(f"{port_dir}/counters")
+    ext = files.counters(f"{port_dir}/counters_ext")
+    hw_counters = files.counters(f"{port_dir}/hw_counters")
 
     def pick(ext_table: dict[str, str], table: dict[str, str], direction: str, scale: int) -> int | None:
         for source, names in ((ext, ext_table), (counters, table)):
@@ -198,8 +230,8 @@ def read_port(device: str, device_dir: str, port_name: str, reader: AttributeRea
         physical_state=phys,
         rate_bytes_per_second=parse_rate(rate_text),
         rate_text=rate_text,
-        link_layer=reader(f"{port_dir}/link_layer") or None,
-        netdev=_netdev(device_dir, port_dir, reader),
+        link_layer=attributes["link_layer"] or None,
+        netdev=_netdev(device_dir, port_dir, files.reader),
         transmit_bytes=pick(EXT_DATA_WORD_COUNTERS, DATA_WORD_COUNTERS, "transmit", 4),
         receive_bytes=pick(EXT_DATA_WORD_COUNTERS, DATA_WORD_COUNTERS, "receive", 4),
         transmit_packets=pick(EXT_PACKET_COUNTERS, PACKET_COUNTERS, "transmit", 1),
@@ -212,8 +244,14 @@ def read_port(device: str, device_dir: str, port_name: str, reader: AttributeRea
     )
 
 
-def read_rdma(sysfs: Path, reader: AttributeReader = read_attribute) -> RdmaReading:
-    """Every RDMA device and port under ``<sysfs>/class/infiniband``, sorted by name."""
+def read_rdma(sysfs: Path, reader: AttributeReader = read_attribute, held: HeldFolders | None = None) -> RdmaReading:
+    """Every RDMA device and port under ``<sysfs>/class/infiniband``, sorted by name.
+
+    With ``held``, the attributes and counters are read from files it keeps open between calls
+    (the gid_attrs/ndevs names are still read one by one), and the folders this call did not read
+    are closed.
+    """
+    files = _Files(reader, held)
     class_dir = os.path.join(sysfs, *CLASS_PATH)
     reading = RdmaReading(class_present=os.path.isdir(class_dir))
     for device in list_dir(class_dir):
@@ -227,20 +265,23 @@ def read_rdma(sysfs: Path, reader: AttributeReader = read_attribute) -> RdmaRead
                 reading.problems.append(f"{device}: unexpected port entry {port_name!r}")
                 continue
             try:
-                port = read_port(device, device_dir, port_name, reader)
+                port = read_port(device, device_dir, port_name, files)
             except (OSError, ValueError) as exc:  # a port folder that vanished mid-read
                 reading.problems.append(f"{device}/{port_name}: {exc}")
                 continue
             if port.state_id is None:
                 reading.problems.append(f"{device}/{port_name}: unreadable or malformed state")
             ports.append(port)
+        attributes = files.attributes(device_dir, DEVICE_ATTRIBUTES)
         reading.devices.append(
             RdmaDevice(
                 name=device,
-                hca_type=reader(f"{device_dir}/hca_type"),
-                firmware_version=reader(f"{device_dir}/fw_ver"),
-                board_id=reader(f"{device_dir}/board_id"),
+                hca_type=attributes["hca_type"],
+                firmware_version=attributes["fw_ver"],
+                board_id=attributes["board_id"],
                 ports=tuple(ports),
             )
         )
+    if held is not None:
+        held.close_unread()
     return reading
