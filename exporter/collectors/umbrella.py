@@ -288,12 +288,26 @@ class _Lane:
     thread wakes, and the interpreter's state moves between CPU cores, on every scrape); one
     thread that runs them in turn costs one hand-off. What the lane has not started yet can be
     taken back (``take_rest``) and run elsewhere, when a collector before it stalls.
+
+    The scrape waits for the whole lane (``finished``), not for each collector: a thread that
+    woke to check each result while the lane still runs Python would take the interpreter lock
+    back and forth with it, which costs more than the checking.
     """
 
     def __init__(self, slots: Sequence[_Slot], run_one: Callable[[_Slot], _RunResult]) -> None:
         self._waiting = deque(slots)
         self._run_one = run_one
         self._lock = threading.Lock()
+        self._running_since: float | None = None
+        self.finished = threading.Event()
+        if not slots:
+            self.finished.set()
+
+    def running_since(self) -> float | None:
+        """When the collector the lane runs now started (``time.perf_counter``); None before the
+        lane starts and after it ends."""
+        with self._lock:
+            return self._running_since
 
     def take_rest(self) -> list[_Slot]:
         with self._lock:
@@ -303,11 +317,16 @@ class _Lane:
 
     def _take(self) -> _Slot | None:
         with self._lock:
-            return self._waiting.popleft() if self._waiting else None
+            slot = self._waiting.popleft() if self._waiting else None
+            self._running_since = None if slot is None else time.perf_counter()
+            return slot
 
     def run(self) -> None:
-        while (slot := self._take()) is not None:
-            _settle(slot, self._run_one)
+        try:
+            while (slot := self._take()) is not None:
+                _settle(slot, self._run_one)
+        finally:
+            self.finished.set()
 
 
 def _settle(slot: _Slot, run_one: Callable[[_Slot], _RunResult]) -> None:
@@ -389,6 +408,23 @@ class UmbrellaCollector:
             self._pool.submit(lane.run)
         return fresh, lane
 
+    def _await_lane(self, lane: _Lane, deadline: float) -> None:
+        """Wait until the lane has run every collector, or one of them has run ``lane_stall``
+        seconds (the collectors after it then leave the lane for threads of their own), or the
+        deadline has passed."""
+        while True:
+            now = time.perf_counter()
+            since = lane.running_since()
+            stall_at = min(deadline, (now if since is None else since) + self._lane_stall)
+            if lane.finished.wait(timeout=max(0.0, stall_at - now)):
+                return
+            now = time.perf_counter()
+            since = lane.running_since()
+            if now >= deadline or since is None or now - since >= self._lane_stall:
+                for rest in lane.take_rest():
+                    self._pool.submit(_settle, rest, self._run_one)
+                return
+
     def _wait(self, slot: _Slot, lane: _Lane, deadline: float) -> _RunResult | None:
         """The result of ``slot`` by ``deadline`` (None if it is not done by then); if it stalls the
         lane, the collectors after it leave the lane for threads of their own."""
@@ -409,6 +445,7 @@ class UmbrellaCollector:
         started = time.perf_counter()
         fresh, lane = self._start()
         deadline = started + self._timeout
+        self._await_lane(lane, deadline)
         success = RowFamily(
             "ccl_exporter_collector_success",
             "1 if the collector's last scrape read its source completely, 0 otherwise.",

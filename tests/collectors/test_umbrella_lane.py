@@ -86,3 +86,19 @@ def test_a_stalled_collector_hands_the_ones_after_it_to_threads_of_their_own() -
     finally:
         stalled.release.set()
         umbrella.close()
+
+
+class Slow(Recording):
+    def collect(self) -> Iterable[Metric]:
+        time.sleep(0.06)
+        yield from super().collect()
+
+
+def test_a_lane_longer_than_the_stall_time_stays_one_lane_while_no_collector_stalls() -> None:
+    collectors = [Slow(f"s{index}") for index in range(4)]  # 0.24 s in all, 0.06 s each
+    umbrella = UmbrellaCollector(collectors, timeout_seconds=2.0, build=BUILD, lane_stall_seconds=0.1)  # type: ignore[arg-type]
+    try:
+        assert _success(list(umbrella.collect())) == {c.name: 1.0 for c in collectors}
+        assert len({c.threads[0] for c in collectors}) == 1, "no collector ran 0.1 s: none left the lane"
+    finally:
+        umbrella.close()
