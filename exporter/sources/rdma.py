@@ -163,12 +163,18 @@ def parse_rate(text: str | None) -> int | None:
     return int(_float32(gbits) * 125_000_000)
 
 
-def _netdev(device_dir: str, port_dir: str, reader: AttributeReader) -> str | None:
-    ndevs = f"{port_dir}/gid_attrs/ndevs"
-    for index in sorted(list_dir(ndevs), key=lambda n: (len(n), n)):
-        name = reader(f"{ndevs}/{index}")
-        if name:
-            return name
+# gid_attrs/ndevs/<index> names the network device of the port's GID at that index; the kernel
+# answers EINVAL for a GID without one (drivers/infiniband/core/sysfs.c, print_ndev), which is
+# every GID of an InfiniBand port and every unused entry of a RoCE port's table (up to 256).
+# Index 0 is a RoCE port's default GID, which belongs to the port's own network device (its
+# bond, under LAG), so it alone is read; the others would cost a failed read each, every scrape.
+DEFAULT_GID_INDEX = "0"
+
+
+def _netdev(device_dir: str, port_dir: str, files: _Files) -> str | None:
+    name = files.attributes(f"{port_dir}/gid_attrs/ndevs", (DEFAULT_GID_INDEX,))[DEFAULT_GID_INDEX]
+    if name:
+        return name
     nets = list_dir(f"{device_dir}/device/net")
     return nets[0] if nets else None
 
@@ -231,7 +237,7 @@ def read_port(device: str, device_dir: str, port_name: str, files: _Files) -> Rd
         rate_bytes_per_second=parse_rate(rate_text),
         rate_text=rate_text,
         link_layer=attributes["link_layer"] or None,
-        netdev=_netdev(device_dir, port_dir, files.reader),
+        netdev=_netdev(device_dir, port_dir, files),
         transmit_bytes=pick(EXT_DATA_WORD_COUNTERS, DATA_WORD_COUNTERS, "transmit", 4),
         receive_bytes=pick(EXT_DATA_WORD_COUNTERS, DATA_WORD_COUNTERS, "receive", 4),
         transmit_packets=pick(EXT_PACKET_COUNTERS, PACKET_COUNTERS, "transmit", 1),
@@ -247,9 +253,8 @@ def read_port(device: str, device_dir: str, port_name: str, files: _Files) -> Rd
 def read_rdma(sysfs: Path, reader: AttributeReader = read_attribute, held: HeldFolders | None = None) -> RdmaReading:
     """Every RDMA device and port under ``<sysfs>/class/infiniband``, sorted by name.
 
-    With ``held``, the attributes and counters are read from files it keeps open between calls
-    (the gid_attrs/ndevs names are still read one by one), and the folders this call did not read
-    are closed.
+    With ``held``, the attributes and counters are read from files it keeps open between calls,
+    and the folders this call did not read are closed.
     """
     files = _Files(reader, held)
     class_dir = os.path.join(sysfs, *CLASS_PATH)

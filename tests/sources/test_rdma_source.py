@@ -156,3 +156,31 @@ def test_read_attribute_handles_missing_and_folders(tmp_path: Path) -> None:
     big = tmp_path / "big"
     big.write_text("1" * 10_000)
     assert read_attribute(big) == "1" * 4096  # one bounded read
+
+
+def test_only_the_default_gid_names_the_network_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An InfiniBand port's GID table (and a RoCE port's unused entries) answer EINVAL for ndevs,
+    up to 256 entries a port: only index 0, the default GID, is read; then device/net."""
+    import os
+
+    import exporter.sources.sysfs as sysfs
+
+    device = tmp_path / "class" / "infiniband" / "mlx5_0"
+    port = device / "ports" / "1"
+    (port / "gid_attrs" / "ndevs").mkdir(parents=True)
+    (port / "state").write_text("4: ACTIVE\n")
+    (port / "link_layer").write_text("InfiniBand\n")
+    for index in range(256):
+        (port / "gid_attrs" / "ndevs" / str(index)).write_text("" if index != 7 else "not-this-one\n")
+    (device / "device" / "net" / "ib0").mkdir(parents=True)
+    opened: list[str] = []
+    real_open = os.open
+
+    def counting_open(path, flags, *args, **kwargs):  # type: ignore[no-untyped-def]
+        opened.append(str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(sysfs.os, "open", counting_open)
+    [ib] = read_rdma(tmp_path).ports()
+    assert ib.netdev == "ib0"
+    assert len([path for path in opened if "ndevs" in path]) <= 2  # the folder (held reads) and index 0
