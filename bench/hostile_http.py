@@ -8,7 +8,7 @@ bench/http_attacks.py) runs against both at once for ``--seconds``. Per attack a
 the fraction of scrapes Prometheus got (``up``), the median and worst scrape duration, peak
 RSS (``VmHWM`` of a process started for that attack) and what the exporter logged meanwhile.
 The first row, "at rest", has no attack; its latency ratio is the median of alternating
-keep-alive scrapes of both.
+keep-alive scrapes of both, each going first in every other round.
 
 Hostile tenants (the label-size attack): the exporter with only its nccl collector runs twice
 on a pod-log tree of one pod with 4 containers whose NCCL logs init 64 communicators each. In
@@ -353,10 +353,14 @@ def _query_one(prometheus: Prometheus, expr: str) -> float:
 
 
 def _rest_ratio(ours_port: int, peer_port: int, scrapes: int = 200) -> float:
+    """Median /metrics latency of ours over the peer's, over keep-alive scrapes of one and then the
+    other, 10 ms apart. Which goes first alternates: the first scrape after a pause and the one
+    right after the other server's differ by a tenth of a millisecond or more, either way."""
     connections = [http.client.HTTPConnection("127.0.0.1", port, timeout=10) for port in (ours_port, peer_port)]
     times: list[list[float]] = [[], []]
     for index in range(scrapes + 10):
-        for connection, seen in zip(connections, times, strict=True):
+        pairs = list(zip(connections, times, strict=True))
+        for connection, seen in pairs if index % 2 == 0 else reversed(pairs):
             started = time.perf_counter()
             connection.request("GET", "/metrics")
             connection.getresponse().read()
