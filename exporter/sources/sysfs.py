@@ -129,7 +129,8 @@ class HeldFolders:
       for its lifetime, so there the inode is the check that matters.
     Such a folder, and one changed too recently to trust its mtime (``RACY_SECONDS``), is read
     afresh and opened again. A held file that fails to read skips that value, as a fresh read
-    would. Beyond ``max_files`` held, folders are read afresh each time.
+    would. A folder with a file that cannot be opened, and any beyond ``max_files`` held, are
+    read afresh each time.
 
     Not thread-safe: its owner serializes reads (the RDMA collector reads under its lock).
     ``close_unread`` closes what was not read since its last call, so a folder that went away
@@ -192,11 +193,8 @@ class HeldFolders:
             wanted = sorted(os.listdir(folder_fd)) if names is None else names
             if self.held_files + len(wanted) > self.max_files:
                 return None
-            for name in wanted:
-                try:
-                    files.append((name, os.open(name, _OPEN_FLAGS, dir_fd=folder_fd)))
-                except OSError:
-                    continue  # skipped now and while held, as a fresh read would skip it
+            for name in wanted:  # a file that cannot be opened now might be later: nothing held
+                files.append((name, os.open(name, _OPEN_FLAGS, dir_fd=folder_fd)))
         except OSError:
             for _, fd in files:
                 os.close(fd)

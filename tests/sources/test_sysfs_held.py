@@ -187,3 +187,26 @@ def test_the_rdma_collector_closes_what_it_holds(fixture_tree) -> None:  # type:
     assert _open_fds() > before
     collector.close()
     assert _open_fds() == before
+
+
+def test_a_folder_with_a_file_that_will_not_open_is_not_held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Held without it, a file that failed to open once would be missing for as long as the
+    folder lives (on sysfs, until the device goes away)."""
+    for name in NAMES:
+        (tmp_path / name).write_text("4\n")
+    real_open = os.open
+    refusing = {"tx"}
+
+    def flaky_open(path, flags, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if os.path.basename(path) in refusing:
+            raise OSError(errno.EAGAIN, os.strerror(errno.EAGAIN))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", flaky_open)
+    held = HeldFolders(clock=_later)
+    assert "tx" not in held.counters(str(tmp_path))
+    assert held.held_files == 0
+    refusing.clear()  # it opens again
+    assert held.counters(str(tmp_path))["tx"] == 4
+    assert held.held_files == len(NAMES)
+    held.close()
