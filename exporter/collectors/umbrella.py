@@ -559,8 +559,10 @@ def build_registry(umbrella: UmbrellaCollector, process_metrics: bool = True) ->
     registry = CollectorRegistry(auto_describe=False)
     registry.register(umbrella)
     if process_metrics:
-        from prometheus_client import PlatformCollector, ProcessCollector
+        from prometheus_client import PlatformCollector
 
-        ProcessCollector(registry=registry)
+        from exporter.collectors.process import ProcessMetrics
+
+        registry.register(ProcessMetrics())
         PlatformCollector(registry=registry)
     return registry
