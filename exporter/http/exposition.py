@@ -17,8 +17,8 @@ A page is assembled one family at a time, so that no single family can take it d
   ``max_page_bytes`` plus the one family being rendered.
 
 Between pages, a renderer keeps the text of each series it wrote (``name{labels}``, at most a
-quarter of a page in all), so a scrape of series whose labels did not change formats only
-their values.
+quarter of a page in all) and each family's HELP and TYPE lines, so a scrape of series whose
+labels did not change formats only their values.
 
 ``ccl_exporter_families_omitted{reason}`` at the end of every page says how many families
 were left out of it, by reason (``page_size``, ``render_error``).
@@ -33,6 +33,7 @@ import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from prometheus_client.exposition import choose_encoder, generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
@@ -60,6 +61,8 @@ _FAST_TYPES = {"gauge": "gauge", "counter": "counter", "unknown": "untyped"}
 _OM_SUFFIXES = ("_created", "_gsum", "_gcount")
 
 FamilyEncoder = Callable[[Metric], bytes]
+_Key = TypeVar("_Key")
+_Value = TypeVar("_Value")
 
 
 class _OneFamily:
@@ -78,20 +81,36 @@ def _escape_value(value: str) -> str:
 
 class SeriesTexts:
     """The rendered ``name{labels}`` of series seen on recent pages, so that a series whose labels
-    have not changed since the last scrape costs one lookup, not a label-by-label format.
+    have not changed since the last scrape costs one lookup, not a label-by-label format; and,
+    as they repeat from page to page too, each family's HELP and TYPE lines and which label
+    names are valid.
 
     Bounded: a text longer than ``MAX_TEXT_CHARS`` is not kept (long label values are rare), and
     once the texts kept add up to ``max_chars`` the store is emptied and refilled, so series of
-    pods long gone do not stay. Safe to share between threads (one dict, read and written under
-    the GIL; two threads adding at once at worst miscount the characters held).
+    pods long gone do not stay; headers and label names likewise past ``MAX_FAMILIES``. Safe to
+    share between threads (dicts read and written under the GIL; two threads adding at once at
+    worst miscount the characters held).
     """
 
     MAX_TEXT_CHARS = 256
+    MAX_FAMILIES = 1024
 
     def __init__(self, max_chars: int) -> None:
         self.max_chars = max_chars
         self._chars = 0
         self._texts: dict[tuple[str, tuple[str, ...], str | tuple[str, ...]], str] = {}
+        self._headers: dict[tuple[str, str, str], str | None] = {}
+        self._label_names: dict[tuple[str, ...], tuple[str, ...] | None] = {}
+
+    def header(self, family: Metric) -> str | None:
+        """``_header(family)``, kept for the next page."""
+        key = (family.name, family.type, family.documentation)
+        return _kept(self._headers, key, lambda: _header(family), self.MAX_FAMILIES)
+
+    def label_names(self, names: Iterable[str]) -> tuple[str, ...] | None:
+        """``_valid_label_names(names)``, kept for the next page."""
+        key = tuple(names)
+        return _kept(self._label_names, key, lambda: _valid_label_names(key), self.MAX_FAMILIES)
 
     def text(self, name: str, names: tuple[str, ...], values: str | tuple[str, ...]) -> str:
         """``name{a="1",b="2"} `` for label ``names`` (sorted, valid) and their ``values`` (a str
@@ -110,6 +129,17 @@ class SeriesTexts:
             self._texts[key] = text
             self._chars += len(text)
         return text
+
+
+def _kept(store: dict[_Key, _Value], key: _Key, make: Callable[[], _Value], limit: int) -> _Value:
+    """``store[key]``, made and kept first when absent; the store is emptied past ``limit``."""
+    try:
+        return store[key]
+    except KeyError:
+        found = store[key] = make()
+        if len(store) > limit:
+            store.clear()
+        return found
 
 
 def _valid_label_names(names: Iterable[str]) -> tuple[str, ...] | None:
@@ -139,7 +169,7 @@ def _lines(header: str, prefixes: list[str], numbers: list[str]) -> list[str]:
 
 def _fast_lines(family: Metric, series: SeriesTexts) -> list[str] | None:
     """The family's text lines, or None when it needs client_python's general renderer."""
-    header = _header(family)
+    header = series.header(family)
     if header is None:
         return None
     samples = family.samples
@@ -150,7 +180,7 @@ def _fast_lines(family: Metric, series: SeriesTexts) -> list[str] | None:
         if sample.timestamp is not None or sample.exemplar is not None or sample.name in om_names:
             return None
     shared = shared_label_names(samples)
-    names = None if shared is None else _valid_label_names(shared)
+    names = None if shared is None else series.label_names(shared)
     if names is None:
         return _mixed_label_lines(samples, [header])
     if not names:
@@ -196,9 +226,9 @@ def _go_floats(values: Sequence[float]) -> list[str]:
 def _row_lines(family: RowFamily, series: SeriesTexts) -> list[str] | None:
     """The text lines of a ``RowFamily`` (its rows checked and sorted by the umbrella), or None
     when it needs client_python's general renderer."""
-    header = _header(family)
+    header = series.header(family)
     names = family.label_names
-    if header is None or _valid_label_names(names) is None:
+    if header is None or series.label_names(names) is None:
         return None
     name = family.sample_name
     if names:

@@ -16,7 +16,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.registry import CollectorRegistry
 from prometheus_client.samples import Sample
 
-from exporter.http.exposition import OMITTED_FAMILIES, PageRenderer, render, render_text, text_family
+from exporter.http.exposition import OMITTED_FAMILIES, PageRenderer, SeriesTexts, render, render_text, text_family
 from tests.metrics_text import samples, value
 
 
@@ -196,6 +196,18 @@ def test_text_family_matches_generate_latest_whatever_the_labels(
     reg = CollectorRegistry(auto_describe=False)
     reg.register(type("Many", (), {"collect": lambda self: [family]})())
     assert text_family(family) == generate_latest(reg)
+
+
+def test_the_headers_and_label_names_a_renderer_keeps_stay_bounded() -> None:
+    """Families whose help text or label names change on every scrape (a collector that puts a
+    value in either) are rendered right, and what is kept of them never grows past its bound."""
+    renderer = PageRenderer()
+    for scrape in range(3 * SeriesTexts.MAX_FAMILIES):
+        family = GaugeMetricFamily("ccl_test_shifting", f"help {scrape}", labels=[f"l{scrape}", "pod"])
+        family.add_metric(["a", "b"], float(scrape))
+        assert renderer.text_family(family) == text_family(family)
+        kept = renderer._series
+        assert len(kept._headers) <= SeriesTexts.MAX_FAMILIES and len(kept._label_names) <= SeriesTexts.MAX_FAMILIES
 
 
 def test_the_series_texts_a_renderer_keeps_stay_within_their_share_of_a_page() -> None:
