@@ -9,6 +9,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 # Families whose values change from run to run; dropped before golden comparisons.
 VOLATILE = re.compile(r"^(process_|python_|ccl_exporter_collector_duration_seconds|ccl_exporter_build_info)")
+# What Prometheus 2 and 3 send (their default scrape protocols), and an OpenMetrics request
+# without a version.
+OPENMETRICS_ACCEPTS = (
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+    "text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+    "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8,text/plain;version=1.0.0;q=0.5",
+    "application/openmetrics-text",
+)
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

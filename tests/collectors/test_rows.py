@@ -13,14 +13,15 @@ import math
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prometheus_client.exposition import generate_latest
+from prometheus_client.exposition import choose_encoder, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.registry import CollectorRegistry
 
 from exporter.collectors.rows import RowFamily
 from exporter.collectors.umbrella import MAX_LABEL_VALUE_CHARS, sanitize_families
-from exporter.http.exposition import PageRenderer, text_family
+from exporter.http.exposition import PageRenderer, openmetrics_family, text_family
+from tests.metrics_text import OPENMETRICS_ACCEPTS
 
 
 def _registry(*families: Metric) -> CollectorRegistry:
@@ -77,6 +78,9 @@ def test_rows_render_byte_for_byte_as_client_python_writes_the_same_samples(
         assert renderer.text_family(kept_rows) == expected
     assert text_family(kept_rows) == expected
     assert generate_openmetrics(_registry(kept_rows)) == generate_openmetrics(_registry(kept_classic))
+    for accept in OPENMETRICS_ACCEPTS:
+        encoder, _ = choose_encoder(accept)
+        assert openmetrics_family(kept_rows, encoder, renderer._series) + b"# EOF\n" == encoder(_registry(kept_classic))
 
 
 def test_label_values_are_kept_in_sorted_label_name_order_whatever_order_they_were_declared_in() -> None:

@@ -10,14 +10,23 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import Histogram, ProcessCollector
-from prometheus_client.exposition import generate_latest
+from prometheus_client.exposition import choose_encoder, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.registry import CollectorRegistry
 from prometheus_client.samples import Sample
 
-from exporter.http.exposition import OMITTED_FAMILIES, PageRenderer, SeriesTexts, render, render_text, text_family
-from tests.metrics_text import samples, value
+from exporter.http import exposition
+from exporter.http.exposition import (
+    OMITTED_FAMILIES,
+    PageRenderer,
+    SeriesTexts,
+    openmetrics_family,
+    render,
+    render_text,
+    text_family,
+)
+from tests.metrics_text import OPENMETRICS_ACCEPTS, samples, value
 
 
 class Awkward:
@@ -196,6 +205,57 @@ def test_text_family_matches_generate_latest_whatever_the_labels(
     reg = CollectorRegistry(auto_describe=False)
     reg.register(type("Many", (), {"collect": lambda self: [family]})())
     assert text_family(family) == generate_latest(reg)
+    for accept in OPENMETRICS_ACCEPTS:
+        encoder, _ = choose_encoder(accept)
+        assert openmetrics_family(family, encoder) + b"# EOF\n" == encoder(reg)
+
+
+def _one(family: Metric) -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(type("One", (), {"collect": lambda self: [family]})())
+    return reg
+
+
+def _odd_families() -> list[Metric]:
+    """Families our loop leaves to client_python, or writes differently in each format."""
+    untyped = Metric("ccl_test_untyped", 'an "untyped" one\\', "unknown")
+    untyped.add_sample("ccl_test_untyped", {"a": "1"}, 3.0)
+    with_unit = GaugeMetricFamily("ccl_test_seconds", "with a unit", value=1.5, unit="seconds")
+    created = CounterMetricFamily(
+        "ccl_test_events", "a counter with its creation time", value=2.0, created=1700000000.0
+    )
+    colon = GaugeMetricFamily("ccl:test_ratio", "a recording-rule style name", value=0.5)
+    stamped = GaugeMetricFamily("ccl_test_stamped", "a sample with a timestamp", labels=["x"])
+    stamped.add_metric(["y"], 1.0, timestamp=1700000000.5)
+    stranger = GaugeMetricFamily("ccl_test_gauge", "a sample named for another family", labels=[])
+    stranger.samples.append(Sample("ccl_test_other", {}, 4.0))
+    return [untyped, with_unit, created, colon, stamped, stranger]
+
+
+@pytest.mark.parametrize("index", range(len(_odd_families())))
+def test_families_our_loop_does_not_write_alike_come_out_as_client_python_writes_them(index: int) -> None:
+    family = _odd_families()[index]
+    assert text_family(family) == generate_latest(_one(family))
+    for accept in OPENMETRICS_ACCEPTS:
+        encoder, _ = choose_encoder(accept)
+        assert openmetrics_family(family, encoder) + b"# EOF\n" == encoder(_one(family))
+
+
+def test_a_page_in_openmetrics_is_what_client_python_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole page, for what Prometheus sends, from our loop and from client_python alone."""
+    families = _odd_families()
+    rows = GaugeMetricFamily("ccl_test_ports", 'port "facts"', labels=["device", "port"])
+    for port in range(20):
+        rows.add_metric([f"mlx5_{port}", "1"], float(port) * 1e9)
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(type("Page", (), {"collect": lambda self: [rows, *families]})())
+    for accept in OPENMETRICS_ACCEPTS:
+        ours = PageRenderer().render(reg, accept)
+        with monkeypatch.context() as patched:
+            patched.setattr(exposition, "_plain_openmetrics", lambda encoder: False)
+            theirs = PageRenderer().render(reg, accept)
+        assert ours == theirs
+        assert ours[0].endswith(b"# EOF\n") and ours[0].count(b"# EOF") == 1
 
 
 def test_the_headers_and_label_names_a_renderer_keeps_stay_bounded() -> None:
