@@ -8,7 +8,8 @@ bench/http_attacks.py) runs against both at once for ``--seconds``. Per attack a
 the fraction of scrapes Prometheus got (``up``), the median and worst scrape duration, peak
 RSS (``VmHWM`` of a process started for that attack) and what the exporter logged meanwhile.
 The first row, "at rest", has no attack; its latency ratio is the median of alternating
-keep-alive scrapes of both, each going first in every other round.
+keep-alive scrapes of both with the headers Prometheus sends, each going first in every other
+round.
 
 Hostile tenants (the label-size attack): the exporter with only its nccl collector runs twice
 on a pod-log tree of one pod with 4 containers whose NCCL logs init 64 communicators each. In
@@ -56,7 +57,14 @@ from bench.http_attacks import (
     wrong_passwords,
 )
 from bench.scrape_rdma import build_tree
-from devtools.stack import Prometheus, find_binary, free_loopback_port, stop_process, wait_answering
+from devtools.stack import (
+    PROMETHEUS_SCRAPE_HEADERS,
+    Prometheus,
+    find_binary,
+    free_loopback_port,
+    stop_process,
+    wait_answering,
+)
 from exporter.collectors.nccl import EXPORTER_PARSER_LIMITS, NcclLimits
 
 STAMP = "2026-03-01T10:00:00.123456789Z"
@@ -354,15 +362,16 @@ def _query_one(prometheus: Prometheus, expr: str) -> float:
 
 def _rest_ratio(ours_port: int, peer_port: int, scrapes: int = 200) -> float:
     """Median /metrics latency of ours over the peer's, over keep-alive scrapes of one and then the
-    other, 10 ms apart. Which goes first alternates: the first scrape after a pause and the one
-    right after the other server's differ by a tenth of a millisecond or more, either way."""
+    other, 10 ms apart, each with the headers Prometheus sends (OpenMetrics first, gzip). Which
+    goes first alternates: the first scrape after a pause and the one right after the other
+    server's differ by a tenth of a millisecond or more, either way."""
     connections = [http.client.HTTPConnection("127.0.0.1", port, timeout=10) for port in (ours_port, peer_port)]
     times: list[list[float]] = [[], []]
     for index in range(scrapes + 10):
         pairs = list(zip(connections, times, strict=True))
         for connection, seen in pairs if index % 2 == 0 else reversed(pairs):
             started = time.perf_counter()
-            connection.request("GET", "/metrics")
+            connection.request("GET", "/metrics", headers=PROMETHEUS_SCRAPE_HEADERS)
             connection.getresponse().read()
             if index >= 10:  # warm-up
                 seen.append(time.perf_counter() - started)
@@ -493,7 +502,7 @@ def _notes(result: ScenarioResult) -> str:
     ours, peer = result.ours, result.peer
     key = result.scenario.key
     if key == "rest":
-        return f"/metrics latency ours/node_exporter {result.rest_ratio:.2f}x (alternating keep-alive scrapes)"
+        return f"/metrics latency ours/node_exporter {result.rest_ratio:.2f}x (alternating keep-alive scrapes, Prometheus' headers)"
     if key == "bcrypt":
         return (
             f"authenticated scrape {_ms(ours.probe_idle)} idle, {_ms(ours.probe_attack)} under the flood "

@@ -40,6 +40,13 @@ SCRAPE_JOB = "ccl-exporter"  # the scrape job our rules expect (up{job="ccl-expo
 RULES_FILE = Path("alerts") / "ccl-health-rules.yaml"  # node-level rules
 GLOBAL_RULES_FILE = Path("alerts") / "ccl-health-global-rules.yaml"  # rules across nodes
 LOOPBACK = "127.0.0.1"
+# The request headers Prometheus (2.49 and later, default scrape_protocols) scrapes with:
+# OpenMetrics first, then the text format, and gzip.
+PROMETHEUS_SCRAPE_HEADERS = {
+    "Accept": "application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,"
+    "text/plain;version=0.0.4;q=0.3,*/*;q=0.2",
+    "Accept-Encoding": "gzip",
+}
 
 
 def find_binary(names: Sequence[str]) -> str | None:

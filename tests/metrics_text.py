@@ -7,14 +7,20 @@ import subprocess
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from devtools.stack import PROMETHEUS_SCRAPE_HEADERS
+
 # Families whose values change from run to run; dropped before golden comparisons.
 VOLATILE = re.compile(r"^(process_|python_|ccl_exporter_collector_duration_seconds|ccl_exporter_build_info)")
-# What Prometheus 2 and 3 send (their default scrape protocols), and an OpenMetrics request
-# without a version.
+# Accept headers that ask for OpenMetrics: what Prometheus sends by default (2.49 and later
+# weigh its scrape_protocols with q values; 3.x adds the escaping it wants; before 2.49 it sent
+# a fixed header), and an OpenMetrics request without a version.
 OPENMETRICS_ACCEPTS = (
+    PROMETHEUS_SCRAPE_HEADERS["Accept"],
+    "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,application/openmetrics-text;version=0.0.1;"
+    "q=0.5,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2",
+    "application/openmetrics-text;version=1.0.0;escaping=underscores;q=0.6,*/*;q=0.2",
     "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
     "text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
-    "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8,text/plain;version=1.0.0;q=0.5",
     "application/openmetrics-text",
 )
 
