@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench.common import BenchResult
+from devtools.stack import PROMETHEUS_SCRAPE_HEADERS
 
 REPO = Path(__file__).resolve().parent.parent
 PORT_COUNTS = (7, 16)
@@ -56,7 +57,7 @@ def wait_ready(port: int, timeout: float = 20.0) -> None:
     while time.monotonic() < deadline:
         try:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", "/metrics")
+            conn.request("GET", "/metrics", headers=PROMETHEUS_SCRAPE_HEADERS)
             if conn.getresponse().status == 200:
                 return
         except OSError:
@@ -66,7 +67,7 @@ def wait_ready(port: int, timeout: float = 20.0) -> None:
 
 def scrape_ms(conn: http.client.HTTPConnection) -> tuple[float, int]:
     t0 = time.perf_counter()
-    conn.request("GET", "/metrics")
+    conn.request("GET", "/metrics", headers=PROMETHEUS_SCRAPE_HEADERS)
     response = conn.getresponse()
     body = response.read()
     return (time.perf_counter() - t0) * 1000, len(body)
@@ -167,7 +168,8 @@ def run(scrapes: int = 200, ports: Sequence[int] = PORT_COUNTS) -> BenchResult:
         "| ports | exporter | median ms | p90 ms | body bytes | ratio |\n|---|---|---|---|---|---|\n"
         + rows
         + f"\nNDR ports, {scrapes} alternating keep-alive scrapes each on loopback per port count, each exporter "
-        "first in every other round; both bodies "
+        "first in every other round, with the headers Prometheus sends (OpenMetrics first, gzip; node_exporter "
+        "answers in the text format); body bytes as sent, gzipped; both bodies "
         "include the exporter's own process metrics. Ours also carries hw_counters/ and the info/netdev facts "
         "that node_exporter does not read."
     )
