@@ -425,17 +425,12 @@ class UmbrellaCollector:
                     self._pool.submit(_settle, rest, self._run_one)
                 return
 
-    def _wait(self, slot: _Slot, lane: _Lane, deadline: float) -> _RunResult | None:
-        """The result of ``slot`` by ``deadline`` (None if it is not done by then); if it stalls the
-        lane, the collectors after it leave the lane for threads of their own."""
+    @staticmethod
+    def _wait(slot: _Slot, deadline: float) -> _RunResult | None:
+        """The result of ``slot`` by ``deadline``, or None if it is not done by then. By the time
+        a scrape waits here, ``_await_lane`` has emptied the lane: nothing is left to send off."""
         future = slot.in_flight
         assert future is not None
-        stall = min(deadline, time.perf_counter() + self._lane_stall)
-        try:
-            return future.result(timeout=max(0.0, stall - time.perf_counter()))
-        except FutureTimeout:
-            for rest in lane.take_rest():
-                self._pool.submit(_settle, rest, self._run_one)
         try:
             return future.result(timeout=max(0.0, deadline - time.perf_counter()))
         except FutureTimeout:
@@ -467,7 +462,7 @@ class UmbrellaCollector:
                 outcome.duration_seconds = self._timeout
                 log.warning("collector %s: %s", name, outcome.error)
             else:
-                ran = self._wait(slot, lane, deadline)
+                ran = self._wait(slot, deadline)
                 if ran is None:
                     result: list[object] = []
                     failure, elapsed = None, time.perf_counter() - started
