@@ -267,17 +267,20 @@ def text_family(family: Metric, series: SeriesTexts | None = None) -> bytes:
     return "".join(lines).encode("utf-8")
 
 
-def openmetrics_family(
-    family: Metric, encoder: Callable[[Collector], bytes], series: SeriesTexts | None = None
-) -> bytes:
-    """One family in OpenMetrics as client_python's ``encoder`` (from ``choose_encoder``) writes
-    it, without ``# EOF``; by our loop where it writes the same bytes, else by ``encoder``."""
-    lines = None
-    if _plain_openmetrics(encoder):
-        lines = _family_lines(family, SeriesTexts(max_chars=0) if series is None else series, openmetrics=True)
-    if lines is None:
-        return _client_python_family(encoder)(family)
-    return "".join(lines).encode("utf-8")
+def openmetrics_encoder(encoder: Callable[[Collector], bytes], series: SeriesTexts | None = None) -> FamilyEncoder:
+    """What writes one family in OpenMetrics as client_python's ``encoder`` (from
+    ``choose_encoder``) writes it, without ``# EOF``: our loop where it writes the same bytes, else
+    ``encoder``. ``series`` keeps the texts of series between calls (a renderer's)."""
+    fallback = _client_python_family(encoder)
+    if not _plain_openmetrics(encoder):
+        return fallback
+    kept = SeriesTexts(max_chars=0) if series is None else series
+
+    def encode(family: Metric) -> bytes:
+        lines = _family_lines(family, kept, openmetrics=True)
+        return fallback(family) if lines is None else "".join(lines).encode("utf-8")
+
+    return encode
 
 
 def _plain_openmetrics(encoder: Callable[[Collector], bytes]) -> bool:
@@ -345,8 +348,9 @@ class PageRenderer:
             return self.assemble(registry.collect(), self.text_family, openmetrics=False), TEXT_CONTENT_TYPE
         if not content_type.startswith("application/openmetrics-text"):
             return self.assemble(registry.collect(), _client_python_family(encoder), openmetrics=False), content_type
-        encode = functools.partial(openmetrics_family, encoder=encoder, series=self._series)
-        return self.assemble(registry.collect(), encode, openmetrics=True), content_type
+        return self.assemble(
+            registry.collect(), openmetrics_encoder(encoder, self._series), openmetrics=True
+        ), content_type
 
     def text_family(self, family: Metric) -> bytes:
         """One family in text format 0.0.4, its series' texts kept for the next page."""

@@ -20,7 +20,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from exporter.collectors.rows import RowFamily
 from exporter.collectors.umbrella import MAX_LABEL_VALUE_CHARS, sanitize_families
-from exporter.http.exposition import PageRenderer, openmetrics_family, text_family
+from exporter.http.exposition import PageRenderer, openmetrics_encoder, text_family
 from tests.metrics_text import OPENMETRICS_ACCEPTS
 
 
@@ -80,7 +80,9 @@ def test_rows_render_byte_for_byte_as_client_python_writes_the_same_samples(
     assert generate_openmetrics(_registry(kept_rows)) == generate_openmetrics(_registry(kept_classic))
     for accept in OPENMETRICS_ACCEPTS:
         encoder, _ = choose_encoder(accept)
-        assert openmetrics_family(kept_rows, encoder, renderer._series) + b"# EOF\n" == encoder(_registry(kept_classic))
+        assert openmetrics_encoder(encoder, renderer._series)(kept_rows) + b"# EOF\n" == encoder(
+            _registry(kept_classic)
+        )
 
 
 def test_label_values_are_kept_in_sorted_label_name_order_whatever_order_they_were_declared_in() -> None:

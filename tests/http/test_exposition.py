@@ -21,7 +21,7 @@ from exporter.http.exposition import (
     OMITTED_FAMILIES,
     PageRenderer,
     SeriesTexts,
-    openmetrics_family,
+    openmetrics_encoder,
     render,
     render_text,
     text_family,
@@ -207,7 +207,7 @@ def test_text_family_matches_generate_latest_whatever_the_labels(
     assert text_family(family) == generate_latest(reg)
     for accept in OPENMETRICS_ACCEPTS:
         encoder, _ = choose_encoder(accept)
-        assert openmetrics_family(family, encoder) + b"# EOF\n" == encoder(reg)
+        assert openmetrics_encoder(encoder)(family) + b"# EOF\n" == encoder(reg)
 
 
 def _one(family: Metric) -> CollectorRegistry:
@@ -238,7 +238,7 @@ def test_families_our_loop_does_not_write_alike_come_out_as_client_python_writes
     assert text_family(family) == generate_latest(_one(family))
     for accept in OPENMETRICS_ACCEPTS:
         encoder, _ = choose_encoder(accept)
-        assert openmetrics_family(family, encoder) + b"# EOF\n" == encoder(_one(family))
+        assert openmetrics_encoder(encoder)(family) + b"# EOF\n" == encoder(_one(family))
 
 
 def test_a_page_in_openmetrics_is_what_client_python_writes(monkeypatch: pytest.MonkeyPatch) -> None:
