@@ -87,16 +87,21 @@ def _read_folder(folder: str, names: Sequence[str] | None) -> dict[str, bytes]:
         folder_fd = os.open(folder, _FOLDER_FLAGS)
     except OSError:
         return {}
-    data: dict[str, bytes] = {}
     try:
-        for name in sorted(os.listdir(folder_fd)) if names is None else names:
-            content = _read_bytes(name, folder_fd)
-            if content is not None:
-                data[name] = content
+        return _read_names(folder_fd, sorted(os.listdir(folder_fd)) if names is None else names)
     except OSError:
-        return data
+        return {}
     finally:
         os.close(folder_fd)
+
+
+def _read_names(folder_fd: int, names: Sequence[str]) -> dict[str, bytes]:
+    """The bytes of each of ``names`` in the open folder, opened and closed one at a time."""
+    data: dict[str, bytes] = {}
+    for name in names:
+        content = _read_bytes(name, folder_fd)
+        if content is not None:
+            data[name] = content
     return data
 
 
@@ -160,12 +165,7 @@ class HeldFolders:
         self._drop(folder)
         if self._clock() - stat.st_mtime_ns / 1e9 < RACY_SECONDS:
             return _read_folder(folder, names)
-        held = self._open(folder, identity, key)
-        if held is None:
-            return _read_folder(folder, names)
-        self._folders[folder] = held
-        self.held_files += len(held.files)
-        return _pread_all(held.files)
+        return self._read_and_hold(folder, identity, key)
 
     def counters(self, folder: str) -> dict[str, int]:
         """``read_counters`` from held files."""
@@ -181,27 +181,38 @@ class HeldFolders:
         for folder in list(self._folders):
             self._drop(folder)
 
-    def _open(self, folder: str, identity: tuple[int, int, int], names: tuple[str, ...] | None) -> _HeldFolder | None:
+    def _read_and_hold(
+        self, folder: str, identity: tuple[int, int, int], names: tuple[str, ...] | None
+    ) -> dict[str, bytes]:
+        """Read ``folder`` afresh, in one pass, and hold its files when the folder is still the one
+        ``stat`` saw, they fit the budget and every one of them opens."""
         try:
             folder_fd = os.open(folder, _FOLDER_FLAGS)
         except OSError:
-            return None
+            return {}
         files: list[tuple[str, int]] = []
+        whole = True
         try:
-            if os.fstat(folder_fd).st_ino != identity[1]:
-                return None  # replaced between the stat and the open: read afresh
             wanted = sorted(os.listdir(folder_fd)) if names is None else names
-            if self.held_files + len(wanted) > self.max_files:
-                return None
-            for name in wanted:  # a file that cannot be opened now might be later: nothing held
-                files.append((name, os.open(name, _OPEN_FLAGS, dir_fd=folder_fd)))
+            if os.fstat(folder_fd).st_ino != identity[1] or self.held_files + len(wanted) > self.max_files:
+                return _read_names(folder_fd, wanted)  # replaced since the stat, or over budget: hold nothing
+            for name in wanted:
+                try:
+                    files.append((name, os.open(name, _OPEN_FLAGS, dir_fd=folder_fd)))
+                except OSError:
+                    whole = False  # skipped, as a fresh read would; it might open later, so nothing is held
         except OSError:
-            for _, fd in files:
-                os.close(fd)
-            return None
+            whole = False
         finally:
             os.close(folder_fd)
-        return _HeldFolder(identity, names, files)
+        data = _pread_all(files)
+        if whole:
+            self._folders[folder] = _HeldFolder(identity, names, files)
+            self.held_files += len(files)
+        else:
+            for _, fd in files:
+                os.close(fd)
+        return data
 
     def _drop(self, folder: str) -> None:
         held = self._folders.pop(folder, None)
